@@ -1,0 +1,52 @@
+"""What every backend (reference, webgpu, cuda) offers the engine.
+
+A backend holds one model and one K/V cache. `forward` runs tokens at consecutive positions,
+appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .family import ModelConfig
+
+BACKENDS = ("webgpu", "reference", "cuda")
+DEFAULT_BACKEND = "webgpu"
+
+
+class Backend(Protocol):
+    name: str
+    config: ModelConfig
+    n_ctx: int  # capacity of the K/V cache in positions
+    n_past: int  # positions already in the cache
+
+    def reset(self) -> None:
+        """Forget every position: the next forward starts at position 0."""
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` at positions n_past.. and advance n_past.
+
+        Returns float32 logits of the last position, shape (vocab,), or of every position,
+        shape (len(tokens), vocab), when all_logits is set.
+        """
+
+
+def open_backend(name: str, model_path, n_ctx: int | None = None, **options) -> Backend:
+    """Load a model file into the named backend."""
+    from .errors import ParameterError
+
+    if name == "reference":
+        from .reference import ReferenceBackend
+
+        return ReferenceBackend.load(model_path, n_ctx=n_ctx)
+    if name == "webgpu":
+        from .gpu.runtime import WebGPUBackend
+
+        return WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
+    if name == "cuda":
+        from .megakernel.backend import CudaBackend
+
+        return CudaBackend.load(model_path, n_ctx=n_ctx, **options)
+    raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,1 @@
+"""One module per `airframe` subcommand (see airframe/cli.py)."""

@@ -1,0 +1,218 @@
+"""Families as data: `family/<name>.toml` says how a GGUF architecture is stored and what differs.
+
+`load_config(gguf_file)` matches `general.architecture` against every family file, reads the
+hyperparameters through the family's key table (with its defaults) and returns a ModelConfig that
+every backend uses. The runtime branches on named switches, never on the architecture's name.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .errors import GGUFError, UnsupportedError
+from .gguf_file import GGUFFile
+from .resources import family_dir
+
+SWITCH_DEFAULTS: dict[str, Any] = {
+    "rope_style": "normal",
+    "activation": "silu",
+    "qk_norm": False,
+    "post_norms": False,
+    "embed_scale": "none",
+    "sliding_window": 0,
+    "sliding_window_pattern": 0,
+    "rope_base_local": 0.0,
+}
+SWITCH_CHOICES = {
+    "rope_style": ("normal", "neox"),
+    "activation": ("silu", "gelu_tanh"),
+    "embed_scale": ("none", "sqrt_n_embd"),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]
+    prefix: str
+    hparams: dict[str, dict]
+    global_tensors: tuple[str, ...]
+    global_optional: tuple[str, ...]
+    layer_tensors: tuple[str, ...]
+    layer_optional: tuple[str, ...]
+    switches: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything a backend needs to know about a model's shape and its family's switches."""
+
+    family: str
+    architecture: str
+    n_layers: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    rope_dim: int
+    rope_base: float
+    rms_eps: float
+    ctx_train: int
+    vocab_size: int
+    tied_embeddings: bool
+    rope_style: str = "normal"
+    activation: str = "silu"
+    qk_norm: bool = False
+    post_norms: bool = False
+    embed_scale: str = "none"
+    sliding_window: int = 0
+    sliding_window_pattern: int = 0
+    rope_base_local: float = 0.0
+    layer_tensors: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def n_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def n_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    def is_local_layer(self, layer: int) -> bool:
+        """True for a sliding-window layer."""
+        if not self.sliding_window or not self.sliding_window_pattern:
+            return False
+        return (layer + 1) % self.sliding_window_pattern != 0
+
+    def layer_rope_base(self, layer: int) -> float:
+        if self.is_local_layer(layer) and self.rope_base_local:
+            return self.rope_base_local
+        return self.rope_base
+
+    def embedding_scale(self) -> float:
+        return math.sqrt(self.n_embd) if self.embed_scale == "sqrt_n_embd" else 1.0
+
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+def _parse_family(path: Path) -> Family:
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    tensors = data.get("tensors", {})
+    switches = dict(SWITCH_DEFAULTS)
+    switches.update(data.get("switches", {}))
+    for name, value in switches.items():
+        if name not in SWITCH_DEFAULTS:
+            raise ValueError(f"{path}: unknown switch {name!r}")
+        if name in SWITCH_CHOICES and value not in SWITCH_CHOICES[name]:
+            raise ValueError(f"{path}: switch {name} = {value!r}, expected one of {SWITCH_CHOICES[name]}")
+    return Family(
+        name=path.stem,
+        architectures=tuple(data["architectures"]),
+        prefix=data.get("prefix", data["architectures"][0]),
+        hparams=data["hparams"],
+        global_tensors=tuple(tensors.get("global", ())),
+        global_optional=tuple(tensors.get("global_optional", ())),
+        layer_tensors=tuple(tensors.get("layer", ())),
+        layer_optional=tuple(tensors.get("layer_optional", ())),
+        switches=switches,
+    )
+
+
+@lru_cache(maxsize=1)
+def families() -> dict[str, Family]:
+    """architecture name -> Family, from every file in `family/`."""
+    found = {}
+    for path in sorted(family_dir().glob("*.toml")):
+        fam = _parse_family(path)
+        for arch in fam.architectures:
+            found[arch] = fam
+    return found
+
+
+def family_for(architecture: str) -> Family:
+    known = families()
+    if architecture not in known:
+        raise UnsupportedError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(sorted(known))}"
+        )
+    return known[architecture]
+
+
+def _hparam(gf: GGUFFile, fam: Family, name: str, spec: dict, resolved: dict) -> Any:
+    key = f"{fam.prefix}.{spec['key']}"
+    value = gf.get(key)
+    if value is None:
+        if "default" not in spec:
+            raise GGUFError(f"{gf.path}: required key {key!r} is missing")
+        default = spec["default"]
+        if default == "tokens":
+            return len(gf.get("tokenizer.ggml.tokens", [])) or gf.tensor("token_embd.weight").shape[1]
+        if isinstance(default, str):  # "n_head", "head_dim" or "n_embd / n_head"
+            parts = default.split(" / ")
+            value = resolved[parts[0]]
+            return value // resolved[parts[1]] if len(parts) == 2 else value
+        return default
+    if hasattr(value, "shape"):  # per-layer arrays (e.g. head counts) must be uniform here
+        if len(set(value.tolist())) != 1:
+            raise UnsupportedError(f"{gf.path}: {key} varies per layer ({value.tolist()[:8]}...)")
+        value = value.tolist()[0]
+    return value
+
+
+def load_config(gf: GGUFFile) -> ModelConfig:
+    fam = family_for(gf.architecture)
+    resolved: dict[str, Any] = {}
+    for name, spec in fam.hparams.items():
+        resolved[name] = _hparam(gf, fam, name, spec, resolved)
+    ints = ("n_layers", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "head_dim_v",
+            "rope_dim", "ctx_train", "vocab_size", "sliding_window")
+    for name in ints:
+        if name in resolved:
+            value = resolved[name]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != int(value) or value < 0:
+                raise GGUFError(f"{gf.path}: {fam.prefix} hyperparameter {name} = {value!r}, expected a non-negative integer")
+            resolved[name] = int(value)
+    for name in ("rope_base", "rms_eps"):
+        resolved[name] = float(resolved[name])
+    _check_shapes(gf, resolved)
+    switches = dict(fam.switches)
+    if "sliding_window" in resolved:
+        switches["sliding_window"] = resolved.pop("sliding_window")
+    _check_tensors(gf, fam, resolved["n_layers"])
+    return ModelConfig(
+        family=fam.name,
+        architecture=gf.architecture,
+        tied_embeddings="output.weight" not in gf.tensors,
+        layer_tensors=fam.layer_tensors + tuple(
+            t for t in fam.layer_optional if f"blk.0.{t}" in gf.tensors),
+        **resolved,
+        **switches,
+    )
+
+
+def _check_shapes(gf: GGUFFile, hp: dict) -> None:
+    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "vocab_size"):
+        if hp[name] <= 0:
+            raise GGUFError(f"{gf.path}: {name} = {hp[name]}, expected a positive value")
+    if hp["n_head_kv"] <= 0 or hp["n_head"] % hp["n_head_kv"]:
+        raise GGUFError(f"{gf.path}: {hp['n_head']} query heads are not a multiple of {hp['n_head_kv']} K/V heads")
+    if hp["rope_dim"] > hp["head_dim"] or hp["rope_dim"] % 2:
+        raise GGUFError(f"{gf.path}: rope dimension {hp['rope_dim']}, expected an even value <= head_dim {hp['head_dim']}")
+
+
+def _check_tensors(gf: GGUFFile, fam: Family, n_layers: int) -> None:
+    missing = [t for t in fam.global_tensors if t not in gf.tensors]
+    for i in range(n_layers):
+        missing += [f"blk.{i}.{t}" for t in fam.layer_tensors if f"blk.{i}.{t}" not in gf.tensors]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
