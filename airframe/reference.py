@@ -1,0 +1,222 @@
+"""The numpy reference forward pass: the oracle every backend is checked against.
+
+Clarity beats speed here. Weights are dequantized with the `gguf` package's numpy code, all math is
+float32 (softmax included), one function per op. `ReferenceBackend` implements the Backend protocol
+(airframe/backend.py) with an F32 K/V cache laid out like the GPU's: [layer][kv_head][ctx][head_dim].
+
+Math per family follows llama.cpp's graphs (src/models/llama.cpp, gemma3.cpp) and HF transformers'
+modeling files; the named switches of ModelConfig select the variant, never the architecture name.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from .errors import ContextOverflowError
+from .family import ModelConfig, load_config
+from .gguf_file import GGUFFile
+
+DEFAULT_CTX = 4096
+
+
+# ---- ops -------------------------------------------------------------------------------------
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    x = x.astype(np.float32)
+    mean_sq = np.mean(x * x, axis=-1, keepdims=True)
+    return (x / np.sqrt(mean_sq + np.float32(eps))) * weight
+
+
+def rope_angles(positions: np.ndarray, rope_dim: int, base: float,
+                freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """theta[p, i] = p * base^(-2i / rope_dim) (/ freq_factors[i]), shape (n_pos, rope_dim // 2)."""
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    inv_freq = base ** (-2.0 * i / rope_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    return np.outer(positions.astype(np.float64), inv_freq)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, style: str,
+         freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotate the first rope_dim dims of each head. x: (n_pos, n_heads, head_dim).
+
+    "normal" pairs dims (2i, 2i+1) (GGUF llama, whose converter permuted Q/K for it);
+    "neox" pairs dims (i, i + rope_dim/2).
+    """
+    theta = rope_angles(positions, rope_dim, base, freq_factors)  # (n_pos, rope_dim/2)
+    cos = np.cos(theta).astype(np.float32)[:, None, :]
+    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    out = x.copy()
+    if style == "normal":
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    else:
+        half = rope_dim // 2
+        a, b = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:rope_dim] = a * sin + b * cos
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
+              scale: float, window: int = 0) -> np.ndarray:
+    """Causal grouped-query attention.
+
+    q: (n_q_pos, n_head, hd); k, v: (n_kv_head, n_ctx, hd) holding positions 0..n_ctx-1.
+    A query at position p sees keys at positions j <= p (and p - j < window when window > 0).
+    Returns (n_q_pos, n_head, hd_v).
+    """
+    n_head, n_kv = q.shape[1], k.shape[0]
+    group = n_head // n_kv
+    key_pos = np.arange(k.shape[1])
+    visible = key_pos[None, :] <= q_positions[:, None]
+    if window:
+        visible &= (q_positions[:, None] - key_pos[None, :]) < window
+    out = np.empty((q.shape[0], n_head, v.shape[2]), dtype=np.float32)
+    for h in range(n_head):
+        kv = h // group
+        scores = (q[:, h, :] @ k[kv].T) * np.float32(scale)  # (n_q_pos, n_ctx)
+        scores = np.where(visible, scores, -np.inf)
+        scores = scores - scores.max(axis=1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=1, keepdims=True)
+        out[:, h, :] = probs @ v[kv]
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def gated_ffn(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, activation: str) -> np.ndarray:
+    """down @ (act(gate @ x) * (up @ x)), row-major weights (out, in)."""
+    return (ACTIVATIONS[activation](x @ gate.T) * (x @ up.T)) @ down.T
+
+
+# ---- the model ---------------------------------------------------------------------------------
+class ReferenceModel:
+    """Dequantized float32 weights, loaded layer by layer on first use."""
+
+    def __init__(self, gf: GGUFFile, config: ModelConfig):
+        self.gf = gf
+        self.config = config
+        self._layers: dict[int, dict[str, np.ndarray]] = {}
+        self.token_embd = gf.dequantize("token_embd.weight")  # (vocab, n_embd)
+        self.output_norm = gf.dequantize("output_norm.weight")
+        self.output = self.token_embd if config.tied_embeddings else gf.dequantize("output.weight")
+        self.rope_freqs = gf.dequantize("rope_freqs.weight") if "rope_freqs.weight" in gf.tensors else None
+
+    def layer(self, i: int) -> dict[str, np.ndarray]:
+        if i not in self._layers:
+            self._layers[i] = {name.removesuffix(".weight"): self.gf.dequantize(f"blk.{i}.{name}")
+                               for name in self.config.layer_tensors}
+        return self._layers[i]
+
+
+class ReferenceBackend:
+    """The numpy reference as a Backend: forward() over consecutive positions with a K/V cache."""
+
+    name = "reference"
+
+    def __init__(self, model: ReferenceModel, n_ctx: int):
+        self.model = model
+        self.config = model.config
+        self.n_ctx = n_ctx
+        c = self.config
+        # (layer, kv_head, ctx, head_dim), F32 like the GPU cache
+        self.k_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim), dtype=np.float32)
+        self.v_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim_v), dtype=np.float32)
+        self.n_past = 0
+
+    @classmethod
+    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = False) -> "ReferenceBackend":
+        gf = GGUFFile(path)
+        config = load_config(gf)
+        model = ReferenceModel(gf, config)
+        for i in tqdm(range(config.n_layers), desc="dequantizing", disable=not progress, leave=False):
+            model.layer(i)
+        return cls(model, n_ctx or min(config.ctx_train, DEFAULT_CTX))
+
+    def reset(self) -> None:
+        self.n_past = 0
+        self.k_cache[:] = 0
+        self.v_cache[:] = 0
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
+        end = self.n_past + tokens.size
+        if end > self.n_ctx:
+            raise ContextOverflowError(
+                f"{end} positions do not fit in the context of {self.n_ctx} tokens")
+        c = self.config
+        if tokens.min() < 0 or tokens.max() >= self.model.token_embd.shape[0]:
+            raise ValueError(f"token id out of range 0..{self.model.token_embd.shape[0] - 1}")
+        positions = np.arange(self.n_past, end)
+        x = self.model.token_embd[tokens] * np.float32(c.embedding_scale())  # (n, n_embd)
+        for i in range(c.n_layers):
+            x = self._layer(i, x, positions)
+        self.n_past = end
+        if not all_logits:
+            x = x[-1:]
+        x = rmsnorm(x, self.model.output_norm, c.rms_eps)
+        logits = (x @ self.model.output.T).astype(np.float32)
+        return logits if all_logits else logits[0]
+
+    def _layer(self, i: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        c = self.config
+        w = self.model.layer(i)
+        n = x.shape[0]
+        h = rmsnorm(x, w["attn_norm"], c.rms_eps)
+        q = (h @ w["attn_q"].T).reshape(n, c.n_head, c.head_dim)
+        k = (h @ w["attn_k"].T).reshape(n, c.n_head_kv, c.head_dim)
+        v = (h @ w["attn_v"].T).reshape(n, c.n_head_kv, c.head_dim_v)
+        if c.qk_norm:
+            q = rmsnorm(q, w["attn_q_norm"], c.rms_eps)
+            k = rmsnorm(k, w["attn_k_norm"], c.rms_eps)
+        base = c.layer_rope_base(i)
+        q = rope(q, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs)
+        k = rope(k, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs)
+        self.k_cache[i][:, positions[0]:positions[-1] + 1] = k.transpose(1, 0, 2)
+        self.v_cache[i][:, positions[0]:positions[-1] + 1] = v.transpose(1, 0, 2)
+        end = positions[-1] + 1
+        window = c.sliding_window if c.is_local_layer(i) else 0
+        attn = attention(q, self.k_cache[i][:, :end], self.v_cache[i][:, :end], positions,
+                         c.attention_scale(), window)
+        o = attn.reshape(n, c.n_head * c.head_dim_v) @ w["attn_output"].T
+        if c.post_norms:
+            o = rmsnorm(o, w["post_attention_norm"], c.rms_eps)
+        x = x + o
+        h = rmsnorm(x, w["ffn_norm"], c.rms_eps)
+        f = gated_ffn(h, w["ffn_gate"], w["ffn_up"], w["ffn_down"], c.activation)
+        if c.post_norms:
+            f = rmsnorm(f, w["post_ffw_norm"], c.rms_eps)
+        return (x + f).astype(np.float32)
+
+
+def greedy(backend, prompt: Sequence[int], n: int) -> list[int]:
+    """Greedy continuation (argmax, lowest id among ties) of `prompt` for n tokens."""
+    backend.reset()
+    logits = backend.forward(prompt)
+    out = []
+    for _ in range(n):
+        token = int(np.argmax(logits))
+        out.append(token)
+        logits = backend.forward([token])
+    return out
