@@ -1,0 +1,290 @@
+"""Choosing the next token from logits: a chain of small pure steps built once per request.
+
+Each step is `(history, logits) -> logits` over the whole vocabulary (float64; a removed token
+gets -inf) and checks its own parameter when it is built. The order follows llama.cpp's default
+chain, so the same settings mean the same thing here and there:
+
+    logit bias -> repetition penalty -> presence/frequency penalties
+    -> top-k -> top-p -> min-p -> temperature -> draw
+
+Temperature comes last: top-p and min-p cut on the model's own (bias- and penalty-adjusted)
+distribution, and temperature only reshapes what survives. Temperature 0 is greedy: the argmax
+of the biased and penalised logits, lowest id among ties; the truncation steps are then skipped
+because they can never remove the argmax.
+https://github.com/ggml-org/llama.cpp/blob/master/common/sampling.cpp (default sampler order)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .errors import ParameterError
+
+MAX_SEED = 2**64 - 1
+OPENAI_PENALTY_RANGE = (-2.0, 2.0)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8  # 0 = greedy (lowest id among ties)
+    top_k: int = 40  # 0 = off
+    top_p: float = 0.95  # 1.0 = off
+    min_p: float = 0.05  # 0.0 = off
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # -1 = the whole history, 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        build_steps(self, vocab_size=None)  # refuse a bad value where it is made
+
+
+@dataclass
+class History:
+    """The tokens a step may look at: the prompt, then what was generated so far."""
+
+    tokens: list[int] = field(default_factory=list)
+    n_prompt: int = 0
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+
+Step = Callable[[History, np.ndarray], np.ndarray]
+
+
+# ---- parameter checks ------------------------------------------------------------------------
+def _number(name: str, value, low: float, high: float, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not low <= value <= high:
+        raise ParameterError(f"{name} = {value!r}, expected {allowed}")
+    return float(value)
+
+
+def _integer(name: str, value, low: int, high: int | None, allowed: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or value < low or (high is not None and value > high):
+        raise ParameterError(f"{name} = {value!r}, expected {allowed}")
+    return int(value)
+
+
+# ---- the steps -------------------------------------------------------------------------------
+def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | None:
+    """Add a fixed amount to chosen tokens (OpenAI `logit_bias`; -100 all but bans a token)."""
+    if not bias:
+        return None
+    if not isinstance(bias, dict):
+        raise ParameterError(f"logit_bias = {bias!r}, expected a mapping of token id to a number")
+    ids, amounts = [], []
+    top = "vocabulary size - 1" if vocab_size is None else str(vocab_size - 1)
+    for token, amount in bias.items():
+        token = int(token) if isinstance(token, str) and token.lstrip("-").isdigit() else token
+        _integer("logit_bias token id", token, 0, None if vocab_size is None else vocab_size - 1,
+                 f"an integer in 0..{top}")
+        _number(f"logit_bias[{token}]", amount, *LOGIT_BIAS_RANGE, "a number in -100..100")
+        ids.append(int(token))
+        amounts.append(float(amount))
+    ids_array = np.array(ids, dtype=np.int64)
+    amounts_array = np.array(amounts)
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        out = logits.copy()
+        np.add.at(out, ids_array, amounts_array)
+        return out
+
+    return step
+
+
+def repetition_penalty(penalty: float, last_n: int) -> Step | None:
+    """Make tokens seen in the last `last_n` tokens (prompt included) less likely.
+
+    A positive logit is divided by the penalty and a negative one multiplied by it, so a seen
+    token always loses ground (llama.cpp and HF do the same; dividing a negative logit, as the
+    seed design says, would raise it).
+    """
+    allowed = "a finite number > 0 (1.0 = off)"
+    penalty = _number("repeat_penalty", penalty, 0.0, math.inf, allowed)
+    if penalty == 0.0 or math.isinf(penalty):
+        raise ParameterError(f"repeat_penalty = {penalty!r}, expected {allowed}")
+    last_n = _integer("repeat_last_n", last_n, -1, None, "an integer >= -1 (-1 = whole history, 0 = off)")
+    if penalty == 1.0 or last_n == 0:
+        return None
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        window = history.tokens if last_n == -1 else history.tokens[-last_n:]
+        if not window:
+            return logits
+        seen = np.unique(np.asarray(window, dtype=np.int64))
+        out = logits.copy()
+        values = out[seen]
+        out[seen] = np.where(values > 0, values / penalty, values * penalty)
+        return out
+
+    return step
+
+
+def presence_frequency_penalty(presence: float, frequency: float) -> Step | None:
+    """OpenAI's additive penalties over the generated tokens (the prompt does not count):
+    logit -= frequency * count + presence * (count > 0)."""
+    presence = _number("presence_penalty", presence, *OPENAI_PENALTY_RANGE, "a number in -2.0..2.0")
+    frequency = _number("frequency_penalty", frequency, *OPENAI_PENALTY_RANGE, "a number in -2.0..2.0")
+    if presence == 0.0 and frequency == 0.0:
+        return None
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        generated = history.generated
+        if not generated:
+            return logits
+        ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+        out = logits.copy()
+        out[ids] -= frequency * counts + presence
+        return out
+
+    return step
+
+
+def top_k(k: int) -> Step | None:
+    """Keep the k most likely tokens (ties at the cut are kept)."""
+    k = _integer("top_k", k, 0, None, "an integer >= 0 (0 = off)")
+    if k == 0:
+        return None
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        if k >= logits.size:
+            return logits
+        threshold = np.partition(logits, logits.size - k)[logits.size - k]
+        return np.where(logits >= threshold, logits, -np.inf)
+
+    return step
+
+
+def _probabilities(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - np.max(logits))
+    return shifted / shifted.sum()
+
+
+def top_p(p: float) -> Step | None:
+    """Keep the smallest set of most likely tokens whose probability adds up to at least p."""
+    p = _number("top_p", p, 0.0, 1.0, "a number in 0.0..1.0 (1.0 = off)")
+    if p == 1.0:
+        return None
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        alive = np.flatnonzero(np.isfinite(logits))
+        probs = _probabilities(logits[alive])
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        n_keep = int(np.searchsorted(cumulative, p, side="left")) + 1  # at least one token
+        out = np.full_like(logits, -np.inf)
+        kept = alive[order[:n_keep]]
+        out[kept] = logits[kept]
+        return out
+
+    return step
+
+
+def min_p(p: float) -> Step | None:
+    """Drop tokens less likely than p times the most likely one."""
+    p = _number("min_p", p, 0.0, 1.0, "a number in 0.0..1.0 (0.0 = off)")
+    if p == 0.0:
+        return None
+    log_p = math.log(p)
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        return np.where(logits - np.max(logits) >= log_p, logits, -np.inf)
+
+    return step
+
+
+def temperature(t: float) -> Step | None:
+    """Divide the logits by t: below 1 sharpens, above 1 flattens (0 is greedy, handled apart)."""
+    t = _number("temperature", t, 0.0, math.inf, "a finite number >= 0.0 (0 = greedy)")
+    if math.isinf(t):
+        raise ParameterError(f"temperature = {t!r}, expected a finite number >= 0.0 (0 = greedy)")
+    if t == 0.0 or t == 1.0:
+        return None
+
+    def step(history: History, logits: np.ndarray) -> np.ndarray:
+        return logits / t
+
+    return step
+
+
+def check_seed(seed) -> int | None:
+    if seed is None:
+        return None
+    return _integer("seed", seed, 0, MAX_SEED, f"an integer in 0..{MAX_SEED} or null")
+
+
+def build_steps(params: SamplingParams, vocab_size: int | None) -> list[Step]:
+    """The chain, in order, without the steps that are switched off."""
+    penalties = [
+        logit_bias(params.logit_bias, vocab_size),
+        repetition_penalty(params.repeat_penalty, params.repeat_last_n),
+        presence_frequency_penalty(params.presence_penalty, params.frequency_penalty),
+    ]
+    truncation = [top_k(params.top_k), top_p(params.top_p), min_p(params.min_p)]
+    shaping = [temperature(params.temperature)]
+    check_seed(params.seed)
+    steps = penalties if params.temperature == 0 else penalties + truncation + shaping
+    return [s for s in steps if s is not None]
+
+
+class Sampler:
+    """The chain for one request and its random generator (seeded: the same tokens every time)."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int):
+        self.steps = build_steps(params, vocab_size)
+        self.greedy = params.temperature == 0
+        self.rng = np.random.default_rng(check_seed(params.seed))
+
+    def process(self, history: History, logits: np.ndarray) -> np.ndarray:
+        """The logits after every step: -inf where a token was removed."""
+        out = np.asarray(logits, dtype=np.float64)
+        for step in self.steps:
+            out = step(history, out)
+        return out
+
+    def sample(self, history: History, logits: np.ndarray) -> int:
+        processed = self.process(history, logits)
+        if self.greedy:
+            return int(np.argmax(processed))  # first index among ties
+        return draw(processed, self.rng)
+
+
+def draw(logits: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from softmax(logits) by inverting the cumulative distribution."""
+    alive = np.flatnonzero(np.isfinite(logits))
+    if alive.size == 0:
+        raise ParameterError("every token was removed by the sampler (all logits are -inf)")
+    probs = _probabilities(logits[alive])
+    cumulative = np.cumsum(probs)
+    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(alive[min(index, alive.size - 1)])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Natural-log probabilities of the model's raw distribution (what logprobs report)."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - np.max(x)
+    return shifted - math.log(np.exp(shifted).sum())
+
+
+def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, logprobs) of the k most likely tokens, most likely first."""
+    logprobs = log_softmax(logits)
+    k = min(k, logprobs.size)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    candidates = np.argpartition(-logprobs, k - 1)[:k]
+    order = np.lexsort((candidates, -logprobs[candidates]))
+    ids = candidates[order]
+    return ids, logprobs[ids]

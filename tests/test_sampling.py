@@ -1,0 +1,186 @@
+"""The sampler chain on hand-made distributions: each step, their order, seeds, greedy, ranges."""
+
+import math
+
+import numpy as np
+import pytest
+
+from airframe.errors import ParameterError
+from airframe.sampling import (History, Sampler, SamplingParams, build_steps, draw, log_softmax,
+                               logit_bias, min_p, presence_frequency_penalty, repetition_penalty,
+                               temperature, top_k, top_logprobs, top_p)
+
+NO_HISTORY = History()
+
+
+def probs_of(logits):
+    finite = np.where(np.isfinite(logits), logits, -np.inf)
+    e = np.exp(finite - finite.max())
+    return e / e.sum()
+
+
+# ---- each step ---------------------------------------------------------------------------------
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    step = repetition_penalty(2.0, 64)
+    logits = np.array([4.0, -1.0, 3.0, -2.0])
+    out = step(History([0, 1, 1], n_prompt=1), logits)
+    assert out.tolist() == [2.0, -2.0, 3.0, -2.0]  # seen tokens 0 and 1 both lose ground
+    assert logits.tolist() == [4.0, -1.0, 3.0, -2.0]  # pure: the input is untouched
+
+
+def test_repetition_penalty_looks_only_at_the_last_n_tokens():
+    step = repetition_penalty(2.0, 2)
+    out = step(History([0, 1, 2]), np.array([4.0, 4.0, 4.0, 4.0]))
+    assert out.tolist() == [4.0, 2.0, 2.0, 4.0]
+    whole = repetition_penalty(2.0, -1)(History([0, 1, 2]), np.array([4.0, 4.0, 4.0, 4.0]))
+    assert whole.tolist() == [2.0, 2.0, 2.0, 4.0]
+
+
+def test_presence_and_frequency_penalties_are_additive_over_generated_tokens_only():
+    step = presence_frequency_penalty(presence=0.5, frequency=0.25)
+    history = History([3, 3, 1, 1, 1], n_prompt=2)  # token 3 only in the prompt
+    out = step(history, np.zeros(4))
+    assert out.tolist() == [0.0, -(0.5 + 3 * 0.25), 0.0, 0.0]
+
+
+def test_logit_bias_adds_to_the_named_tokens():
+    step = logit_bias({1: 5.0, "2": -100.0}, vocab_size=4)
+    assert step(NO_HISTORY, np.zeros(4)).tolist() == [0.0, 5.0, -100.0, 0.0]
+
+
+def test_top_k_keeps_the_k_largest():
+    out = top_k(2)(NO_HISTORY, np.array([1.0, 5.0, 3.0, 4.0]))
+    assert np.isfinite(out).tolist() == [False, True, False, True]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.log(probs)
+    assert np.isfinite(top_p(0.75)(NO_HISTORY, logits)).tolist() == [True, True, False, False]
+    assert np.isfinite(top_p(0.81)(NO_HISTORY, logits)).tolist() == [True, True, True, False]
+    assert np.isfinite(top_p(0.0)(NO_HISTORY, logits)).tolist() == [True, False, False, False]
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    out = min_p(0.25)(NO_HISTORY, logits)  # threshold 0.125
+    assert np.isfinite(out).tolist() == [True, True, True, False]
+
+
+def test_temperature_scales_logits():
+    out = temperature(0.5)(NO_HISTORY, np.array([1.0, -2.0]))
+    assert out.tolist() == [2.0, -4.0]
+
+
+def test_steps_that_change_nothing_are_left_out():
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert build_steps(params, vocab_size=10) == []
+
+
+# ---- order -------------------------------------------------------------------------------------
+def test_penalties_come_before_truncation():
+    # The repeated token 0 would be the only survivor of top-k=1 without the penalty.
+    params = SamplingParams(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=4.0)
+    sampler = Sampler(params, vocab_size=3)
+    out = sampler.process(History([0]), np.array([4.0, 2.0, 0.0]))
+    assert np.isfinite(out).tolist() == [False, True, False]
+
+
+def test_truncation_runs_on_untempered_logits():
+    # A high temperature would flatten the distribution and let min-p keep everything if it ran first.
+    params = SamplingParams(temperature=100.0, top_k=0, top_p=1.0, min_p=0.5)
+    out = Sampler(params, vocab_size=3).process(NO_HISTORY, np.array([3.0, 0.0, 2.9]))
+    assert np.isfinite(out).tolist() == [True, False, True]
+    assert out[0] == pytest.approx(0.03)
+
+
+def test_top_k_then_top_p_then_min_p():
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.75, min_p=0.0)
+    # after top-k the three left renormalise to 4/9, 3/9, 2/9 and top-p 0.75 keeps two of them;
+    # on the full distribution (0.4 + 0.3 < 0.75) it would have kept three
+    out = Sampler(params, vocab_size=4).process(NO_HISTORY, logits)
+    assert np.isfinite(out).tolist() == [True, True, False, False]
+
+
+# ---- drawing -----------------------------------------------------------------------------------
+def test_greedy_equals_argmax_and_picks_the_lowest_id_among_ties():
+    rng = np.random.default_rng(0)
+    sampler = Sampler(SamplingParams(temperature=0.0), vocab_size=50)
+    for _ in range(20):
+        logits = rng.normal(size=50)
+        assert sampler.sample(NO_HISTORY, logits) == int(np.argmax(logits))
+    assert sampler.sample(NO_HISTORY, np.array([1.0, 3.0, 3.0, 3.0])) == 1
+
+
+def test_greedy_still_applies_penalties_and_bias():
+    sampler = Sampler(SamplingParams(temperature=0.0, logit_bias={2: 10.0}), vocab_size=3)
+    assert sampler.sample(NO_HISTORY, np.array([5.0, 1.0, 0.0])) == 2
+
+
+def test_the_same_seed_gives_the_same_tokens():
+    logits = np.random.default_rng(1).normal(size=1000)
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
+
+    def run():
+        sampler = Sampler(params, vocab_size=1000)
+        return [sampler.sample(NO_HISTORY, logits) for _ in range(50)]
+
+    first = run()
+    assert run() == first
+    assert len(set(first)) > 10  # really random, not stuck on one token
+    other = Sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=99), 1000)
+    assert [other.sample(NO_HISTORY, logits) for _ in range(50)] != first
+
+
+def test_draw_follows_the_distribution():
+    probs = np.array([0.5, 0.25, 0.125, 0.125])
+    rng = np.random.default_rng(7)
+    counts = np.bincount([draw(np.log(probs), rng) for _ in range(8000)], minlength=4)
+    assert np.allclose(counts / 8000, probs, atol=0.02)
+
+
+def test_draw_never_picks_a_removed_token():
+    rng = np.random.default_rng(3)
+    logits = np.array([-np.inf, 0.0, -np.inf, 0.0])
+    assert {draw(logits, rng) for _ in range(200)} == {1, 3}
+
+
+def test_logprobs_are_of_the_raw_distribution():
+    logits = np.array([2.0, 0.0, 1.0, 2.0])
+    logprobs = log_softmax(logits)
+    assert np.exp(logprobs).sum() == pytest.approx(1.0)
+    ids, values = top_logprobs(logits, 3)
+    assert sorted(ids[:2].tolist()) == [0, 3] and ids[2] == 2
+    assert values[2] == pytest.approx(1.0 - math.log(2 * math.e**2 + math.e + 1))
+
+
+# ---- ranges ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value, allowed", [
+    ("temperature", -0.1, ">= 0.0"),
+    ("temperature", math.inf, ">= 0.0"),
+    ("top_k", -1, ">= 0"),
+    ("top_k", 2.5, ">= 0"),
+    ("top_p", 1.5, "0.0..1.0"),
+    ("top_p", float("nan"), "0.0..1.0"),
+    ("min_p", -0.5, "0.0..1.0"),
+    ("repeat_penalty", 0.0, "> 0"),
+    ("repeat_penalty", -1.0, "> 0"),
+    ("repeat_last_n", -2, ">= -1"),
+    ("presence_penalty", 2.5, "-2.0..2.0"),
+    ("frequency_penalty", -3.0, "-2.0..2.0"),
+    ("logit_bias", {5: 200.0}, "-100..100"),
+    ("logit_bias", {-1: 1.0}, "an integer in 0.."),
+    ("seed", -5, "0..18446744073709551615"),
+    ("seed", "abc", "an integer"),
+])
+def test_out_of_range_parameters_are_refused_with_their_range(field, value, allowed):
+    with pytest.raises(ParameterError) as info:
+        SamplingParams(**{field: value})
+    assert field in str(info.value) and allowed in str(info.value)
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_refused():
+    params = SamplingParams(logit_bias={10: 1.0})
+    with pytest.raises(ParameterError, match=r"0\.\.9"):
+        Sampler(params, vocab_size=10)
