@@ -40,7 +40,7 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, **options) -> 
     if name == "reference":
         from .reference import ReferenceBackend
 
-        return ReferenceBackend.load(model_path, n_ctx=n_ctx)
+        return ReferenceBackend.load(model_path, n_ctx=n_ctx, **options)
     if name == "webgpu":
         from .gpu.runtime import WebGPUBackend
 
