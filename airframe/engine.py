@@ -1,0 +1,250 @@
+"""From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
+
+The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
+`reset()` (at the start of every request, so K/V never leaks between requests) and `forward()`.
+
+    engine = Engine.load("smollm2-135m", backend="reference")
+    for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
+        print(item.text if isinstance(item, Piece) else item.reason)
+
+Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
+a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
+it is asked before every token). Tokens count as completion tokens when sampled, the one that
+stopped generation included; its text is never shown.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .backend import DEFAULT_BACKEND, Backend, open_backend
+from .chat_template import ChatTemplate
+from .errors import ContextOverflowError, ParameterError, UnsupportedError
+from .family import ModelConfig, family_for
+from .gguf_file import GGUFFile
+from .models import resolve_model
+from .sampling import History, Sampler, SamplingParams, log_softmax, top_logprobs
+from .streaming import TextAssembler
+from .tokenizer import GGUFTokenizer, load_tokenizer
+
+# End-of-turn tokens that chat templates print; when the vocabulary has one, it ends generation
+# even if the file's metadata forgot to say so (llama.cpp does the same).
+END_OF_TURN_TEXTS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int | None = 256  # None: until the context is full
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)  # stop strings
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None  # None: off; k >= 0: the chosen token's logprob and the top-k alternatives
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    token_id: int
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, int, float]]  # (text, id, logprob), most likely first
+
+
+@dataclass
+class Piece:
+    """One streamed piece of text: only whole UTF-8 characters; may cover several tokens or none."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+
+
+@dataclass
+class Finish:
+    reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+class Engine:
+    backend: Backend
+    tokenizer: GGUFTokenizer
+    config: ModelConfig
+    model_id: str
+    n_ctx: int
+
+    def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.template = template
+        self.config = backend.config
+        self.model_id = model_id
+        self.n_ctx = backend.n_ctx
+        self.eog_ids = end_of_generation_ids(tokenizer)
+
+    @classmethod
+    def load(cls, model: str, backend: str = DEFAULT_BACKEND, n_ctx: int | None = None,
+             progress: bool = True) -> "Engine":
+        """Open a model (a path or a known name) in the named backend, with its tokenizer and template."""
+        path = resolve_model(model)
+        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
+            raise ParameterError(f"n_ctx = {n_ctx!r}, expected an integer >= 2")
+        gf = GGUFFile(path)
+        tokenizer = load_tokenizer(gf)
+        template = ChatTemplate.for_model(
+            gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
+            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(path))
+        loaded = _open_backend(backend, path, n_ctx, progress)
+        return cls(loaded, tokenizer, template, model_id=model if not Path(model).suffix else path.stem)
+
+    # ---- prompts --------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def tokenize_prompt(self, prompt: str | list[dict]) -> list[int]:
+        """A string is a raw completion prompt; a list is chat messages rendered by the template.
+
+        Special tokens written in the text (`<|im_start|>`) are parsed as such, and the model's BOS
+        is added unless the text already starts with it.
+        """
+        if isinstance(prompt, list):
+            prompt = self.render_chat(prompt)
+        if not isinstance(prompt, str):
+            raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
+        bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
+        starts_with_bos = bool(bos) and prompt.startswith(bos)
+        return list(self.tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+
+    def check_fits(self, n_prompt: int) -> None:
+        if n_prompt + 1 > self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: "
+                f"expected at most {self.n_ctx - 1} prompt tokens, to leave room for one generated token")
+        if n_prompt == 0:
+            raise ParameterError("the prompt is empty after tokenization, expected at least one token")
+
+    # ---- generation -----------------------------------------------------------------------------
+    def stream(self, prompt: str | list[dict], params: GenerationParams,
+               cancel: Callable[[], bool] | None = None) -> Iterator[Piece | Finish]:
+        """Yield Pieces of text as they are decoded, then exactly one Finish.
+
+        Bad parameters and a prompt that does not fit raise here, before the first item.
+        """
+        _check_params(params)
+        prompt_ids = self.tokenize_prompt(prompt)
+        self.check_fits(len(prompt_ids))
+        sampler = Sampler(params.sampling, self.config.vocab_size)
+        return self._generate(prompt_ids, params, sampler, cancel)
+
+    def _generate(self, prompt_ids: list[int], params: GenerationParams, sampler: Sampler,
+                  cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
+        assembler = TextAssembler(self.tokenizer.token_bytes, params.stop)
+        stop_ids = self.eog_ids | set(params.stop_token_ids)
+        history = History(list(prompt_ids), n_prompt=len(prompt_ids))
+        started = time.perf_counter()
+        self.backend.reset()
+        logits = self.backend.forward(prompt_ids)
+        prefilled = time.perf_counter()
+
+        reason, n_sampled = "length", 0
+        pending_ids: list[int] = []
+        pending_logprobs: list[TokenLogprob] = []
+        while True:
+            if params.max_tokens is not None and n_sampled >= params.max_tokens:
+                break
+            if cancel is not None and cancel():
+                reason = "cancelled"
+                break
+            if n_sampled > 0:
+                if self.backend.n_past >= self.n_ctx:
+                    break  # the context is full: no room to run the last token
+                logits = self.backend.forward([history.tokens[-1]])
+            token = sampler.sample(history, logits)
+            n_sampled += 1
+            history.tokens.append(token)
+            if token in stop_ids:
+                reason = "stop"
+                break
+            pending_ids.append(token)
+            if params.logprobs is not None:
+                pending_logprobs.append(self._logprob(logits, token, params.logprobs))
+            text = assembler.push(token)
+            if text:
+                yield Piece(text, pending_ids, pending_logprobs if params.logprobs is not None else None)
+                pending_ids, pending_logprobs = [], []
+            if assembler.stopped:
+                reason = "stop"
+                break
+        tail = assembler.finish()
+        if tail or pending_ids:
+            yield Piece(tail, pending_ids, pending_logprobs if params.logprobs is not None else None)
+        yield Finish(reason, len(prompt_ids), n_sampled, prefilled - started, time.perf_counter() - prefilled)
+
+    def generate(self, prompt: str | list[dict], params: GenerationParams,
+                 cancel: Callable[[], bool] | None = None) -> tuple[str, Finish, list[TokenLogprob] | None]:
+        """The whole answer at once: exactly the concatenation of stream()."""
+        texts: list[str] = []
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        finish = None
+        for item in self.stream(prompt, params, cancel):
+            if isinstance(item, Finish):
+                finish = item
+            else:
+                texts.append(item.text)
+                if logprobs is not None:
+                    logprobs.extend(item.logprobs or [])
+        return "".join(texts), finish, logprobs
+
+    def _logprob(self, logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+        logprobs = log_softmax(logits)
+        ids, values = top_logprobs(logits, k)
+        top = [(self.tokenizer.token_text(int(i)), int(i), float(v)) for i, v in zip(ids, values)]
+        raw = self.tokenizer.token_bytes(token)
+        return TokenLogprob(raw.decode("utf-8", errors="replace"), token, float(logprobs[token]), list(raw), top)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def end_of_generation_ids(tokenizer: GGUFTokenizer) -> set[int]:
+    """The tokenizer's end-of-generation ids plus any known end-of-turn token in the vocabulary."""
+    ids = {int(i) for i in tokenizer.eog_ids}
+    if tokenizer.eos_id is not None and tokenizer.eos_id >= 0:
+        ids.add(int(tokenizer.eos_id))
+    specials = tokenizer.special_tokens
+    for text in END_OF_TURN_TEXTS:
+        if text in specials:
+            ids.add(int(specials[text]))
+    return ids
+
+
+def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
+    if token_id is None or token_id < 0:
+        return ""
+    return tokenizer.token_text(token_id)
+
+
+def _open_backend(name: str, path: Path, n_ctx: int | None, progress: bool) -> Backend:
+    try:
+        return open_backend(name, path, n_ctx, progress=progress)
+    except ImportError as e:
+        raise UnsupportedError(f"the {name!r} backend cannot be used here: {e}; "
+                               f"try --backend reference (numpy, slow)") from None
+
+
+def _check_params(params: GenerationParams) -> None:
+    if params.max_tokens is not None and (isinstance(params.max_tokens, bool)
+                                          or not isinstance(params.max_tokens, int) or params.max_tokens < 0):
+        raise ParameterError(f"max_tokens = {params.max_tokens!r}, expected an integer >= 0 or null")
+    if params.logprobs is not None and (isinstance(params.logprobs, bool)
+                                        or not isinstance(params.logprobs, int) or params.logprobs < 0):
+        raise ParameterError(f"logprobs = {params.logprobs!r}, expected an integer >= 0 or null")
+    if not all(isinstance(s, str) for s in params.stop):
+        raise ParameterError(f"stop = {params.stop!r}, expected a list of strings")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in params.stop_token_ids):
+        raise ParameterError(f"stop_token_ids = {params.stop_token_ids!r}, expected a list of token ids")
