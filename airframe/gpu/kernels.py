@@ -1,0 +1,145 @@
+"""Compute pipelines, their parameter structs and bind groups, and recording them into a pass.
+
+Each shader in `shaders/` declares a uniform `Params` struct whose fields are listed here in the
+same order (PARAMS), then its bindings in a fixed order (inputs, output, params, step); SIGNATURES
+gives the binding kinds in that order so the Python side declares exactly what the WGSL does.
+Pipelines share explicit bind-group layouts, so one bind group serves gemv.wgsl and gemm.wgsl alike.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Callable
+
+import wgpu
+
+from .quant_layout import GpuQuant
+from .shaders import load_wgsl
+
+R, RW, U = "read-only-storage", "storage", "uniform"  # binding kinds
+
+PARAMS = {
+    "gemv": ("rows", "cols", "row_words", "mode", "w0", "w1", "w2", "seg1", "seg2", "norm_w", "eps",
+             "x_stride", "y_stride", "y_off"),
+    "rope": ("n_head", "n_head_kv", "head_dim", "rope_dim", "neox", "qk_norm", "q_norm_w", "k_norm_w",
+             "eps", "qkv_stride", "n_ctx", "table"),
+    "attention_decode": ("n_head", "n_head_kv", "head_dim", "n_ctx", "window", "scale", "qkv_stride"),
+    "attention_merge": ("n_head", "head_dim"),
+    "rmsnorm": ("n", "norm_w", "eps", "add", "x_stride", "y_stride"),
+    "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
+}
+PARAMS["gemm"] = PARAMS["gemv"]
+FLOAT_FIELDS = {"eps", "scale"}
+
+SIGNATURES = {
+    "gemv": (R, R, RW, U, U),               # W, X, Y, params, step
+    "gemm": (R, R, RW, U, U),
+    "rope": (R, R, RW, RW, U, U),           # W, angle table, QKV, KV cache, params, step
+    "attention_decode": (R, R, RW, U, U),   # QKV, KV cache, partials, params, step
+    "attention_merge": (R, RW, U, U),       # partials, output, params, step
+    "rmsnorm": (R, R, RW, U, U),            # W, X, Y, params, step
+    "embedding": (R, R, RW, U, U),          # W (a row chunk), token ids, Y, params, step
+}
+
+# P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)
+MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
+NO_SEGMENT = 0xFFFFFFFF
+GEMV_ROWS = 4                      # rows per workgroup in gemv.wgsl
+GEMM_ROWS, GEMM_TOKENS, GEMM_K = 32, 16, 32  # tile of gemm.wgsl
+STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
+
+
+def pack_params(shader: str, **values) -> bytes:
+    """The shader's Params struct as bytes, fields in declaration order, padded to 16 bytes."""
+    names = PARAMS[shader]
+    unknown = set(values) - set(names)
+    missing = set(names) - set(values)
+    assert not unknown and not missing, f"{shader} params: unknown {unknown}, missing {missing}"
+    out = b"".join(struct.pack("<f" if n in FLOAT_FIELDS else "<I", values[n]) for n in names)
+    return out + bytes(-len(out) % 16)
+
+
+def pack_step(n_past: int, n_tokens: int, lm_first: int = 0, split_len: int = 256) -> bytes:
+    return struct.pack("<4I", n_past, n_tokens, lm_first, split_len)
+
+
+@dataclass
+class Dispatch:
+    """One recorded dispatch: which program, which buffers, how many workgroups."""
+
+    label: str
+    pipeline: object
+    bind_group: object
+    workgroups: tuple[int, int, int]
+    output: tuple | None = None  # (buffer, floats) written, for SHIMMY_DEBUG_RAW
+
+
+@dataclass
+class Kernels:
+    """Pipelines (cached by shader and quant type), layouts and small helpers for one device."""
+
+    ctx: object
+    _pipelines: dict = field(default_factory=dict)
+    _layouts: dict = field(default_factory=dict)
+
+    @property
+    def device(self):
+        return self.ctx.device
+
+    def layout(self, shader: str):
+        kinds = SIGNATURES[shader]
+        if kinds not in self._layouts:
+            entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}}
+                       for i, kind in enumerate(kinds)]
+            self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
+        return self._layouts[kinds]
+
+    def pipeline(self, shader: str, quant: GpuQuant | None = None):
+        key = (shader, quant.shader if quant else None)
+        if key not in self._pipelines:
+            defines = {"QUANT": quant.shader.removesuffix(".wgsl")} if quant else {}
+            source = load_wgsl(f"{shader}.wgsl", defines)
+            module = self.device.create_shader_module(label=f"{shader}/{key[1]}", code=source)
+            layout = self.device.create_pipeline_layout(bind_group_layouts=[self.layout(shader)])
+            self._pipelines[key] = self.device.create_compute_pipeline(
+                label=f"{shader}/{key[1]}", layout=layout, compute={"module": module, "entry_point": "main"})
+        return self._pipelines[key]
+
+    def uniform(self, data: bytes, label: str = "params"):
+        buffer = self.device.create_buffer(label=label, size=max(len(data), 16),
+                                           usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.device.queue.write_buffer(buffer, 0, data)
+        return buffer
+
+    def bind(self, shader: str, resources: list):
+        """A bind group for `shader`: each resource is a buffer or (buffer, byte offset, byte size)."""
+        entries = []
+        for i, res in enumerate(resources):
+            if isinstance(res, tuple):
+                buffer, offset, size = res
+                entries.append({"binding": i, "resource": {"buffer": buffer, "offset": offset, "size": size}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": res, "offset": 0, "size": res.size}})
+        return self.device.create_bind_group(layout=self.layout(shader), entries=entries)
+
+    def storage(self, n_bytes: int, label: str, readable: bool = False):
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
+
+
+def record(encoder, dispatches: list[Dispatch]) -> None:
+    """All dispatches in one compute pass."""
+    compute = encoder.begin_compute_pass()
+    for d in dispatches:
+        compute.set_pipeline(d.pipeline)
+        compute.set_bind_group(0, d.bind_group)
+        compute.dispatch_workgroups(*d.workgroups)
+    compute.end()
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+Grid = Callable[[int, int], tuple[int, int, int]]

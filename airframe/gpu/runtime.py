@@ -1,0 +1,294 @@
+"""The WebGPU backend: a GGUF model on any WebGPU adapter, weights quantized in GPU memory.
+
+Load packs the weights (pack.py), builds every pipeline, bind group, scratch buffer and the F32
+K/V cache once. A forward over T tokens records one compute pass: embedding, then per layer
+  QKV matmul (RMSNorm fused) -> QK-norm + RoPE + K/V write -> attention splits -> merge
+  -> output projection (+ residual, or post-norm + residual) -> gate/up (+ norm, activation)
+  -> down projection (+ residual, or post-norm + residual),
+then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
+Prompts are prefilled in chunks of `prefill_chunk` tokens; decode reads back only the logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import wgpu
+from tqdm import tqdm
+
+from ..errors import ContextOverflowError, ParameterError, UnsupportedError
+from ..family import ModelConfig, load_config
+from ..gguf_file import GGUFFile
+from . import kernels as K
+from .device import get_context
+from .pack import LayerPack, pack_rows, pack_tensors
+from .runtime_ops import LayerOps, build_globals, build_layer
+
+log = logging.getLogger("airframe.gpu")
+DEFAULT_CTX = 4096
+PREFILL_CHUNK = 512
+MAX_SPLITS = 32          # attention splits of one query (flash-decoding)
+MIN_SPLIT_LEN = 256      # K/V positions per split at least
+LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
+
+
+@dataclass
+class Scratch:
+    """Activation buffers sized for one prefill chunk of `tokens` positions."""
+
+    tokens: int
+    ids: object       # (tokens,) u32
+    x: object         # (tokens, n_embd) the residual stream
+    tmp: object       # (tokens, n_embd) normed x / pre-norm projection outputs
+    qkv: object       # (tokens, n_q + 2 n_kv)
+    attn: object      # (tokens, n_q)
+    ffn: object       # (tokens, n_ff)
+    part: object      # (tokens, n_head, max_splits, head_dim + 2)
+    logits: object    # (logit_rows, vocab)
+    staging: object   # MAP_READ copy of logits
+    step: object      # uniform Step
+    max_splits: int
+    logit_rows: int
+
+
+class WebGPUBackend:
+    """Backend protocol (airframe/backend.py) on WebGPU."""
+
+    name = "webgpu"
+
+    def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, prefill_chunk: int,
+                 progress: bool, max_binding: int | None):
+        self.ctx = ctx
+        self.gf = gf
+        self.config = config
+        self.n_ctx = n_ctx
+        self.n_past = 0
+        self.prefill_chunk = prefill_chunk
+        self.kernels = K.Kernels(ctx)
+        _check_config(gf, config)
+        bar = tqdm(total=config.n_layers + 2, desc="loading to GPU", unit="part", disable=not progress,
+                   leave=False)
+        self.token_embd = pack_rows(ctx, gf, "token_embd.weight", max_binding)
+        self.output = self.token_embd if config.tied_embeddings else pack_rows(ctx, gf, "output.weight", max_binding)
+        self.globals = pack_tensors(ctx, gf, ["output_norm.weight"], "globals")
+        self.rope_table, self.table_offsets = self._rope_table()
+        bar.update(1)
+        self.scratch = self._scratch()
+        self.layers: list[LayerPack] = []
+        self.kv: list = []
+        self.layer_ops: list[LayerOps] = []
+        for i in range(config.n_layers):
+            names = [f"blk.{i}.{t}" for t in config.layer_tensors]
+            self.layers.append(pack_tensors(ctx, gf, names, f"blk.{i}"))
+            kv_bytes = 2 * config.n_head_kv * n_ctx * config.head_dim * 4
+            self.kv.append(self.kernels.storage(kv_bytes, f"blk.{i}.kv"))
+            self.layer_ops.append(build_layer(self, i))
+            bar.update(1)
+        self.globals_ops = build_globals(self)
+        bar.update(1)
+        bar.close()
+        self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
+        self.trace_chunks = os.environ.get("AIRFRAME_TRACE_PREFILL_CHUNKS") == "1"
+
+    @classmethod
+    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = True,
+             prefill_chunk: int = PREFILL_CHUNK, max_binding: int | None = None, **options) -> "WebGPUBackend":
+        """Load a GGUF file. `max_binding` lowers the binding limit (tests of chunked tensors)."""
+        if options:
+            raise ParameterError(f"unknown webgpu backend options {sorted(options)}; "
+                                 f"expected n_ctx, progress, prefill_chunk, max_binding")
+        gf = GGUFFile(path)
+        config = load_config(gf)
+        n_ctx = int(n_ctx or min(config.ctx_train, DEFAULT_CTX))
+        if n_ctx < 1:
+            raise ParameterError(f"n_ctx = {n_ctx}, expected a positive number of positions")
+        if prefill_chunk < 1:
+            raise ParameterError(f"prefill_chunk = {prefill_chunk}, expected a positive number of tokens")
+        return cls(get_context(), gf, config, n_ctx, prefill_chunk, progress, max_binding)
+
+    # ---- buffers made once -------------------------------------------------------------------
+    def _rope_table(self):
+        """cos/sin of every (position, pair) for each RoPE base, computed in float64: (bases, n_ctx, half, 2)."""
+        c = self.config
+        bases = sorted({c.layer_rope_base(i) for i in range(c.n_layers)})
+        freq = self.gf.dequantize("rope_freqs.weight").astype(np.float64) if "rope_freqs.weight" in self.gf.tensors else None
+        half = c.rope_dim // 2
+        tables, offsets = [], {}
+        for index, base in enumerate(bases):
+            inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / c.rope_dim)
+            if freq is not None:
+                inv = inv / freq
+            theta = np.outer(np.arange(self.n_ctx, dtype=np.float64), inv)
+            tables.append(np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32))
+            offsets[base] = index * self.n_ctx * half * 2
+        data = np.ascontiguousarray(np.stack(tables))
+        buffer = self.kernels.storage(data.nbytes, "rope_table")
+        self.ctx.device.queue.write_buffer(buffer, 0, data)
+        return buffer, offsets
+
+    def _scratch(self) -> Scratch:
+        c = self.config
+        t = min(self.prefill_chunk, self.n_ctx)
+        part_row = c.n_head * (c.head_dim + 2) * 4
+        max_splits = max(1, min(MAX_SPLITS, self.ctx.max_binding // (t * part_row)))
+        logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
+        k = self.kernels
+        wide = max(c.n_embd, c.n_q)
+        return Scratch(
+            tokens=t,
+            ids=k.storage(t * 4, "ids"),
+            x=k.storage(t * c.n_embd * 4, "x"),
+            tmp=k.storage(t * wide * 4, "tmp"),
+            qkv=k.storage(t * (c.n_q + 2 * c.n_kv) * 4, "qkv"),
+            attn=k.storage(t * c.n_q * 4, "attn"),
+            ffn=k.storage(t * c.n_ff * 4, "ffn"),
+            part=k.storage(t * max_splits * part_row, "attention_partials"),
+            logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
+            staging=self.ctx.device.create_buffer(
+                label="logits_readback", size=logit_rows * c.vocab_size * 4,
+                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST),
+            step=k.uniform(K.pack_step(0, 1), "step"),
+            max_splits=max_splits,
+            logit_rows=logit_rows,
+        )
+
+    # ---- Backend protocol -------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every position; the cache is cleared so stale K/V can never be read."""
+        self.n_past = 0
+        encoder = self.ctx.device.create_command_encoder()
+        for kv in self.kv:
+            encoder.clear_buffer(kv)
+        self.ctx.device.queue.submit([encoder.finish()])
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ParameterError(f"forward needs a non-empty 1-D sequence of token ids, got shape {ids.shape}")
+        if ids.min() < 0 or ids.max() >= self.token_embd.rows:
+            raise ParameterError(f"token id {int(ids.max() if ids.max() >= 0 else ids.min())} is outside "
+                                 f"the vocabulary 0..{self.token_embd.rows - 1}")
+        end = self.n_past + ids.size
+        if end > self.n_ctx:
+            raise ContextOverflowError(f"{self.n_past} cached + {ids.size} new positions = {end} do not fit "
+                                       f"in the context of {self.n_ctx} tokens")
+        outputs = []
+        step = self.scratch.tokens
+        for first in range(0, ids.size, step):
+            chunk = ids[first:first + step]
+            last = first + step >= ids.size
+            started = time.perf_counter()
+            out = self._chunk(chunk, all_logits, last)
+            if out is not None:
+                outputs.append(out)
+            if self.trace_chunks:
+                log.warning("prefill chunk %d..%d (%d tokens): %.1f ms", self.n_past - chunk.size,
+                            self.n_past, chunk.size, 1000 * (time.perf_counter() - started))
+        if all_logits:
+            return np.concatenate(outputs, axis=0)
+        return outputs[-1][0]
+
+    # ---- one chunk ----------------------------------------------------------------------------
+    def split_len(self, n_tokens: int) -> int:
+        kv_total = self.n_past + n_tokens
+        per_split = -(-kv_total // self.scratch.max_splits)
+        return max(MIN_SPLIT_LEN, -(-per_split // 64) * 64)
+
+    def dispatches(self, n_tokens: int) -> list[K.Dispatch]:
+        """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""
+        n_splits = -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
+        out = self.globals_ops.embed(n_tokens)
+        for ops in self.layer_ops:
+            out += ops.dispatches(n_tokens, n_splits)
+        return out
+
+    def _write_step(self, n_tokens: int, lm_first: int) -> None:
+        step = K.pack_step(self.n_past, n_tokens, lm_first, self.split_len(n_tokens))
+        self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)
+
+    def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool) -> np.ndarray | None:
+        n = ids.size
+        device = self.ctx.device
+        device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
+        self._write_step(n, n - 1)
+        work = self.dispatches(n)
+        head = []
+        if last and not all_logits:
+            head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
+        if self.debug_raw:
+            self._run_debug(work + head)
+        else:
+            encoder = device.create_command_encoder()
+            K.record(encoder, work + head)
+            if head:
+                encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
+                                              self.config.vocab_size * 4)
+            device.queue.submit([encoder.finish()])
+        if all_logits:
+            logits = self._all_logits(n)
+        elif head:
+            logits = self._read_logits(1)
+        else:
+            logits = None
+        self.n_past += n
+        return logits
+
+    def _all_logits(self, n: int) -> np.ndarray:
+        """Final norm over the chunk, then the LM head in groups of logit_rows positions."""
+        device = self.ctx.device
+        out = np.empty((n, self.config.vocab_size), dtype=np.float32)
+        encoder = device.create_command_encoder()
+        K.record(encoder, self.globals_ops.final_norm(n))
+        device.queue.submit([encoder.finish()])
+        rows = self.scratch.logit_rows
+        for first in range(0, n, rows):
+            count = min(rows, n - first)
+            self._write_step(count, first)
+            encoder = device.create_command_encoder()
+            K.record(encoder, self.globals_ops.lm_head(count))
+            encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
+                                          count * self.config.vocab_size * 4)
+            device.queue.submit([encoder.finish()])
+            out[first:first + count] = self._read_logits(count)
+        return out
+
+    def _read_logits(self, rows: int) -> np.ndarray:
+        staging = self.scratch.staging
+        size = rows * self.config.vocab_size * 4
+        staging.map_sync(wgpu.MapMode.READ, 0, size)
+        data = np.frombuffer(staging.read_mapped(0, size, copy=True), dtype=np.float32)
+        staging.unmap()
+        return data.reshape(rows, self.config.vocab_size)
+
+    def _run_debug(self, dispatches: list[K.Dispatch]) -> None:
+        """SHIMMY_DEBUG_RAW=1: submit each dispatch alone and log statistics of what it wrote."""
+        device = self.ctx.device
+        for d in dispatches:
+            encoder = device.create_command_encoder()
+            K.record(encoder, [d])
+            device.queue.submit([encoder.finish()])
+            if d.output is None:
+                continue
+            buffer, floats = d.output
+            values = np.frombuffer(device.queue.read_buffer(buffer, 0, floats * 4), dtype=np.float32)
+            finite = values[np.isfinite(values)]
+            log.warning("%-28s min %+.4g max %+.4g mean %+.4g absmax %.4g nan %d",
+                        d.label, finite.min(initial=0), finite.max(initial=0),
+                        finite.mean() if finite.size else 0.0, np.abs(finite).max(initial=0),
+                        int(np.isnan(values).sum()))
+
+
+def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
+    if c.head_dim_v != c.head_dim:
+        raise UnsupportedError(f"{gf.path}: value head size {c.head_dim_v} differs from key head size "
+                               f"{c.head_dim}; the WebGPU runtime expects them equal")
+    if c.head_dim > 512 or c.head_dim % 4:
+        raise UnsupportedError(f"{gf.path}: head_dim {c.head_dim}, expected a multiple of 4 up to 512")
+    if c.n_embd % 4 or c.n_ff % 4:
+        raise UnsupportedError(f"{gf.path}: n_embd {c.n_embd} / n_ff {c.n_ff}, expected multiples of 4")

@@ -1,0 +1,194 @@
+"""The dispatches of one layer and of the model's ends, built once at load.
+
+Each Op holds its bind group and parameter buffer; `dispatch(n_tokens, n_splits)` only picks the
+pipeline variant (gemv for one token, gemm for a chunk) and the workgroup counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import UnsupportedError
+from . import kernels as K
+from .pack import PackedTensor
+
+
+@dataclass
+class Op:
+    label: str
+    shader: str                      # "matmul" picks gemv.wgsl or gemm.wgsl by the token count
+    quant: object
+    bind_group: object
+    grid: Callable[[int, int], tuple[int, int, int]] | None = None
+    rows: int = 0
+    cols: int = 0
+    output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
+
+    def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
+        if self.shader == "matmul":
+            if n_tokens == 1 or self.cols % K.GEMM_K:
+                shader, grid = "gemv", (K.ceil_div(self.rows, K.GEMV_ROWS), n_tokens, 1)
+            else:
+                shader, grid = "gemm", (K.ceil_div(self.rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
+        else:
+            shader, grid = self.shader, self.grid(n_tokens, n_splits)
+        out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
+        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant), self.bind_group, grid, out)
+
+
+@dataclass
+class LayerOps:
+    kernels: K.Kernels
+    ops: list[Op]
+    _cache: dict = field(default_factory=dict)
+
+    def dispatches(self, n_tokens: int, n_splits: int) -> list[K.Dispatch]:
+        key = (n_tokens, n_splits)
+        if key not in self._cache:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = [op.dispatch(self.kernels, n_tokens, n_splits) for op in self.ops]
+        return list(self._cache[key])
+
+
+def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
+            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None) -> Op:
+    """y = W x with up to three row segments (or gate/up with MODE_GATED)."""
+    c = be.config
+    first = weights[0]
+    gated = mode & K.MODE_GATED
+    offsets = [w.offset for w in weights] + [0] * (3 - len(weights))
+    starts = [sum(w.rows for w in weights[:i]) for i in range(1, len(weights))] if not gated else []
+    starts += [K.NO_SEGMENT] * (2 - len(starts))
+    rows = first.rows if gated else sum(w.rows for w in weights)
+    params = K.pack_params(
+        "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=mode,
+        w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
+        norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=y_stride, y_off=y_off)
+    k = be.kernels
+    group = k.bind("gemv", [layer, x, y, k.uniform(params, label), be.scratch.step])
+    return Op(label, "matmul", first.quant, group, rows=rows, cols=first.cols, output=(y, y_stride))
+
+
+def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool) -> Op:
+    params = K.pack_params("rmsnorm", n=n, norm_w=norm.offset, eps=be.config.rms_eps, add=int(add),
+                           x_stride=n, y_stride=n)
+    k = be.kernels
+    group = k.bind("rmsnorm", [layer, x, y, k.uniform(params, label), be.scratch.step])
+    return Op(label, "rmsnorm", None, group, grid=lambda t, s: (t, 1, 1), output=(y, n))
+
+
+def _qkv_groups(tensors: list[PackedTensor]) -> list[list[PackedTensor]]:
+    """Consecutive tensors of one quant type go into one dispatch."""
+    groups: list[list[PackedTensor]] = []
+    for t in tensors:
+        if groups and groups[-1][0].qtype == t.qtype and groups[-1][0].cols == t.cols:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    return groups
+
+
+def build_layer(be, i: int) -> LayerOps:
+    c = be.config
+    s = be.scratch
+    pack = be.layers[i]
+    buf = pack.buffer
+    k = be.kernels
+    w = {name.split(".", 2)[2].removesuffix(".weight"): t for name, t in pack.tensors.items()}
+    n_qkv = c.n_q + 2 * c.n_kv
+    ops = []
+    col = 0
+    for group in _qkv_groups([w["attn_q"], w["attn_k"], w["attn_v"]]):
+        ops.append(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
+                           K.MODE_NORM, w["attn_norm"]))
+        col += sum(t.rows for t in group)
+
+    rope = K.pack_params(
+        "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
+        neox=int(c.rope_style == "neox"), qk_norm=int(c.qk_norm),
+        q_norm_w=w["attn_q_norm"].offset if c.qk_norm else 0, k_norm_w=w["attn_k_norm"].offset if c.qk_norm else 0,
+        eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)])
+    group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], k.uniform(rope), s.step])
+    ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
+                  output=(s.qkv, n_qkv)))
+
+    window = c.sliding_window if c.is_local_layer(i) else 0
+    attn = K.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
+                         n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv)
+    group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, k.uniform(attn), s.step])
+    ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
+                  grid=lambda t, n: (n, c.n_head, t)))
+    merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
+    group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
+    ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
+                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q)))
+
+    if c.post_norms:
+        ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd))
+        ops.append(_rmsnorm(be, f"blk.{i}.post_attention_norm", buf, w["post_attention_norm"], s.tmp, s.x,
+                            c.n_embd, add=True))
+    else:
+        ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
+                           mode=K.MODE_ACCUMULATE))
+
+    if w["ffn_gate"].qtype != w["ffn_up"].qtype:
+        raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {w['ffn_gate'].qtype.name} but ffn_up is "
+                               f"{w['ffn_up'].qtype.name}; the fused gate/up kernel expects one type")
+    act = K.MODE_GELU if c.activation == "gelu_tanh" else 0
+    ops.append(_matmul(be, f"blk.{i}.ffn_gate_up", buf, [w["ffn_gate"], w["ffn_up"]], s.x, c.n_embd, s.ffn, c.n_ff,
+                       mode=K.MODE_NORM | K.MODE_GATED | act, norm=w["ffn_norm"]))
+    if c.post_norms:
+        ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd))
+        ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))
+    else:
+        ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
+                           mode=K.MODE_ACCUMULATE))
+    return LayerOps(k, ops)
+
+
+@dataclass
+class GlobalOps:
+    """Embedding lookup (one dispatch per row chunk), final norm, LM head (one dispatch per chunk)."""
+
+    kernels: K.Kernels
+    embed_ops: list[Op]
+    norm_op: Op
+    head_ops: list[Op]
+
+    def embed(self, n_tokens: int) -> list[K.Dispatch]:
+        return [op.dispatch(self.kernels, n_tokens, 1) for op in self.embed_ops]
+
+    def final_norm(self, n_tokens: int) -> list[K.Dispatch]:
+        return [self.norm_op.dispatch(self.kernels, n_tokens, 1)]
+
+    def lm_head(self, n_tokens: int) -> list[K.Dispatch]:
+        return [op.dispatch(self.kernels, n_tokens, 1) for op in self.head_ops]
+
+
+def build_globals(be) -> GlobalOps:
+    c = be.config
+    s = be.scratch
+    k = be.kernels
+    embed_ops = []
+    e = be.token_embd
+    for j, chunk in enumerate(e.chunks):
+        params = K.pack_params("embedding", first_row=chunk.first_row, n_rows=chunk.n_rows, cols=e.cols,
+                               row_words=e.row_words, scale=c.embedding_scale())
+        group = k.bind("embedding", [(chunk.buffer, chunk.offset, chunk.size), s.ids, s.x, k.uniform(params), s.step])
+        embed_ops.append(Op(f"token_embd#{j}", "embedding", e.quant, group, grid=lambda t, n: (t, 1, 1),
+                            output=(s.x, c.n_embd)))
+    norm_op = _rmsnorm(be, "output_norm", be.globals.buffer, be.globals["output_norm.weight"], s.x, s.tmp,
+                       c.n_embd, add=False)
+    head_ops = []
+    h = be.output
+    for j, chunk in enumerate(h.chunks):
+        params = K.pack_params(
+            "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=K.MODE_X_STEP, w0=0, w1=0, w2=0,
+            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
+            y_stride=c.vocab_size, y_off=chunk.first_row)
+        group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.step])
+        head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,
+                           output=(s.logits, c.vocab_size)))
+    return GlobalOps(k, embed_ops, norm_op, head_ops)

@@ -1,0 +1,24 @@
+// Gated-FFN activations, included by gemv.wgsl and gemm.wgsl (they pick one with P.mode).
+// GELU with the tanh approximation: https://arxiv.org/abs/1606.08415 eq. (2), as gguf/llama.cpp use it.
+
+const MODE_NORM: u32 = 1u;      // multiply the input by rmsnorm(x) * norm weight first
+const MODE_ACCUMULATE: u32 = 2u; // Y += result (residual add) instead of Y = result
+const MODE_GATED: u32 = 4u;     // two weights (gate at w0, up at w1): Y = act(gate.x) * (up.x)
+const MODE_GELU: u32 = 8u;      // the gated activation is GELU-tanh (otherwise SiLU)
+const MODE_X_STEP: u32 = 16u;   // the first input token is S.lm_first (LM head of the last position)
+
+fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    let c = 0.7978845608028654;  // sqrt(2 / pi)
+    return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+fn gated(mode: u32, gate: f32, up: f32) -> f32 {
+    if ((mode & MODE_GELU) != 0u) {
+        return gelu_tanh(gate) * up;
+    }
+    return silu(gate) * up;
+}

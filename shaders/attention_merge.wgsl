@@ -1,0 +1,50 @@
+// Combines the splits of attention_decode.wgsl: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+// with M the largest running max. Workgroup (head, token); output (tokens, n_head * head_dim).
+
+struct Params {
+    n_head: u32,
+    head_dim: u32,
+}
+
+struct Step {
+    n_past: u32,
+    n_tokens: u32,
+    lm_first: u32,
+    split_len: u32,
+}
+
+@group(0) @binding(0) var<storage, read> PART: array<f32>;        // (tokens, n_head, splits, head_dim + 2)
+@group(0) @binding(1) var<storage, read_write> OUT: array<f32>;   // (tokens, n_head * head_dim)
+@group(0) @binding(2) var<uniform> P: Params;
+@group(0) @binding(3) var<uniform> S: Step;
+
+const WG: u32 = 64u;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let h = wid.x;
+    let token = wid.y;
+    let hd = P.head_dim;
+    let stride = hd + 2u;
+    let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
+    let first = (token * P.n_head + h) * n_splits * stride;
+    var m = PART[first + hd];
+    for (var s = 1u; s < n_splits; s++) {
+        m = max(m, PART[first + s * stride + hd]);
+    }
+    var total = 0.0;
+    for (var s = 0u; s < n_splits; s++) {
+        let at = first + s * stride;
+        total += PART[at + hd + 1u] * exp(PART[at + hd] - m);
+    }
+    let out = (token * P.n_head + h) * hd;
+    for (var d = lid; d < hd; d += WG) {
+        var sum = 0.0;
+        for (var s = 0u; s < n_splits; s++) {
+            let at = first + s * stride;
+            sum += PART[at + d] * exp(PART[at + hd] - m);
+        }
+        OUT[out + d] = sum / total;
+    }
+}

@@ -1,0 +1,148 @@
+// y = W x for batch-1 decode (also correct, if slow, for a few tokens: one token per workgroup row y).
+// W stays quantized: rows of re-laid blocks decoded 4 values at a time by dq4 from quant/{QUANT}.wgsl.
+// A workgroup makes ROWS output rows; its threads stride over the row in vec4 steps, keep ROWS partial
+// sums in registers and reduce them in workgroup memory. Optional fusions (P.mode bits, activation.wgsl):
+// RMSNorm of the input (every workgroup recomputes the RMS of x), the gated activation, residual add.
+// Up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output vector.
+
+struct Params {
+    rows: u32,       // output rows, all segments together
+    cols: u32,       // input length
+    row_words: u32,  // u32 words per weight row
+    mode: u32,       // MODE_* bits from activation.wgsl
+    w0: u32,         // word offset of segment 0 (or of the gate weight)
+    w1: u32,         // word offset of segment 1 (or of the up weight)
+    w2: u32,         // word offset of segment 2
+    seg1: u32,       // first row of segment 1 (0xffffffff: none)
+    seg2: u32,       // first row of segment 2 (0xffffffff: none)
+    norm_w: u32,     // word offset of the f32 norm weight (MODE_NORM)
+    eps: f32,
+    x_stride: u32,   // floats between two tokens of X
+    y_stride: u32,   // floats between two tokens of Y
+    y_off: u32,      // first float of this output inside a token's row of Y
+}
+
+struct Step {
+    n_past: u32,
+    n_tokens: u32,
+    lm_first: u32,
+    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<uniform> S: Step;
+
+#include "quant/{QUANT}.wgsl"
+#include "activation.wgsl"
+
+const WG: u32 = 64u;
+const ROWS: u32 = 4u;
+
+var<workgroup> partial_a: array<vec4<f32>, WG>;
+var<workgroup> partial_b: array<vec4<f32>, WG>;
+
+fn row_base(row: u32) -> u32 {
+    if (row >= P.seg2) {
+        return P.w2 + (row - P.seg2) * P.row_words;
+    }
+    if (row >= P.seg1) {
+        return P.w1 + (row - P.seg1) * P.row_words;
+    }
+    return P.w0 + row * P.row_words;
+}
+
+fn load_x(base: u32, i: u32) -> vec4<f32> {
+    return vec4<f32>(X[base + 4u * i], X[base + 4u * i + 1u], X[base + 4u * i + 2u], X[base + 4u * i + 3u]);
+}
+
+fn norm_weight(i: u32) -> vec4<f32> {
+    let o = P.norm_w + 4u * i;
+    return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
+}
+
+// 1 / sqrt(mean(x^2) + eps) of the token's input row, the same in every thread.
+fn inverse_rms(base: u32, lid: u32) -> f32 {
+    var sum = 0.0;
+    for (var i = lid; i < P.cols / 4u; i += WG) {
+        let v = load_x(base, i);
+        sum += dot(v, v);
+    }
+    partial_a[lid] = vec4<f32>(sum, 0.0, 0.0, 0.0);
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial_a[lid] += partial_a[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let mean_sq = partial_a[0].x / f32(P.cols);
+    workgroupBarrier();
+    return 1.0 / sqrt(mean_sq + P.eps);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let token = wid.y;
+    var x_token = token;
+    if ((P.mode & MODE_X_STEP) != 0u) {
+        x_token = S.lm_first + token;
+    }
+    let x_base = x_token * P.x_stride;
+    let use_norm = (P.mode & MODE_NORM) != 0u;
+    let is_gated = (P.mode & MODE_GATED) != 0u;
+    var inv = 1.0;
+    if (use_norm) {
+        inv = inverse_rms(x_base, lid);
+    }
+    let row0 = wid.x * ROWS;
+    var base_a: array<u32, ROWS>;
+    var base_b: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        let row = min(row0 + r, P.rows - 1u);
+        base_a[r] = row_base(row);
+        base_b[r] = P.w1 + row * P.row_words;
+    }
+    let per_block = QK / 4u;
+    var acc_a = vec4<f32>(0.0);
+    var acc_b = vec4<f32>(0.0);
+    for (var i = lid; i < P.cols / 4u; i += WG) {
+        var xv = load_x(x_base, i);
+        if (use_norm) {
+            xv = xv * inv * norm_weight(i);
+        }
+        let blk = (i / per_block) * BLOCK_WORDS;
+        let sub = i % per_block;
+        for (var r = 0u; r < ROWS; r++) {
+            acc_a[r] += dot(dq4(base_a[r] + blk, sub), xv);
+            if (is_gated) {
+                acc_b[r] += dot(dq4(base_b[r] + blk, sub), xv);
+            }
+        }
+    }
+    partial_a[lid] = acc_a;
+    partial_b[lid] = acc_b;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial_a[lid] += partial_a[lid + stride];
+            partial_b[lid] += partial_b[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    if (lid < ROWS && row0 + lid < P.rows) {
+        var y = partial_a[0][lid];
+        if (is_gated) {
+            y = gated(P.mode, y, partial_b[0][lid]);
+        }
+        let at = token * P.y_stride + P.y_off + row0 + lid;
+        if ((P.mode & MODE_ACCUMULATE) != 0u) {
+            Y[at] = Y[at] + y;
+        } else {
+            Y[at] = y;
+        }
+    }
+}

@@ -1,0 +1,60 @@
+// RMSNorm of each token's row: x / sqrt(mean(x^2) + eps) * w, workgroup per token.
+// P.add = 0: Y = norm(X) (the final norm before the LM head);
+// P.add = 1: Y += norm(X) (Gemma's norms after attention and after the FFN, then the residual add).
+
+struct Params {
+    n: u32,          // row length
+    norm_w: u32,     // word offset of the f32 weight in W
+    eps: f32,
+    add: u32,
+    x_stride: u32,
+    y_stride: u32,
+}
+
+struct Step {
+    n_past: u32,
+    n_tokens: u32,
+    lm_first: u32,
+    split_len: u32,
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<uniform> S: Step;
+
+const WG: u32 = 64u;
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let token = wid.x;
+    if (token >= S.n_tokens) {
+        return;
+    }
+    let x = token * P.x_stride;
+    let y = token * P.y_stride;
+    var sum = 0.0;
+    for (var i = lid; i < P.n; i += WG) {
+        sum += X[x + i] * X[x + i];
+    }
+    partial[lid] = sum;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial[lid] += partial[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
+    for (var i = lid; i < P.n; i += WG) {
+        let v = X[x + i] * inv * bitcast<f32>(W[P.norm_w + i]);
+        if (P.add == 1u) {
+            Y[y + i] = Y[y + i] + v;
+        } else {
+            Y[y + i] = v;
+        }
+    }
+}

@@ -1,0 +1,111 @@
+// RoPE on the fresh Q and K heads of a chunk, the optional per-head RMSNorm before it (qk_norm),
+// and the K/V cache write, in one dispatch: workgroup (head, token) for head < n_head rotates Q in
+// place; the next n_head_kv workgroups rotate K and store K and V at the token's position.
+// Angles come from a table made on the CPU in float64: cos/sin of p * base^(-2i/rope_dim) (/ freq factor).
+// Pairs: "normal" (2i, 2i+1), "neox" (i, i + rope_dim/2).
+
+struct Params {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    neox: u32,         // 1: NeoX pairing
+    qk_norm: u32,      // 1: RMSNorm each Q and K head first
+    q_norm_w: u32,     // word offsets of the f32 norm weights in W
+    k_norm_w: u32,
+    eps: f32,
+    qkv_stride: u32,   // floats per token in QKV (q | k | v)
+    n_ctx: u32,        // cache capacity in positions
+    table: u32,        // first float of this layer's angle table in T (per base)
+}
+
+struct Step {
+    n_past: u32,
+    n_tokens: u32,
+    lm_first: u32,
+    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> T: array<f32>;           // (bases, n_ctx, rope_dim / 2, 2)
+@group(0) @binding(2) var<storage, read_write> QKV: array<f32>;    // (tokens, n_q + 2 n_kv)
+@group(0) @binding(3) var<storage, read_write> KV: array<f32>;     // K then V: (n_head_kv, n_ctx, head_dim) each
+@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(5) var<uniform> S: Step;
+
+const WG: u32 = 64u;
+var<workgroup> head: array<f32, 512>;
+var<workgroup> partial: array<f32, WG>;
+
+fn inverse_rms(lid: u32) -> f32 {
+    var sum = 0.0;
+    for (var d = lid; d < P.head_dim; d += WG) {
+        sum += head[d] * head[d];
+    }
+    partial[lid] = sum;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            partial[lid] += partial[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    return 1.0 / sqrt(partial[0] / f32(P.head_dim) + P.eps);
+}
+
+// The pair (first, second) of dims rotated by angle index i.
+fn pair(i: u32) -> vec2<u32> {
+    if (P.neox == 1u) {
+        return vec2<u32>(i, i + P.rope_dim / 2u);
+    }
+    return vec2<u32>(2u * i, 2u * i + 1u);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let h = wid.x;
+    let token = wid.y;
+    let pos = S.n_past + token;
+    let is_q = h < P.n_head;
+    let n_q = P.n_head * P.head_dim;
+    let n_kv = P.n_head_kv * P.head_dim;
+    let kv_head = h - select(P.n_head, 0u, is_q);
+    let src = token * P.qkv_stride + select(n_q + kv_head * P.head_dim, h * P.head_dim, is_q);
+    for (var d = lid; d < P.head_dim; d += WG) {
+        head[d] = QKV[src + d];
+    }
+    workgroupBarrier();
+    if (P.qk_norm == 1u) {
+        let inv = inverse_rms(lid);
+        let w = select(P.k_norm_w, P.q_norm_w, is_q);
+        for (var d = lid; d < P.head_dim; d += WG) {
+            head[d] = head[d] * inv * bitcast<f32>(W[w + d]);
+        }
+        workgroupBarrier();
+    }
+    for (var i = lid; i < P.rope_dim / 2u; i += WG) {
+        let at = P.table + (pos * (P.rope_dim / 2u) + i) * 2u;
+        let c = T[at];
+        let s = T[at + 1u];
+        let p = pair(i);
+        let a = head[p.x];
+        let b = head[p.y];
+        head[p.x] = a * c - b * s;  // every thread writes only its own pairs
+        head[p.y] = a * s + b * c;
+    }
+    workgroupBarrier();
+    if (is_q) {
+        for (var d = lid; d < P.head_dim; d += WG) {
+            QKV[src + d] = head[d];
+        }
+        return;
+    }
+    let cache = (kv_head * P.n_ctx + pos) * P.head_dim;
+    let v_src = token * P.qkv_stride + n_q + n_kv + kv_head * P.head_dim;
+    let v_cache = P.n_head_kv * P.n_ctx * P.head_dim + cache;
+    for (var d = lid; d < P.head_dim; d += WG) {
+        KV[cache + d] = head[d];
+        KV[v_cache + d] = QKV[v_src + d];
+    }
+}
