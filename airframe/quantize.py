@@ -5,8 +5,8 @@ package's own encoders. Q4_K, Q5_K and Q6_K have no encoder there, so they are o
 over all blocks at once, with a simple scale search (no optimal rounding, no importance matrix).
 The bit layouts are those that `gguf.quants` dequantizes, which is the oracle the tests use.
 
-The K-quant encoders round every scale *up* (after a tiny margin for the float16 rounding of the
-super-block scales), so no value is ever clipped: each value is off by at most half of its
+The K-quant encoders round every scale *up* (and the float16 super-block scales up, too), so no
+value is ever clipped: each value is off by at most half of its
 sub-block's step.
 """
 
@@ -35,9 +35,6 @@ FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 for _legacy in LEGACY_TYPES:
     FALLBACK[_legacy] = Q.F16
 
-# f16 super-block scales are rounded to nearest; scaling up by this margin first keeps
-# ceil(scale / d) <= the top code, so nothing is clipped.
-_F16_MARGIN = np.float32(1.0 + 2.0 ** -9)
 _CHUNK_VALUES = 1 << 22  # values per worker task: large enough that numpy releases the GIL
 
 
@@ -108,10 +105,12 @@ def _quantize_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 
 # ---- K-quants ------------------------------------------------------------------------------
 def _f16_scale(top: np.ndarray, levels: int) -> np.ndarray:
-    """(n,) largest sub-block scale -> (n,) super-block scale as float16 and back, such that
-    ceil(top / d) <= levels."""
-    d = (top / levels * _F16_MARGIN).astype(np.float16).astype(np.float32)
-    return d
+    """(n,) largest sub-block scale -> (n,) float16-exact super-block scale d with
+    d * levels >= top, so that no sub-block scale code needs more than `levels`."""
+    d = (top / levels).astype(np.float16)
+    short = d.astype(np.float32) * levels < top
+    d = np.where(short, np.nextafter(d, np.float16(np.inf)), d)
+    return d.astype(np.float32)
 
 
 def _codes(ratio: np.ndarray, top: int) -> np.ndarray:
@@ -144,10 +143,14 @@ def _scale_min_search(sub: np.ndarray, levels: int):
     return d, dmin, sc, mn, q
 
 
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
 def _pack_scale_min(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
     """(n, 8) 6-bit scales and mins -> (n, 12) bytes, the layout `Q4_K.get_scale_min` unpacks:
-    bytes 0-3: sc[0:4] | sc[4:8] bits 4-5 in bits 6-7; bytes 4-7: the same for the mins;
-    bytes 8-11: sc[4:8] low nibble | mn[4:8] low nibble << 4."""
+    bytes 0-3: sc[0:4] with bits 4-5 of sc[4:8] in bits 6-7; bytes 4-7: the same for the mins;
+    bytes 8-11: low nibble of sc[4:8] | low nibble of mn[4:8] << 4."""
     lo_sc, hi_sc = sc[:, :4], sc[:, 4:]
     lo_mn, hi_mn = mn[:, :4], mn[:, 4:]
     first = lo_sc | ((hi_sc >> 4) << 6)
@@ -157,30 +160,23 @@ def _pack_scale_min(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """(n, 8, 32) 4-bit codes -> (n, 128): byte 32*c + i holds sub-block 2c (low nibble) and
-    sub-block 2c+1 (high nibble) at position i."""
+    """(n, 8, 32) codes -> (n, 128) bytes of their low nibbles: byte 32c + i holds element i of
+    sub-block 2c (low nibble) and of sub-block 2c + 1 (high nibble)."""
     low = q[:, 0::2, :] & 0x0F
     high = q[:, 1::2, :] & 0x0F
     return (low | (high << 4)).reshape(q.shape[0], 128)
 
 
-def _f16_bytes(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).reshape(-1, 1).view(np.uint8)
-
-
-def encode_q4_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 144): d f16, dmin f16, 12 scale bytes, 128 nibble bytes."""
-    sub = blocks.reshape(-1, 8, 32)
-    d, dmin, sc, mn, q = _scale_min_search(sub, 15)
+def pack_q4_k(d: np.ndarray, dmin: np.ndarray, sc: np.ndarray, mn: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q4_K blocks from their parts: d, dmin (n,); sc, mn (n, 8) in 0..63; q (n, 8, 32) in 0..15.
+    (n, 144) bytes: d f16, dmin f16, 12 scale bytes, 128 nibble bytes; value = d*sc*q - dmin*mn."""
     return np.concatenate(
         [_f16_bytes(d), _f16_bytes(dmin), _pack_scale_min(sc, mn), _pack_nibbles(q)], axis=-1)
 
 
-def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 176): d, dmin, 12 scale bytes, 32 high-bit bytes, 128 nibble bytes.
-    High bits: bit j of byte i is the fifth bit of element i of sub-block j."""
-    sub = blocks.reshape(-1, 8, 32)
-    d, dmin, sc, mn, q = _scale_min_search(sub, 31)
+def pack_q5_k(d: np.ndarray, dmin: np.ndarray, sc: np.ndarray, mn: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q5_K blocks from their parts, as Q4_K with q in 0..31. (n, 176) bytes: d, dmin, 12 scale
+    bytes, 32 high-bit bytes (bit j of byte i: fifth bit of element i of sub-block j), 128 nibbles."""
     bits = ((q >> 4) & 1).astype(np.uint8)  # (n, 8, 32)
     shifts = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     qh = np.bitwise_or.reduce(bits << shifts, axis=1).astype(np.uint8)  # (n, 32)
@@ -188,28 +184,44 @@ def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
         [_f16_bytes(d), _f16_bytes(dmin), _pack_scale_min(sc, mn), qh, _pack_nibbles(q)], axis=-1)
 
 
-def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 210): 128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, d.
+def pack_q6_k(d: np.ndarray, sc: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q6_K blocks from their parts: d (n,); sc (n, 16) int8; q (n, 16, 16) in -32..31;
+    value = d*sc*q. (n, 210) bytes: 128 low-nibble bytes, 64 high-bit bytes, 16 scales, d f16.
 
-    Symmetric 6-bit codes q in -32..31 stored as q + 32, one int8 scale per 16 values. Element
-    e = 128h + 32g + i (h: half, g: group 0..3) has its low nibble in byte 64h + 32(g % 2) + i
-    (nibble g // 2) and its top two bits in byte 32h + i, bits 2g..2g+1.
+    Element e = 128h + 32g + i (h: half, g: group 0..3) stores q + 32 with its low nibble in byte
+    64h + 32(g % 2) + i (high nibble when g >= 2) and its top two bits in byte 128 + 32h + i,
+    bits 2g..2g+1.
     """
-    n = blocks.shape[0]
-    sub = blocks.reshape(n, 16, 16)
-    scale = np.abs(sub).max(axis=-1) / 31  # (n, 16)
-    d = _f16_scale(scale.max(axis=-1), 127)
-    sc = _codes(_safe_div(scale, d[:, None]), 127)
-    step = d[:, None] * sc
-    q = np.clip(np.rint(_safe_div(sub, step[..., None])), -32, 31)
-    codes = (q + 32).astype(np.uint8).reshape(n, 2, 4, 32)  # (half, group, i)
+    n = q.shape[0]
+    codes = (q.astype(np.int16) + 32).astype(np.uint8).reshape(n, 2, 4, 32)  # (half, group, i)
     low = codes & 0x0F
     ql = low[:, :, 0:2, :] | (low[:, :, 2:4, :] << 4)  # (n, 2, 2, 32)
     high = codes >> 4
     shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
     qh = np.bitwise_or.reduce(high << shifts, axis=2).astype(np.uint8)  # (n, 2, 32)
-    return np.concatenate(
-        [ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), _f16_bytes(d)], axis=-1)
+    scales = sc.astype(np.int8).view(np.uint8)
+    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), scales, _f16_bytes(d)], axis=-1)
+
+
+def encode_q4_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 144) Q4_K bytes."""
+    return pack_q4_k(*_scale_min_search(blocks.reshape(-1, 8, 32), 15))
+
+
+def encode_q5_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 176) Q5_K bytes."""
+    return pack_q5_k(*_scale_min_search(blocks.reshape(-1, 8, 32), 31))
+
+
+def encode_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 210) Q6_K bytes: symmetric codes, one scale per 16 values."""
+    sub = blocks.reshape(-1, 16, 16)
+    scale = np.abs(sub).max(axis=-1) / 31  # (n, 16)
+    d = _f16_scale(scale.max(axis=-1), 127)
+    sc = _codes(_safe_div(scale, d[:, None]), 127)
+    step = d[:, None] * sc
+    q = np.clip(np.rint(_safe_div(sub, step[..., None])), -32, 31).astype(np.int8)
+    return pack_q6_k(d, sc, q)
 
 
 _K_ENCODERS = {Q.Q4_K: encode_q4_k, Q.Q5_K: encode_q5_k, Q.Q6_K: encode_q6_k}

@@ -1,0 +1,441 @@
+"""Synthetic GGUF models: real tensor names, metadata and tokenizer, random weights.
+
+`write_synthetic_gguf(path, family, shape, qtype)` writes a file that the loader accepts as it
+accepts a downloaded model, so tests and benchmarks can run any family, size and quant type without
+the real weights. The weights are random with realistic scales (matrices N(0, 0.02^2), norm weights
+near 1; Gemma stores norm weights as w + 1, so those are near 1 as well). Each tensor's values are
+a pure function of (seed, tensor name), see `tensor_values`, so tests can compare what was written
+with what was meant.
+
+The tokenizer is SmolLM2's (GPT-2 byte-level BPE, ChatML template), copied from its GGUF. A smaller
+`vocab` keeps the first tokens and the merges whose two parts and result are all kept; a larger one
+appends unused "[PAD<id>]" tokens (as llama.cpp's converter pads vocabularies). So the
+`llama3.2-1b` shape has Llama 3.2 1B's sizes (vocab 128,256) but SmolLM2's tokenizer padded with
+dummy tokens: the Llama 3 tokenizer's metadata is not available here. Its rope_freqs.weight (Llama 3
+RoPE scaling) is not written either.
+
+Quant types: one GGML type for every 2-D matrix (norms stay F32), or a mix preset (`Q4_K_M`,
+`Q5_K_M`). A matrix whose row length is not a multiple of the type's block falls back the way
+llama.cpp's quantizer does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and a 32-value type -> F16
+(see `airframe.quantize.compatible_type`).
+
+`fast=True` generates one layer's weights and repeats them in every layer (file writing speed does
+not depend on the values); the file's general.name says so.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
+
+from .errors import ParameterError
+from .gguf_file import GGUFFile
+from .models import resolve_model
+from .quantize import compatible_type, qtype_named, quantize, row_bytes
+
+Q = GGMLQuantizationType
+V = GGUFValueType
+
+MATRIX_STD = 0.02
+NORM_STD = 0.02
+TOKENIZER_SOURCE = "smollm2-135m"
+_CHUNK_VALUES = 1 << 22  # values generated per random stream; fixed so values never depend on threads
+
+# ---- shapes ----------------------------------------------------------------------------------
+# Every preset gives the sizes; family defaults (below) fill what a preset leaves out, a dict
+# passed as `shape` overrides both. K-quants need row lengths that are multiples of 256: `tiny256`.
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_layers=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128,
+                 vocab=512, tied_embeddings=False),
+    "tiny256": dict(n_layers=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+                    vocab=512, tied_embeddings=True),
+    "smollm2-135m": dict(n_layers=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
+                         vocab=49152, tied_embeddings=True, ctx_train=8192, rope_base=100000.0),
+    "llama3.2-1b": dict(n_layers=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
+                        vocab=128256, tied_embeddings=True, ctx_train=131072, rope_base=500000.0),
+    "gemma3-270m": dict(n_layers=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
+                        vocab=262144, tied_embeddings=True, ctx_train=32768, rope_base=1000000.0,
+                        rms_eps=1e-6, sliding_window=512),
+}
+
+
+# ---- families ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FamilySpec:
+    """How one architecture stores a model: metadata keys and tensor names with their shapes.
+
+    metadata: GGUF key after the `{arch}.` prefix -> (shape field, value type).
+    tensors: name -> shape in GGUF order (row length first) as shape fields; layer tensors are
+    named `blk.{i}.<name>`. Names ending in "norm.weight" are norm weights (F32, near 1).
+    """
+
+    architecture: str
+    defaults: dict[str, Any]
+    metadata: dict[str, tuple[str, GGUFValueType]]
+    global_tensors: dict[str, tuple[str, ...]]
+    layer_tensors: dict[str, tuple[str, ...]]
+
+
+_LLAMA_METADATA = {
+    "block_count": ("n_layers", V.UINT32),
+    "context_length": ("ctx_train", V.UINT32),
+    "embedding_length": ("n_embd", V.UINT32),
+    "feed_forward_length": ("n_ff", V.UINT32),
+    "attention.head_count": ("n_head", V.UINT32),
+    "attention.head_count_kv": ("n_head_kv", V.UINT32),
+    "attention.key_length": ("head_dim", V.UINT32),
+    "attention.value_length": ("head_dim", V.UINT32),
+    "rope.dimension_count": ("head_dim", V.UINT32),
+    "rope.freq_base": ("rope_base", V.FLOAT32),
+    "attention.layer_norm_rms_epsilon": ("rms_eps", V.FLOAT32),
+    "vocab_size": ("vocab", V.UINT32),
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": ("n_embd", "vocab"),
+    "output_norm.weight": ("n_embd",),
+}
+_LLAMA_LAYER = {
+    "attn_norm.weight": ("n_embd",),
+    "attn_q.weight": ("n_embd", "n_q"),
+    "attn_k.weight": ("n_embd", "n_kv"),
+    "attn_v.weight": ("n_embd", "n_kv"),
+    "attn_output.weight": ("n_q", "n_embd"),
+    "ffn_norm.weight": ("n_embd",),
+    "ffn_gate.weight": ("n_embd", "n_ff"),
+    "ffn_up.weight": ("n_embd", "n_ff"),
+    "ffn_down.weight": ("n_ff", "n_embd"),
+}
+_GEMMA3_LAYER = {
+    **_LLAMA_LAYER,
+    "attn_q_norm.weight": ("head_dim",),
+    "attn_k_norm.weight": ("head_dim",),
+    "post_attention_norm.weight": ("n_embd",),
+    "post_ffw_norm.weight": ("n_embd",),
+}
+
+FAMILIES: dict[str, FamilySpec] = {
+    "llama": FamilySpec(
+        architecture="llama",
+        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5),
+        metadata=_LLAMA_METADATA,
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_LLAMA_LAYER,
+    ),
+    "gemma3": FamilySpec(
+        architecture="gemma3",
+        defaults=dict(ctx_train=32768, rope_base=1000000.0, rms_eps=1e-6, sliding_window=512),
+        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32)},
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_GEMMA3_LAYER,
+    ),
+}
+
+_SHAPE_FIELDS = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab",
+                 "tied_embeddings", "ctx_train", "rope_base", "rms_eps", "sliding_window")
+
+
+def family_spec(family: str) -> FamilySpec:
+    if family not in FAMILIES:
+        raise ParameterError(f"synthetic family {family!r} is unknown; expected one of {', '.join(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def resolve_shape(family: str, shape: str | dict) -> dict[str, Any]:
+    """Family defaults, then the preset (a dict may name one as "preset", default "tiny"), then
+    the dict's own fields; plus the derived sizes n_q and n_kv."""
+    spec = family_spec(family)
+    overrides = dict(shape) if isinstance(shape, dict) else {"preset": shape}
+    preset = overrides.pop("preset", "tiny")
+    if preset not in SHAPES:
+        raise ParameterError(f"shape preset {preset!r} is unknown; expected one of {', '.join(SHAPES)}")
+    unknown = sorted(set(overrides) - set(_SHAPE_FIELDS))
+    if unknown:
+        raise ParameterError(f"shape fields {unknown} are unknown; expected some of {', '.join(_SHAPE_FIELDS)}")
+    dims = {**spec.defaults, **SHAPES[preset], **overrides}
+    for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab"):
+        if not isinstance(dims[name], int) or dims[name] <= 0:
+            raise ParameterError(f"shape field {name} = {dims[name]!r}, expected a positive integer")
+    if dims["n_head"] % dims["n_head_kv"]:
+        raise ParameterError(f"{dims['n_head']} query heads are not a multiple of {dims['n_head_kv']} K/V heads")
+    dims["n_q"] = dims["n_head"] * dims["head_dim"]
+    dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
+    return dims
+
+
+# ---- quant mixes -------------------------------------------------------------------------------
+def _use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of layers that get more bits: the first and last eighth, and every third
+    layer in between (llama-quant.cpp, use_more_bits)."""
+    eighth = n_layers // 8
+    return layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
+
+
+@dataclass(frozen=True)
+class Mix:
+    """llama.cpp's K-quant mixes: `base` everywhere, `more` for the LM head (the tied embedding
+    when there is no output.weight) and for attn_v and ffn_down in the layers `_use_more_bits`
+    picks. (llama-quant.cpp, llama_tensor_get_type)"""
+
+    base: GGMLQuantizationType
+    more: GGMLQuantizationType
+    file_type: LlamaFileType
+
+    def qtype(self, name: str, layer: int | None, n_layers: int, tied: bool) -> GGMLQuantizationType:
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            return self.more
+        if layer is not None and name.split(".")[2] in ("attn_v", "ffn_down") and _use_more_bits(layer, n_layers):
+            return self.more
+        return self.base
+
+
+MIXES = {
+    "Q4_K_M": Mix(Q.Q4_K, Q.Q6_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "Q5_K_M": Mix(Q.Q5_K, Q.Q6_K, LlamaFileType.MOSTLY_Q5_K_M),
+}
+FILE_TYPES = {
+    Q.F32: LlamaFileType.ALL_F32, Q.F16: LlamaFileType.MOSTLY_F16, Q.BF16: LlamaFileType.MOSTLY_BF16,
+    Q.Q4_0: LlamaFileType.MOSTLY_Q4_0, Q.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    Q.Q5_0: LlamaFileType.MOSTLY_Q5_0, Q.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    Q.Q8_0: LlamaFileType.MOSTLY_Q8_0, Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
+    Q.Q5_K: LlamaFileType.MOSTLY_Q5_K_S, Q.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+}
+
+
+def _type_chooser(qtype: str) -> tuple[Callable[..., GGMLQuantizationType], LlamaFileType]:
+    if qtype.upper() in MIXES:
+        mix = MIXES[qtype.upper()]
+        return mix.qtype, mix.file_type
+    single = qtype_named(qtype)
+    return (lambda name, layer, n_layers, tied: single), FILE_TYPES[single]
+
+
+# ---- the tensor plan ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor to write. shape is in numpy order (rows, row_length); `source` is the name whose
+    random values it holds (itself, or layer 0's tensor in fast mode)."""
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: GGMLQuantizationType
+    source: str
+
+    @property
+    def is_norm(self) -> bool:
+        return self.name.endswith("norm.weight")
+
+
+def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = False) -> list[TensorPlan]:
+    """Every tensor of the model in file order: token_embd, the layers, output_norm, output."""
+    spec = family_spec(family)
+    choose, _ = _type_chooser(qtype)
+    tied = dims["tied_embeddings"]
+    n_layers = dims["n_layers"]
+    named: list[tuple[str, tuple[str, ...], int | None, str]] = []
+    named.append(("token_embd.weight", spec.global_tensors["token_embd.weight"], None, "token_embd.weight"))
+    for layer in range(n_layers):
+        for suffix, fields in spec.layer_tensors.items():
+            name = f"blk.{layer}.{suffix}"
+            named.append((name, fields, layer, f"blk.0.{suffix}" if fast else name))
+    for name, fields in spec.global_tensors.items():
+        if name != "token_embd.weight":
+            named.append((name, fields, None, name))
+    if not tied:
+        named.append(("output.weight", ("n_embd", "vocab"), None, "output.weight"))
+    plans = []
+    for name, fields, layer, source in named:
+        shape = tuple(dims[f] for f in reversed(fields))  # GGUF order -> numpy order
+        if name.endswith("norm.weight"):
+            chosen = Q.F32
+        else:
+            chosen = compatible_type(choose(name, layer, n_layers, tied), shape[-1])
+        plans.append(TensorPlan(name, shape, chosen, source))
+    return plans
+
+
+def tensor_values(plan: TensorPlan, seed: int = 0) -> np.ndarray:
+    """The float32 values a tensor is meant to hold (before quantization), numpy order."""
+    values = _standard_normal(plan.source, plan.shape, seed)
+    if plan.is_norm:
+        values *= NORM_STD
+        values += 1.0
+    else:
+        values *= MATRIX_STD
+    return values
+
+
+def _standard_normal(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """N(0, 1) float32 of `shape`, in fixed-size chunks with their own streams, filled in parallel."""
+    out = np.empty(shape, dtype=np.float32)
+    flat = out.reshape(-1)
+    starts = range(0, flat.size, _CHUNK_VALUES)
+    key = zlib.crc32(name.encode())
+
+    def fill(start: int) -> None:
+        rng = np.random.default_rng([seed, key, start // _CHUNK_VALUES])
+        rng.standard_normal(out=flat[start:start + _CHUNK_VALUES], dtype=np.float32)
+
+    if len(starts) == 1:
+        fill(0)
+    else:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(fill, starts))
+    return out
+
+
+def encode_tensor(plan: TensorPlan, seed: int = 0) -> np.ndarray:
+    """The bytes stored for a tensor: (rows, row_bytes) uint8 (a 1-D norm is one row)."""
+    values = tensor_values(plan, seed)
+    return quantize(values.reshape(-1, plan.shape[-1]), plan.qtype)
+
+
+# ---- the tokenizer -----------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _source_tokenizer(source: str) -> dict[str, Any]:
+    gf = GGUFFile(resolve_model(source))
+    try:
+        return {k: v for k, v in gf.metadata.items() if k.startswith("tokenizer.")}
+    finally:
+        gf.close()
+
+
+def tokenizer_metadata(vocab: int | None = None, source: str = TOKENIZER_SOURCE) -> dict[str, Any]:
+    """The `tokenizer.*` keys of `source`'s GGUF, its vocabulary cut or padded to `vocab` tokens."""
+    meta = dict(_source_tokenizer(source))
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    if vocab is None or vocab == len(tokens):
+        return meta
+    special = {k: v for k, v in meta.items() if k.endswith("_token_id")}
+    needed = max(special.values(), default=-1) + 1
+    if vocab < needed:
+        raise ParameterError(f"vocab {vocab} would drop special tokens {special}; expected at least {needed}")
+    if vocab < len(tokens):
+        return _truncated(meta, vocab)
+    return _padded(meta, vocab)
+
+
+def _truncated(meta: dict[str, Any], vocab: int) -> dict[str, Any]:
+    kept = meta["tokenizer.ggml.tokens"][:vocab]
+    known = set(kept)
+    out = dict(meta)
+    out["tokenizer.ggml.tokens"] = kept
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in meta:
+            out[key] = meta[key][:vocab]
+    if "tokenizer.ggml.merges" in meta:
+        merges = []
+        for merge in meta["tokenizer.ggml.merges"]:
+            left, _, right = merge.partition(" ")
+            if left in known and right in known and left + right in known:
+                merges.append(merge)
+        out["tokenizer.ggml.merges"] = merges
+    return out
+
+
+def _padded(meta: dict[str, Any], vocab: int) -> dict[str, Any]:
+    tokens = meta["tokenizer.ggml.tokens"]
+    extra = vocab - len(tokens)
+    out = dict(meta)
+    out["tokenizer.ggml.tokens"] = tokens + [f"[PAD{i}]" for i in range(len(tokens), vocab)]
+    if "tokenizer.ggml.token_type" in meta:
+        pad_types = np.full(extra, int(TokenType.UNUSED), dtype=np.int32)
+        out["tokenizer.ggml.token_type"] = np.concatenate([meta["tokenizer.ggml.token_type"], pad_types])
+    if "tokenizer.ggml.scores" in meta:
+        pad_scores = np.full(extra, -1000.0, dtype=np.float32)
+        out["tokenizer.ggml.scores"] = np.concatenate([meta["tokenizer.ggml.scores"], pad_scores])
+    return out
+
+
+_ARRAY_ITEM_TYPES = {np.dtype(np.int32): V.INT32, np.dtype(np.uint32): V.UINT32,
+                     np.dtype(np.float32): V.FLOAT32, np.dtype(np.int64): V.INT64}
+
+
+def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
+    """Write a metadata value read by GGUFFile with the GGUF type llama.cpp uses for it."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_key_value(key, value, V.STRING)
+    elif isinstance(value, np.ndarray):
+        writer.add_key_value(key, value.tolist(), V.ARRAY, sub_type=_ARRAY_ITEM_TYPES[value.dtype])
+    elif isinstance(value, list) and value and isinstance(value[0], str):
+        writer.add_key_value(key, value, V.ARRAY, sub_type=V.STRING)
+    else:
+        raise ParameterError(f"metadata {key!r} = {value!r:.80}: expected a scalar, a string or an array")
+
+
+# ---- writing -----------------------------------------------------------------------------------
+def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: str | dict = "tiny",
+                         qtype: str = "Q8_0", seed: int = 0, *, vocab: int | None = None,
+                         fast: bool = False, alignment: int | None = None,
+                         progress: bool = False) -> Path:
+    """Write a random model of `family` and `shape` to `path`; returns the path.
+
+    qtype: a GGML type name for every matrix ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0",
+    "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") or a mix ("Q4_K_M", "Q5_K_M"). vocab overrides the
+    shape's vocabulary size (the tokenizer is cut or padded to match).
+    """
+    from tqdm import tqdm
+
+    spec = family_spec(family)
+    dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
+    _, file_type = _type_chooser(qtype)
+    plans = plan_tensors(family, dims, qtype, fast)
+    path = Path(path)
+    writer = GGUFWriter(path, spec.architecture)
+    _add_general(writer, family, shape, qtype, seed, fast, file_type, alignment)
+    for key, (field, vtype) in spec.metadata.items():
+        if field in dims:
+            writer.add_key_value(f"{spec.architecture}.{key}", dims[field], vtype)
+    for key, value in tokenizer_metadata(dims["vocab"]).items():
+        _add_value(writer, key, value)
+    for plan in plans:
+        byte_shape = (*plan.shape[:-1], row_bytes(plan.shape[-1], plan.qtype))
+        n_bytes = int(np.prod(byte_shape, dtype=np.int64))
+        writer.add_tensor_info(plan.name, byte_shape, np.dtype(np.uint8), n_bytes, raw_dtype=plan.qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    layer0: dict[tuple[str, GGMLQuantizationType], np.ndarray] = {}  # fast mode: bytes to repeat
+    with tqdm(plans, desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
+        for plan in bar:
+            key = (plan.source, plan.qtype)
+            data = layer0.get(key)
+            if data is None:
+                data = encode_tensor(plan, seed)
+                if fast and plan.name.startswith("blk."):
+                    layer0[key] = data
+            writer.write_tensor_data(data)
+    writer.close()
+    return path
+
+
+def _with_vocab(shape: str | dict, vocab: int) -> dict:
+    base = dict(shape) if isinstance(shape, dict) else {"preset": shape}
+    return {**base, "vocab": vocab}
+
+
+def _add_general(writer: GGUFWriter, family: str, shape: str | dict, qtype: str, seed: int,
+                 fast: bool, file_type: LlamaFileType, alignment: int | None) -> None:
+    label = shape if isinstance(shape, str) else shape.get("preset", "tiny") + " (custom)"
+    name = f"synthetic {family} {label} {qtype.upper()} seed {seed}"
+    if fast:
+        name += " (fast: every layer repeats layer 0's weights)"
+    writer.add_type("model")
+    writer.add_name(name)
+    writer.add_file_type(int(file_type))
+    writer.add_quantization_version(2)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)

@@ -1,0 +1,192 @@
+"""Synthetic GGUF files: the loader and gguf's own reader accept them, and they hold what was meant."""
+
+import numpy as np
+import pytest
+import tokenizers
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, TokenType
+
+from airframe.errors import ParameterError
+from airframe.family import load_config
+from airframe.gguf_file import GGUFFile
+from airframe.models import resolve_model
+from airframe.quantize import SUPPORTED
+from airframe.synthetic import (FAMILIES, encode_tensor, plan_tensors, resolve_shape, tensor_values,
+                                tokenizer_metadata, write_synthetic_gguf)
+
+QTYPES = [t.name for t in SUPPORTED] + ["Q4_K_M", "Q5_K_M"]
+
+# Largest dequantization error allowed, relative to the largest |value| of the tensor: the
+# per-block bounds of tests/test_quantize.py, taken at their worst (range = 2 * amax).
+RELATIVE_TOLERANCE = {
+    Q.F32: 0.0, Q.F16: 2.0 ** -11, Q.BF16: 2.0 ** -8, Q.Q8_0: 0.57 / 127,
+    Q.Q4_0: 1.01 / 8, Q.Q5_0: 1.01 / 16, Q.Q4_1: 1.01 / 15, Q.Q5_1: 1.01 / 31,
+    Q.Q4_K: 1.05 / 15, Q.Q5_K: 1.05 / 31, Q.Q6_K: 0.52 / 31,
+}
+
+
+def shape_for(qtype: str) -> str:
+    return "tiny256" if "K" in qtype else "tiny"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """(family, qtype) -> path of a tiny model, written once per module."""
+    folder = tmp_path_factory.mktemp("synthetic")
+    paths = {}
+    for family in FAMILIES:
+        for qtype in QTYPES:
+            path = folder / f"{family}-{qtype}.gguf"
+            paths[family, qtype] = write_synthetic_gguf(path, family, shape_for(qtype), qtype, seed=7)
+    return paths
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_loader_accepts_and_values_match(written, family, qtype):
+    gf = GGUFFile(written[family, qtype])
+    config = load_config(gf)
+    dims = resolve_shape(family, shape_for(qtype))
+    assert (config.family, config.n_layers, config.n_embd, config.n_ff) == \
+        (family, dims["n_layers"], dims["n_embd"], dims["n_ff"])
+    assert (config.n_head, config.n_head_kv, config.head_dim) == (dims["n_head"], dims["n_head_kv"], dims["head_dim"])
+    assert config.vocab_size == dims["vocab"] == len(gf.get("tokenizer.ggml.tokens"))
+    assert config.tied_embeddings == dims["tied_embeddings"]
+    plans = plan_tensors(family, dims, qtype)
+    assert sorted(gf.tensors) == sorted(p.name for p in plans)
+    for plan in plans:
+        info = gf.tensor(plan.name)
+        assert info.qtype == plan.qtype
+        assert info.shape == tuple(reversed(plan.shape))
+        meant = tensor_values(plan, seed=7)
+        got = gf.dequantize(plan.name)
+        assert got.shape == meant.shape
+        allowed = RELATIVE_TOLERANCE[plan.qtype] * np.abs(meant).max() + 1e-7
+        assert np.abs(got - meant).max() <= allowed, plan.name
+    gf.close()
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K", "Q4_K_M"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gguf_reader_reads_the_file(written, family, qtype):
+    reader = GGUFReader(written[family, qtype])
+    ours = GGUFFile(written[family, qtype])
+    assert reader.fields["general.architecture"].contents() == FAMILIES[family].architecture
+    assert {t.name: (Q(t.tensor_type), tuple(int(d) for d in t.shape)) for t in reader.tensors} == \
+        {t.name: (t.qtype, t.shape) for t in ours.tensors.values()}
+    name = "blk.1.ffn_down.weight"
+    theirs = next(t for t in reader.tensors if t.name == name).data
+    np.testing.assert_array_equal(np.ascontiguousarray(theirs).view(np.uint8).reshape(ours.raw(name).shape),
+                                  ours.raw(name))
+
+
+def test_written_bytes_are_the_encoding_of_the_values(written):
+    gf = GGUFFile(written["llama", "Q4_K_M"])
+    for plan in plan_tensors("llama", resolve_shape("llama", "tiny256"), "Q4_K_M"):
+        np.testing.assert_array_equal(gf.raw(plan.name), encode_tensor(plan, seed=7).reshape(gf.raw(plan.name).shape))
+
+
+def test_norms_are_near_one_and_matrices_small():
+    dims = resolve_shape("gemma3", "tiny")
+    for plan in plan_tensors("gemma3", dims, "F32"):
+        values = tensor_values(plan, seed=1)
+        if plan.is_norm:
+            assert plan.qtype == Q.F32 and len(plan.shape) == 1
+            assert abs(values.mean() - 1) < 0.02 and values.std() < 0.05
+        else:
+            assert abs(values.std() - 0.02) < 0.005
+
+
+def test_q4_k_m_mix_matches_the_real_gemma3_file():
+    """llama.cpp's Q4_K_M rules with its fallbacks reproduce every type and shape of the real file."""
+    real = GGUFFile(resolve_model("gemma3-270m"))
+    plans = plan_tensors("gemma3", resolve_shape("gemma3", "gemma3-270m"), "Q4_K_M")
+    assert {p.name: (p.qtype, tuple(reversed(p.shape))) for p in plans} == \
+        {t.name: (t.qtype, t.shape) for t in real.tensors.values()}
+    real.close()
+
+
+def test_smollm2_shape_matches_the_real_file():
+    real = GGUFFile(resolve_model("smollm2-135m"))
+    plans = plan_tensors("llama", resolve_shape("llama", "smollm2-135m"), "Q8_0")
+    assert {p.name: tuple(reversed(p.shape)) for p in plans} == {t.name: t.shape for t in real.tensors.values()}
+    real.close()
+
+
+def test_fast_mode_repeats_layer_zero(tmp_path):
+    path = write_synthetic_gguf(tmp_path / "fast.gguf", "llama", {"preset": "tiny", "n_layers": 3},
+                                "Q8_0", fast=True)
+    gf = GGUFFile(path)
+    assert "fast" in gf.get("general.name")
+    assert load_config(gf).n_layers == 3
+    for suffix in FAMILIES["llama"].layer_tensors:
+        np.testing.assert_array_equal(gf.raw(f"blk.2.{suffix}"), gf.raw(f"blk.0.{suffix}"))
+    assert not np.array_equal(gf.raw("blk.0.attn_q.weight"), gf.raw("blk.0.attn_k.weight"))
+
+
+def test_seed_changes_values_and_dict_shape_overrides(tmp_path):
+    a = write_synthetic_gguf(tmp_path / "a.gguf", "gemma3", {"n_layers": 1, "sliding_window": 64}, "F16", seed=1)
+    b = write_synthetic_gguf(tmp_path / "b.gguf", "gemma3", {"n_layers": 1, "sliding_window": 64}, "F16", seed=2,
+                             alignment=64)
+    ga, gb = GGUFFile(a), GGUFFile(b)
+    assert load_config(ga).sliding_window == 64 and load_config(ga).n_layers == 1
+    assert gb.alignment == 64
+    assert not np.array_equal(ga.raw("token_embd.weight"), gb.raw("token_embd.weight"))
+
+
+def test_truncated_tokenizer_is_consistent():
+    meta = tokenizer_metadata(400)
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert len(tokens) == len(meta["tokenizer.ggml.token_type"]) == 400
+    known = set(tokens)
+    assert meta["tokenizer.ggml.merges"], "some merges survive"
+    for merge in meta["tokenizer.ggml.merges"]:
+        left, right = merge.split(" ")
+        assert left in known and right in known and left + right in known
+    bpe = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)},
+                                [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]])
+    tok = tokenizers.Tokenizer(bpe)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ids = tok.encode("the cat is on the mat").ids
+    assert ids and max(ids) < 400
+
+
+def test_padded_tokenizer_for_llama3_vocab():
+    meta = tokenizer_metadata(128256)
+    full = tokenizer_metadata()
+    assert len(meta["tokenizer.ggml.tokens"]) == 128256
+    assert meta["tokenizer.ggml.tokens"][:49152] == full["tokenizer.ggml.tokens"]
+    assert meta["tokenizer.ggml.tokens"][-1] == "[PAD128255]"
+    assert np.all(meta["tokenizer.ggml.token_type"][49152:] == TokenType.UNUSED)
+    assert meta["tokenizer.ggml.merges"] == full["tokenizer.ggml.merges"]
+
+
+def test_bad_requests_name_what_was_expected(tmp_path):
+    with pytest.raises(ParameterError, match="family 'qwen9'"):
+        write_synthetic_gguf(tmp_path / "x.gguf", "qwen9")
+    with pytest.raises(ParameterError, match="preset 'huge'"):
+        resolve_shape("llama", "huge")
+    with pytest.raises(ParameterError, match="n_layer"):
+        resolve_shape("llama", {"n_layer": 3})
+    with pytest.raises(ParameterError, match="not a multiple of 3 K/V heads"):
+        resolve_shape("llama", {"n_head": 4, "n_head_kv": 3})
+    with pytest.raises(ParameterError, match="Q3_K"):
+        write_synthetic_gguf(tmp_path / "x.gguf", "llama", "tiny", "Q3_K")
+    with pytest.raises(ParameterError, match="expected at least 3"):
+        tokenizer_metadata(2)
+
+
+def test_script_writes_a_loadable_file(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic_gguf.py"
+    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "cli.gguf"
+    assert module.main(["--family", "gemma3", "--shape", "tiny", "--qtype", "Q5_0", "-o", str(out),
+                        "--vocab", "300", "--seed", "3"]) == 0
+    config = load_config(GGUFFile(out))
+    assert config.vocab_size == 300 and config.family == "gemma3"
+    assert module.main(["--qtype", "Q9_9", "-o", str(tmp_path / "bad.gguf")]) == 2
