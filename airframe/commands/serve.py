@@ -1,0 +1,60 @@
+import os
+import threading
+
+from ..backend import BACKENDS, DEFAULT_BACKEND
+from ..models import resolve_model
+
+HELP = "serve a model over an OpenAI-compatible HTTP API (chat and text completions, streaming)"
+
+
+def add_arguments(p):
+    p.add_argument("model", metavar="MODEL", help="a GGUF path or a known model name (see `airframe pull`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens (default: the backend's)")
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
+    p.add_argument("--api-key", default=os.environ.get("AIRFRAME_API_KEY"), metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $AIRFRAME_API_KEY)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests that may wait behind the running one; more get 503 (default 64)")
+    p.add_argument("--alias", action="extend", nargs="+", default=[], metavar="NAME",
+                   help="more names the model answers to in /v1/models and `model`")
+    p.add_argument("--strict-model", action="store_true",
+                   help="answer 404 to a `model` that is neither the model's id nor an alias")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _watch_loading(state, server, outcome: dict) -> None:
+    state.loaded.wait()
+    if state.load_error:
+        print(f"airframe: error: {state.load_error}", flush=True)
+        outcome["rc"] = 1
+        server.should_exit = True
+    else:
+        print(f"airframe: serving {state.model_id} (context {state.engine.n_ctx})", flush=True)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from ..engine import Engine
+    from ..errors import ParameterError
+    from ..server import ServerOptions, create_app
+
+    if args.max_queue < 0:
+        raise ParameterError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.ctx is not None and args.ctx < 2:
+        raise ParameterError(f"--ctx must be >= 2 tokens, got {args.ctx}")
+    resolve_model(args.model)  # a wrong name fails here, before the server starts
+
+    def load():
+        return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True)
+
+    options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
+                            aliases=tuple(args.alias), strict_model=args.strict_model)
+    app = create_app(load, options)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    outcome = {"rc": 0}
+    threading.Thread(target=_watch_loading, args=(app.state.airframe, server, outcome), daemon=True).start()
+    server.run()
+    return outcome["rc"]

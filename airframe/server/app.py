@@ -1,0 +1,155 @@
+"""The FastAPI app: state, loading in the background, API-key check, error handlers, metrics.
+
+`create_app(engine)` serves an engine that is already loaded; `create_app(factory)` calls
+`factory()` in a thread so that the server answers /health (503, then 200) while the model loads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import ApiError, from_validation, overloaded
+from .metrics import Metrics
+from .queue import RequestQueue
+from .routes import ENDPOINTS, health_router, router
+
+
+@dataclass
+class ServerOptions:
+    api_key: str | None = None  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
+    max_queue: int = 64  # requests that may wait behind the running one; more get 503
+    aliases: tuple[str, ...] = ()  # more names for the model in /v1/models and `model`
+    strict_model: bool = False  # refuse (404) a `model` that is neither the id nor an alias
+    model_id: str | None = None  # the id to serve under; default: the engine's model_id
+
+
+@dataclass
+class ServerState:
+    options: ServerOptions
+    engine: Any = None
+    queue: RequestQueue | None = None
+    load_error: str | None = None
+    loaded: threading.Event = field(default_factory=threading.Event)  # set on success or failure
+    started: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self):
+        self.metrics = Metrics(
+            queue_depth=lambda: self.queue.depth if self.queue else 0,
+            running=lambda: self.queue.running if self.queue else 0,
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self.options.model_id or self.engine.model_id
+
+    def serve(self, engine) -> None:
+        self.engine = engine
+        self.queue = RequestQueue(
+            engine, self.options.max_queue,
+            on_finish=self.metrics.observe_finish,
+            on_skip=lambda job: self.metrics.cancelled.inc(),
+        )
+        self.loaded.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.load_error = f"loading the model failed: {error}"
+        self.loaded.set()
+
+    def ready_engine(self):
+        """The engine, or a 503 while it loads (or after it failed to load)."""
+        if self.engine is None:
+            raise overloaded(self.load_error or "the model is still loading; retry in a moment")
+        return self.engine
+
+    def check_key(self, request: Request) -> None:
+        key = self.options.api_key
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(
+                401, "missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key given to --api-key",
+                type="authentication_error", code="invalid_api_key",
+            )
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+
+
+def _load(state: ServerState, factory: Callable[[], Any]) -> None:
+    try:
+        state.serve(factory())
+    except Exception as e:  # noqa: BLE001 - reported by /health and by `airframe serve`
+        state.fail(e)
+
+
+class _CountRequests:
+    """ASGI middleware: count every answered request by endpoint and status code."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500  # what uvicorn answers if the app raises before starting a response
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.metrics.requests.inc(endpoint, str(status))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc: RequestValidationError):
+        return from_validation(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind).response()
+
+
+def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastAPI:
+    """The OpenAI-compatible app around one engine (or a callable that loads one)."""
+    state = ServerState(options or ServerOptions())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.close()
+
+    app = FastAPI(title="airframe", summary="OpenAI-compatible server for GGUF models", version="0.1.0", lifespan=lifespan)
+    app.state.airframe = state
+    app.include_router(health_router)
+    app.include_router(router)
+    _install_error_handlers(app)
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+    if hasattr(engine_or_factory, "stream"):
+        state.serve(engine_or_factory)
+    else:
+        threading.Thread(target=_load, args=(state, engine_or_factory), name="airframe-load", daemon=True).start()
+    return app

@@ -1,0 +1,122 @@
+"""The server's counters and histograms, rendered in the Prometheus text format (version 0.0.4).
+
+A handful of metrics do not justify a dependency: counters and histograms are dicts under a lock,
+and `render` writes the exposition format by hand.
+https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Callable
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Prefill and decode of one request, in seconds: from a few milliseconds on a GPU to minutes on
+# a CPU Vulkan driver.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if not names:
+        return ""
+    escaped = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in values)
+    return "{" + ",".join(f'{n}="{v}"' for n, v in zip(names, escaped)) + "}"
+
+
+class Counter:
+    def __init__(self, name: str, help: str, labels: tuple[str, ...] = ()):
+        self.name, self.help, self.label_names = name, help, labels
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self._values[labels] = self._values.get(labels, 0.0) + amount
+
+    def value(self, *labels: str) -> float:
+        return self._values.get(labels, 0.0)
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        with self._lock:
+            items = sorted(self._values.items()) or ([((), 0.0)] if not self.label_names else [])
+        for labels, v in items:
+            lines.append(f"{self.name}{_labels(self.label_names, labels)} {v:g}")
+        return lines
+
+
+class Gauge:
+    """A value read at scrape time from a callable (queue depth, running requests)."""
+
+    def __init__(self, name: str, help: str, read: Callable[[], float]):
+        self.name, self.help, self.read = name, help, read
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge", f"{self.name} {self.read():g}"]
+
+
+class Histogram:
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = SECONDS_BUCKETS):
+        self.name, self.help, self.buckets = name, help, buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(self.buckets, value)] += 1
+            self._sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative = 0
+        for bound, n in zip((*self.buckets, float("inf")), counts):
+            cumulative += n
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            lines.append(f'{self.name}_bucket{{le="{le}"}} {cumulative}')
+        lines += [f"{self.name}_sum {total:g}", f"{self.name}_count {cumulative}"]
+        return lines
+
+
+class Metrics:
+    """Everything /metrics reports."""
+
+    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float]):
+        self.requests = Counter(
+            "airframe_requests_total", "HTTP requests answered, by endpoint and status code.",
+            ("endpoint", "status"),
+        )
+        self.prompt_tokens = Counter("airframe_prompt_tokens_total", "Prompt tokens prefilled.")
+        self.completion_tokens = Counter("airframe_completion_tokens_total", "Tokens generated.")
+        self.cancelled = Counter(
+            "airframe_requests_cancelled_total",
+            "Generations stopped because their client went away (waiting or running).",
+        )
+        self.prefill_seconds = Histogram("airframe_prefill_seconds", "Prefill time of one request.")
+        self.decode_seconds = Histogram("airframe_decode_seconds", "Decode time of one request.")
+        self.queue_depth = Gauge("airframe_queue_depth", "Requests waiting behind the running one.", queue_depth)
+        self.running = Gauge("airframe_requests_running", "Requests generating now (0 or 1).", running)
+
+    def observe_finish(self, finish) -> None:
+        """Record one engine Finish (called from the worker thread)."""
+        self.prompt_tokens.inc(amount=finish.prompt_tokens)
+        self.completion_tokens.inc(amount=finish.completion_tokens)
+        self.prefill_seconds.observe(finish.prefill_seconds)
+        self.decode_seconds.observe(finish.decode_seconds)
+        if finish.reason == "cancelled":
+            self.cancelled.inc()
+
+    def render(self) -> str:
+        parts = (
+            self.requests, self.prompt_tokens, self.completion_tokens, self.cancelled,
+            self.prefill_seconds, self.decode_seconds, self.queue_depth, self.running,
+        )
+        return "\n".join(line for metric in parts for line in metric.render()) + "\n"

@@ -1,0 +1,340 @@
+"""The endpoints: OpenAI's chat and text completions (streamed or not), models, tokenize,
+detokenize, health and metrics.
+
+A completion request is checked, turned into engine params, put in the queue, and answered from
+the events the worker sends back. Nothing is sent before the first event, so an error the engine
+raises at the start (a prompt longer than the context) still becomes a 400 and not a broken stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from ..engine import Finish, Piece
+from ..errors import AirframeError
+from . import translate
+from .errors import ApiError, from_airframe
+from .metrics import CONTENT_TYPE
+from .queue import END, Job
+from .schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Delta,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    Usage,
+)
+
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
+DISCONNECT_POLL_SECONDS = 0.1
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before its answer
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited or ran."""
+
+
+def _state(request: Request):
+    return request.app.state.airframe
+
+
+def _authorized(request: Request) -> None:
+    _state(request).check_key(request)
+
+
+def _engine(request: Request):
+    return _state(request).ready_engine()
+
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
+router = APIRouter(dependencies=[Depends(_authorized)], responses=_ERRORS)
+health_router = APIRouter()
+
+
+# ---- model name, prompt size, queue ----
+
+
+def _served_name(state, requested: str | None) -> str:
+    names = (state.model_id, *state.options.aliases)
+    if requested in names:
+        return requested
+    if state.options.strict_model and requested is not None:
+        raise ApiError(404, f"model {requested!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                       param="model", code="model_not_found")
+    return state.model_id
+
+
+def _prompt_tokens(engine, prompt, param: str) -> list[int]:
+    try:
+        tokens = engine.tokenize_prompt(prompt)
+    except AirframeError as e:
+        raise from_airframe(e, param) from None
+    if len(tokens) + 1 > engine.n_ctx:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {engine.n_ctx}: expected at "
+                       f"most {engine.n_ctx - 1} prompt tokens, to leave room for one generated token",
+                       param=param, code="context_length_exceeded")
+    return tokens
+
+
+async def _next_event(state, job: Job, request: Request):
+    """The job's next event, watching for the client to leave while waiting for it."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                state.queue.cancel(job)
+                raise ClientGone() from None
+
+
+def _raise_for(event, param: str):
+    if isinstance(event, AirframeError):
+        raise from_airframe(event, param)
+    if isinstance(event, Exception):
+        raise ApiError(500, f"generation failed: {type(event).__name__}: {event}", type="server_error", code="internal_error")
+    if event is END:
+        raise ApiError(503, "the request was dropped because the server is shutting down", type="server_overloaded")
+
+
+async def _start(request: Request, prompt, params, param: str):
+    """Queue a job and wait for its first event (after the prompt is prefilled)."""
+    state = _state(request)
+    job = Job(prompt, params, asyncio.get_running_loop())
+    try:
+        state.queue.submit(job)
+    except AirframeError as e:
+        raise from_airframe(e) from None
+    first = await _next_event(state, job, request)
+    _raise_for(first, param)
+    return job, first
+
+
+async def _collect(request: Request, job: Job, first, param: str):
+    """All the events of a job that is not streamed: the pieces and the Finish."""
+    pieces, event = [], first
+    while event is not END:
+        _raise_for(event, param)
+        if isinstance(event, Piece):
+            pieces.append(event)
+        elif isinstance(event, Finish):
+            return pieces, event
+        event = await _next_event(_state(request), job, request)
+    raise ClientGone()
+
+
+def _usage(finish: Finish) -> Usage:
+    return Usage(prompt_tokens=finish.prompt_tokens, completion_tokens=finish.completion_tokens,
+                 total_tokens=finish.prompt_tokens + finish.completion_tokens)
+
+
+def _reason(finish: Finish) -> str:
+    return "length" if finish.reason == "length" else "stop"
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _stream_response(state, job: Job, chunks) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    # The background task runs even if the client left before the first chunk was sent.
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers,
+                             background=BackgroundTask(state.queue.cancel, job))
+
+
+async def _events(state, job: Job, first):
+    """The job's events from `first` to its Finish; cancels the job if the stream is dropped."""
+    event = first
+    try:
+        while event is not END:
+            yield event
+            if isinstance(event, (Finish, Exception)):
+                return
+            event = await job.events.get()
+    finally:
+        state.queue.cancel(job)
+
+
+def _error_chunk(event: Exception) -> str:
+    message = str(event) if isinstance(event, AirframeError) else f"generation failed: {type(event).__name__}: {event}"
+    return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}})
+
+
+# ---- chat completions ----
+
+
+def _chat_chunk(meta: dict, delta: Delta, logprobs=None, finish_reason=None, usage_field: bool = False) -> dict:
+    chunk = ChatCompletionChunk(**meta, choices=[ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish_reason)])
+    body = chunk.model_dump(exclude=None if usage_field else {"usage"})
+    body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
+    return body
+
+
+async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
+    yield _sse(_chat_chunk(meta, Delta(role="assistant", content=""), usage_field=include_usage))
+    async for event in _events(state, job, first):
+        if isinstance(event, Piece) and (event.text or event.logprobs):
+            logprobs = ChoiceLogprobs(content=translate.chat_logprobs(event.logprobs)) if event.logprobs else None
+            yield _sse(_chat_chunk(meta, Delta(content=event.text), logprobs, usage_field=include_usage))
+        elif isinstance(event, Finish):
+            yield _sse(_chat_chunk(meta, Delta(), finish_reason=_reason(event), usage_field=include_usage))
+            if include_usage:
+                yield _sse(ChatCompletionChunk(**meta, choices=[], usage=_usage(event)).model_dump())
+        elif isinstance(event, Exception):
+            yield _error_chunk(event)
+    yield "data: [DONE]\n\n"
+
+
+def _chat_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool) -> ChatCompletion:
+    text = "".join(p.text for p in pieces)
+    logprobs = None
+    if logprobs_on:
+        items = [lp for p in pieces for lp in (p.logprobs or [])]
+        logprobs = ChoiceLogprobs(content=translate.chat_logprobs(items))
+    choice = ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs, finish_reason=_reason(finish))
+    return ChatCompletion(**meta, choices=[choice], usage=_usage(finish))
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion)
+async def chat_completions(body: ChatCompletionRequest, request: Request, engine=Depends(_engine)):
+    state = _state(request)
+    translate.check_chat(body)
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
+    messages = translate.chat_messages(body)
+    params = translate.chat_params(body, engine.config.vocab_size)
+    await run_in_threadpool(_prompt_tokens, engine, messages, "messages")
+    try:
+        job, first = await _start(request, messages, params, "messages")
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _stream_response(state, job, _chat_stream(state, job, first, meta, include_usage))
+        pieces, finish = await _collect(request, job, first, "messages")
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return _chat_answer(meta, pieces, finish, params.logprobs is not None)
+
+
+# ---- text completions ----
+
+
+def _completion_chunk(meta: dict, text: str, logprobs=None, finish_reason=None, usage_field: bool = False) -> dict:
+    chunk = Completion(**meta, choices=[CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish_reason)])
+    return chunk.model_dump(exclude=None if usage_field else {"usage"})
+
+
+async def _completion_stream(state, job: Job, first, meta: dict, include_usage: bool):
+    offset = 0
+    async for event in _events(state, job, first):
+        if isinstance(event, Piece) and (event.text or event.logprobs):
+            logprobs = translate.legacy_logprobs(event.logprobs, offset) if event.logprobs else None
+            offset += len(event.text)
+            yield _sse(_completion_chunk(meta, event.text, logprobs, usage_field=include_usage))
+        elif isinstance(event, Finish):
+            yield _sse(_completion_chunk(meta, "", finish_reason=_reason(event), usage_field=include_usage))
+            if include_usage:
+                yield _sse(Completion(**meta, choices=[], usage=_usage(event)).model_dump())
+        elif isinstance(event, Exception):
+            yield _error_chunk(event)
+    yield "data: [DONE]\n\n"
+
+
+def _completion_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool) -> Completion:
+    text = "".join(p.text for p in pieces)
+    logprobs = None
+    if logprobs_on:
+        logprobs = translate.legacy_logprobs([lp for p in pieces for lp in (p.logprobs or [])])
+    choice = CompletionChoice(text=text, logprobs=logprobs, finish_reason=_reason(finish))
+    return Completion(**meta, choices=[choice], usage=_usage(finish))
+
+
+@router.post("/v1/completions", response_model=Completion)
+async def completions(body: CompletionRequest, request: Request, engine=Depends(_engine)):
+    state = _state(request)
+    translate.check_completion(body)
+    meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
+    prompt = translate.completion_prompt(body)
+    params = translate.completion_params(body, engine.config.vocab_size)
+    await run_in_threadpool(_prompt_tokens, engine, prompt, "prompt")
+    try:
+        job, first = await _start(request, prompt, params, "prompt")
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _stream_response(state, job, _completion_stream(state, job, first, meta, include_usage))
+        pieces, finish = await _collect(request, job, first, "prompt")
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return _completion_answer(meta, pieces, finish, params.logprobs is not None)
+
+
+# ---- models, tokenize, detokenize, health, metrics ----
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request, engine=Depends(_engine)):
+    state = _state(request)
+    names = (state.model_id, *state.options.aliases)
+    cards = [ModelCard(id=name, created=state.started, context_length=engine.n_ctx, max_model_len=engine.n_ctx) for name in names]
+    return ModelList(data=cards)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request, engine=Depends(_engine)):
+    given = [name for name in ("prompt", "content", "messages") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise ApiError(400, f"give exactly one of 'prompt', 'content' or 'messages'; found {given or 'none'}", param="prompt")
+    if body.messages is not None:
+        prompt = translate.chat_messages(ChatCompletionRequest(messages=body.messages))
+    else:
+        prompt = body.prompt if body.prompt is not None else body.content
+    try:
+        tokens = await run_in_threadpool(engine.tokenize_prompt, prompt)
+    except AirframeError as e:
+        raise from_airframe(e, given[0]) from None
+    return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=engine.n_ctx)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, request: Request, engine=Depends(_engine)):
+    vocab = engine.config.vocab_size
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is out of range; the vocabulary has ids [0, {vocab})", param="tokens")
+    raw = b"".join(engine.tokenizer.token_bytes(t) for t in body.tokens)
+    return DetokenizeResponse(content=raw.decode("utf-8", errors="replace"))
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request):
+    return PlainTextResponse(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+@health_router.get("/health", response_model=Health, responses={503: {"model": Health}})
+async def health(request: Request):
+    state = _state(request)
+    if state.engine is not None:
+        return Health(status="ok", model=state.model_id)
+    status = "error" if state.load_error else "loading"
+    body = Health(status=status, message=state.load_error or "the model is loading")
+    return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": "1"})

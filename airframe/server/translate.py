@@ -1,0 +1,184 @@
+"""From OpenAI request bodies to the engine's prompt and GenerationParams, and from the engine's
+TokenLogprobs back to OpenAI's two logprob shapes.
+
+Fields left out of a request take the engine's defaults (SamplingParams), as llama-server does,
+not OpenAI's temperature 1.0 / top_p 1.0.
+"""
+
+from __future__ import annotations
+
+from ..engine import GenerationParams, TokenLogprob
+from ..errors import ParameterError
+from ..sampling import SamplingParams
+from .errors import ApiError
+from .schemas import (
+    MAX_STOP_SEQUENCES,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    LegacyLogprobs,
+    TokenLogprobOut,
+    TopLogprob,
+    _Sampling,
+)
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def _check_common(req: _Sampling) -> None:
+    if req.n not in (None, 1):
+        raise _unsupported("n", f"n={req.n} is not supported: airframe generates exactly one choice (n=1)")
+
+
+def check_chat(req: ChatCompletionRequest) -> None:
+    """Refuse options that parse but that airframe does not run."""
+    _check_common(req)
+    if req.tools or req.functions:
+        which = "tools" if req.tools else "functions"
+        raise _unsupported(which, f"'{which}' is not supported: airframe does not do tool or function calling")
+    for name in ("tool_choice", "function_call"):
+        value = getattr(req, name)
+        if value not in (None, "none", "auto"):
+            raise _unsupported(name, f"'{name}'={value!r} is not supported: airframe does not call tools")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise _unsupported(
+            "response_format",
+            f"response_format type {req.response_format.type!r} is not supported; only 'text'",
+        )
+    if req.modalities and set(req.modalities) != {"text"}:
+        raise _unsupported("modalities", f"modalities {req.modalities} are not supported; only ['text']")
+    if req.audio is not None:
+        raise _unsupported("audio", "audio output is not supported")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
+
+
+def check_completion(req: CompletionRequest) -> None:
+    _check_common(req)
+    if req.echo:
+        raise _unsupported("echo", "echo=true is not supported: the answer holds only the completion")
+    if req.suffix:
+        raise _unsupported("suffix", "'suffix' (fill-in-the-middle) is not supported")
+    if req.best_of not in (None, 1):
+        raise _unsupported("best_of", f"best_of={req.best_of} is not supported; only 1")
+
+
+def completion_prompt(req: CompletionRequest) -> str:
+    """The one prompt string of a completion request (a string, or a list of one string)."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        raise _unsupported("prompt", f"a list of {len(prompt)} prompts is not supported; send one prompt per request")
+    if not prompt:
+        raise ApiError(400, "'prompt' is an empty list; expected a string or a list of one string", param="prompt")
+    raise _unsupported("prompt", "token-id prompts are not supported; send the prompt as a string")
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise _unsupported(f"messages.{index}.content", f"content part of type {part.type!r} is not supported; only 'text'")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict]:
+    """The messages as the chat template takes them: role and plain-text content."""
+    out = []
+    for i, message in enumerate(req.messages):
+        if message.role in ("tool", "function"):
+            raise _unsupported(f"messages.{i}.role", f"messages with role {message.role!r} are not supported: airframe does not call tools")
+        role = "system" if message.role == "developer" else message.role
+        out.append({"role": role, "content": _message_text(message, i)})
+    return out
+
+
+def _stop(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise ApiError(400, f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed", param="stop")
+    return [s for s in stops if s]
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(400, f"logit_bias key {key!r} is not a token id; expected an integer in [0, {vocab_size})", param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise ApiError(400, f"logit_bias token id {token} is out of range; the vocabulary has ids [0, {vocab_size})", param="logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise ApiError(400, f"logit_bias value {value} for token {token} is out of range [-100, 100]", param="logit_bias")
+        out[token] = float(value)
+    return out
+
+
+def sampling_params(req: _Sampling, vocab_size: int) -> SamplingParams:
+    given = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None}
+    seed = None if req.seed is None else req.seed % 2**64  # a negative seed is taken modulo 2**64
+    try:
+        return SamplingParams(**given, logit_bias=_logit_bias(req.logit_bias, vocab_size), seed=seed)
+    except ParameterError as e:
+        raise ApiError(400, str(e), code="invalid_value") from None
+
+
+def chat_params(req: ChatCompletionRequest, vocab_size: int) -> GenerationParams:
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return GenerationParams(
+        max_tokens=max_tokens,
+        sampling=sampling_params(req, vocab_size),
+        stop=_stop(req.stop),
+        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+    )
+
+
+def completion_params(req: CompletionRequest, vocab_size: int) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=req.max_tokens,
+        sampling=sampling_params(req, vocab_size),
+        stop=_stop(req.stop),
+        logprobs=req.logprobs,
+    )
+
+
+def chat_logprobs(items: list[TokenLogprob]) -> list[TokenLogprobOut]:
+    """OpenAI chat shape: one entry per token with its bytes and top alternatives."""
+    return [
+        TokenLogprobOut(
+            token=t.token,
+            logprob=t.logprob,
+            bytes=list(t.bytes),
+            top_logprobs=[TopLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8"))) for text, _, lp in t.top],
+        )
+        for t in items
+    ]
+
+
+def legacy_logprobs(items: list[TokenLogprob], offset: int = 0) -> LegacyLogprobs:
+    """The /v1/completions shape; text_offset counts characters from the start of the completion."""
+    offsets = []
+    for t in items:
+        offsets.append(offset)
+        offset += len(t.token)
+    return LegacyLogprobs(
+        tokens=[t.token for t in items],
+        token_logprobs=[t.logprob for t in items],
+        top_logprobs=[{text: lp for text, _, lp in t.top} for t in items],
+        text_offset=offsets,
+    )

@@ -1,0 +1,574 @@
+"""The server's HTTP surface against a scripted fake engine: shapes, SSE framing, parameters,
+errors, auth, model names, queue and metrics. Fast; the real model is in test_server_e2e.py.
+
+FakeEngine and `serving` are shared with the other test_server_* modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from airframe.engine import Finish, Piece, TokenLogprob
+from airframe.errors import ContextOverflowError
+from airframe.server import ServerOptions, create_app
+from airframe.server.queue import END, Job, QueueFullError, RequestQueue
+
+BOS = 256
+REPLY = "Hello there! This is the fake engine talking."
+
+
+class FakeTokenizer:
+    """Byte-level: token id = byte value, and one BOS id."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else b""
+
+
+class FakeEngine:
+    """The Engine interface with scripted output: the reply, one byte-token at a time.
+
+    A prompt containing "echo" makes the reply the prompt's last 12 characters instead, so
+    different requests give different answers.
+    """
+
+    def __init__(self, reply: str = REPLY, n_ctx: int = 256, delay: float = 0.0):
+        self.reply, self.n_ctx, self.delay = reply, n_ctx, delay
+        self.model_id = "fake-model"
+        self.config = SimpleNamespace(vocab_size=300)
+        self.tokenizer = FakeTokenizer()
+        self.calls: list[tuple] = []  # (prompt, params) per stream()
+        self.resets = 0
+
+    def render_chat(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def tokenize_prompt(self, prompt):
+        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+        return [BOS, *text.encode("utf-8")]
+
+    def stream(self, prompt, params, cancel=None):
+        ids = self.tokenize_prompt(prompt)
+        if len(ids) + 1 > self.n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(ids)} tokens and the context holds {self.n_ctx}")
+        self.calls.append((prompt, params))
+        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+        reply = text.rstrip("<assistant>\n")[-12:] if "echo" in text else self.reply
+        return self._generate(len(ids), reply, params, cancel)
+
+    def _generate(self, n_prompt, reply, params, cancel):
+        self.resets += 1
+        found = [reply.find(s) for s in params.stop if s and s in reply]
+        visible = reply[: min(found)] if found else reply
+        reason, n = "stop", 0
+        for ch in visible:
+            if params.max_tokens is not None and n >= params.max_tokens:
+                reason = "length"
+                break
+            if cancel is not None and cancel():
+                reason = "cancelled"
+                break
+            time.sleep(self.delay)
+            n += 1
+            yield Piece(ch, [ord(ch)], self._logprobs(ch, params))
+        yield Finish(reason, n_prompt, n, 0.002, 0.001 * n)
+
+    @staticmethod
+    def _logprobs(ch, params):
+        if params.logprobs is None:
+            return None
+        top = [(ch, ord(ch), -0.25), ("x", ord("x"), -2.0)][: params.logprobs]
+        return [TokenLogprob(ch, ord(ch), -0.25, list(ch.encode()), top)]
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine()
+
+
+@pytest.fixture
+def client(engine):
+    with TestClient(create_app(engine)) as c:
+        yield c
+
+
+def openai_client(http_client, api_key="none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{http_client.base_url}/v1", api_key=api_key, http_client=http_client, max_retries=0)
+
+
+@contextlib.contextmanager
+def serving(app):
+    """Run `app` under uvicorn on a free loopback port in a thread; yields the base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start within 30 s"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def sse_events(lines) -> list:
+    """The payloads of an SSE body, checking OpenAI's framing: `data: ...` lines, blank separators."""
+    events, expect_blank = [], False
+    for line in lines:
+        if expect_blank:
+            assert line == "", f"expected a blank line after each event, found {line!r}"
+            expect_blank = False
+            continue
+        assert line.startswith("data: "), f"expected 'data: ...', found {line!r}"
+        payload = line[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+        expect_blank = True
+    return events
+
+
+def post_stream(client, path, body) -> list:
+    with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return sse_events(response.iter_lines())
+
+
+def assert_openai_error(response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# ---- health, models ----
+
+
+def test_health_and_models(client, engine):
+    assert client.get("/health").json() == {"status": "ok", "model": "fake-model", "message": None}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    assert [(m["id"], m["context_length"]) for m in models["data"]] == [("fake-model", engine.n_ctx)]
+
+
+def test_health_is_503_while_loading_then_200():
+    release = threading.Event()
+
+    def load():
+        release.wait(10)
+        return FakeEngine()
+
+    with TestClient(create_app(load)) as c:
+        loading = c.get("/health")
+        assert loading.status_code == 503 and loading.json()["status"] == "loading"
+        busy = c.post("/v1/completions", json={"prompt": "hi"})
+        assert_openai_error(busy, 503)
+        assert busy.headers["retry-after"] == "1"
+        release.set()
+        app_state = c.app.state.airframe
+        assert app_state.loaded.wait(5)
+        assert c.get("/health").status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "hi"}).status_code == 200
+
+
+def test_a_failed_load_is_reported_by_health():
+    def load():
+        raise FileNotFoundError("no such model: nowhere.gguf")
+
+    with TestClient(create_app(load)) as c:
+        assert c.app.state.airframe.loaded.wait(5)
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "error"
+        assert "nowhere.gguf" in health.json()["message"]
+        assert "nowhere.gguf" in assert_openai_error(c.get("/v1/models"), 503)["message"]
+
+
+# ---- chat completions ----
+
+
+def test_chat_completion_through_the_openai_client(client, engine):
+    api = openai_client(client)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    answer = api.chat.completions.create(model="anything", messages=messages, max_tokens=200)
+    assert answer.object == "chat.completion" and answer.model == "fake-model"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == REPLY
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.prompt_tokens == len(engine.tokenize_prompt(messages))
+    assert answer.usage.completion_tokens == len(REPLY)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + len(REPLY)
+
+
+def test_chat_length_limit_and_max_completion_tokens(client, engine):
+    api = openai_client(client)
+    short = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+    assert short.choices[0].finish_reason == "length"
+    assert short.choices[0].message.content == REPLY[:5] and short.usage.completion_tokens == 5
+    both = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "max_completion_tokens": 3}).json()
+    assert both["choices"][0]["message"]["content"] == REPLY[:3]
+
+
+def test_chat_stream_framing_role_first_and_usage_last(client):
+    events = post_stream(client, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-1])
+    assert text == REPLY
+    finish = chunks[-2]["choices"][0]
+    assert finish["finish_reason"] == "stop" and finish["delta"] == {}
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == len(REPLY)
+
+
+def test_chat_stream_without_usage_has_no_usage_field(client):
+    events = post_stream(client, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stream": True})
+    assert all("usage" not in c for c in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chat_stream_through_the_openai_client(client):
+    api = openai_client(client)
+    stream = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], stream=True,
+                                         stream_options={"include_usage": True}, max_tokens=10)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY[:10]
+    assert chunks[-1].usage.completion_tokens == 10
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_logprobs_shape(client):
+    api = openai_client(client)
+    answer = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                         logprobs=True, top_logprobs=2)
+    content = answer.choices[0].logprobs.content
+    assert [t.token for t in content] == list(REPLY[:4])
+    assert all(t.logprob == -0.25 and t.bytes == list(t.token.encode()) for t in content)
+    assert [len(t.top_logprobs) for t in content] == [2] * 4
+    assert content[0].top_logprobs[1].token == "x" and content[0].top_logprobs[1].bytes == [ord("x")]
+
+
+def test_chat_stream_logprobs_ride_on_the_chunks(client):
+    events = post_stream(client, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 3, "logprobs": True})
+    tokens = [t["token"] for c in events[1:-2] for t in c["choices"][0]["logprobs"]["content"]]
+    assert tokens == list(REPLY[:3])
+
+
+def test_content_parts_and_developer_role_reach_the_template(client, engine):
+    client.post("/v1/chat/completions", json={"messages": [
+        {"role": "developer", "content": "Rules."},
+        {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]})
+    prompt, _ = engine.calls[-1]
+    assert prompt == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Hello"}]
+
+
+def test_sampling_fields_reach_the_engine(client, engine):
+    client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.3, "top_p": 0.5, "top_k": 7, "min_p": 0.1,
+        "repeat_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 42,
+        "logit_bias": {"65": -100}, "stop": "there", "max_tokens": 9, "user": "someone", "unknown_field": [1, 2]})
+    _, params = engine.calls[-1]
+    s = params.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (0.3, 0.5, 7, 0.1, 1.2)
+    assert (s.presence_penalty, s.frequency_penalty, s.seed, s.logit_bias) == (0.5, -0.5, 42, {65: -100.0})
+    assert params.stop == ["there"] and params.max_tokens == 9 and params.logprobs is None
+
+
+def test_left_out_fields_take_the_engine_defaults(client, engine):
+    from airframe.sampling import SamplingParams
+
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+    _, params = engine.calls[-1]
+    assert params.sampling == SamplingParams() and params.max_tokens is None and params.stop == []
+
+
+def test_stop_sequence_ends_the_answer(client):
+    body = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "stop": ["!", "zz"]}).json()
+    assert body["choices"][0]["message"]["content"] == "Hello there"
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+# ---- text completions ----
+
+
+def test_completion_with_legacy_logprobs(client):
+    api = openai_client(client)
+    answer = api.completions.create(model="m", prompt="Once", max_tokens=6, logprobs=2)
+    choice = answer.choices[0]
+    assert answer.object == "text_completion" and choice.text == REPLY[:6] and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == list(REPLY[:6])
+    assert choice.logprobs.token_logprobs == [-0.25] * 6
+    assert choice.logprobs.text_offset == list(range(6))
+    assert choice.logprobs.top_logprobs[0] == {REPLY[0]: -0.25, "x": -2.0}
+    assert answer.usage.prompt_tokens == 1 + len("Once")
+
+
+def test_completion_prompt_as_a_list_of_one_string(client):
+    body = client.post("/v1/completions", json={"prompt": ["Once"], "max_tokens": 3}).json()
+    assert body["choices"][0]["text"] == REPLY[:3]
+
+
+def test_completion_stream_offsets_continue_across_chunks(client):
+    events = post_stream(client, "/v1/completions", {"prompt": "Once", "max_tokens": 4, "stream": True, "logprobs": 0,
+                                                      "stream_options": {"include_usage": True}})
+    pieces = [c for c in events[:-1] if c["choices"] and c["choices"][0]["text"]]
+    assert "".join(c["choices"][0]["text"] for c in pieces) == REPLY[:4]
+    assert [c["choices"][0]["logprobs"]["text_offset"][0] for c in pieces] == [0, 1, 2, 3]
+    assert events[-2]["usage"]["total_tokens"] == 5 + 4 and events[-2]["choices"] == []
+    assert all(c["object"] == "text_completion" for c in events[:-1])
+
+
+# ---- errors ----
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "Hi"}], "temperature": 3}, "temperature"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "top_p": 1.5}, "top_p"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "presence_penalty": 2.5}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"300": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"3": 101}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.role"),
+    ({"messages": [{"role": "robot", "content": "Hi"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+])
+def test_bad_chat_requests_get_openai_shaped_400(client, body, param):
+    error = assert_openai_error(client.post("/v1/chat/completions", json=body), 400, param)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": 5}, "prompt"),
+])
+def test_bad_completion_requests_get_400(client, body, param):
+    assert_openai_error(client.post("/v1/completions", json=body), 400, param)
+
+
+def test_malformed_json_and_wrong_top_level_get_400(client):
+    bad_json = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert assert_openai_error(bad_json, 400)["code"] == "invalid_json"
+    assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400)
+
+
+def test_prompt_longer_than_the_context_names_both_sizes(client, engine):
+    prompt = "x" * 300
+    error = assert_openai_error(client.post("/v1/completions", json={"prompt": prompt}), 400, "prompt")
+    assert error["code"] == "context_length_exceeded"
+    assert "301" in error["message"] and str(engine.n_ctx) in error["message"]
+    stream = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "stream": True})
+    assert assert_openai_error(stream, 400, "messages")["code"] == "context_length_exceeded"
+
+
+def test_unknown_path_and_method_are_openai_shaped(client):
+    assert_openai_error(client.get("/v1/nothing"), 404)
+    assert_openai_error(client.get("/v1/chat/completions"), 405)
+
+
+def test_api_key(engine):
+    with TestClient(create_app(engine, ServerOptions(api_key="sesame"))) as c:
+        assert c.get("/health").status_code == 200
+        body = {"prompt": "hi", "max_tokens": 2}
+        assert assert_openai_error(c.post("/v1/completions", json=body), 401)["type"] == "authentication_error"
+        wrong = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
+        assert_openai_error(wrong, 401)
+        assert_openai_error(c.get("/metrics"), 401)
+        assert c.post("/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}).status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            openai_client(c, api_key="nope").models.list()
+        assert [m.id for m in openai_client(c, api_key="sesame").models.list()] == ["fake-model"]
+
+
+def test_strict_model_accepts_only_the_id_and_aliases(engine):
+    options = ServerOptions(aliases=("smol", "tiny"), strict_model=True)
+    with TestClient(create_app(engine, options)) as c:
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["fake-model", "smol", "tiny"]
+        ok = c.post("/v1/completions", json={"model": "smol", "prompt": "hi", "max_tokens": 1})
+        assert ok.status_code == 200 and ok.json()["model"] == "smol"
+        error = assert_openai_error(c.post("/v1/completions", json={"model": "gpt-4o", "prompt": "hi"}), 404, "model")
+        assert error["code"] == "model_not_found" and "gpt-4o" in error["message"] and "smol" in error["message"]
+
+
+def test_any_model_name_is_served_without_strict_model(client):
+    body = client.post("/v1/completions", json={"model": "gpt-4o", "prompt": "hi", "max_tokens": 1}).json()
+    assert body["model"] == "fake-model"
+
+
+# ---- tokenize, detokenize ----
+
+
+def test_tokenize_and_detokenize_round_trip(client, engine):
+    tokens = client.post("/tokenize", json={"prompt": "héllo"}).json()
+    assert tokens["tokens"] == engine.tokenize_prompt("héllo") and tokens["count"] == len(tokens["tokens"])
+    assert tokens["max_model_len"] == engine.n_ctx
+    assert client.post("/tokenize", json={"content": "héllo"}).json()["tokens"] == tokens["tokens"]
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["tokens"] == engine.tokenize_prompt([{"role": "user", "content": "Hi"}])
+    assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"content": "héllo"}
+    assert_openai_error(client.post("/detokenize", json={"tokens": [5, 999]}), 400, "tokens")
+    assert_openai_error(client.post("/tokenize", json={}), 400)
+
+
+# ---- queue and metrics ----
+
+
+def test_queue_full_answers_503_with_retry_after():
+    engine = FakeEngine(delay=0.05)
+    with TestClient(create_app(engine, ServerOptions(max_queue=0))) as c:
+        first = threading.Thread(target=c.post, args=("/v1/completions",), kwargs={"json": {"prompt": "a", "max_tokens": 20}})
+        first.start()
+        state = c.app.state.airframe
+        deadline = time.monotonic() + 5
+        while state.queue.running == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        refused = c.post("/v1/completions", json={"prompt": "b"})
+        assert assert_openai_error(refused, 503)["type"] == "server_overloaded"
+        assert refused.headers["retry-after"] == "1"
+        first.join()
+
+
+class _RecordingEngine:
+    def __init__(self):
+        self.order, self.gate = [], threading.Event()
+
+    def stream(self, prompt, params, cancel=None):
+        self.gate.wait(5)
+        self.order.append(prompt)
+        yield Finish("stop", 1, 0, 0.0, 0.0)
+
+
+def _drain(job: Job) -> list:
+    out = []
+    while True:
+        item = job.events.get_nowait() if not job.events.empty() else None
+        if item is END:
+            return out
+        if item is not None:
+            out.append(item)
+
+
+def test_queue_is_fifo_bounded_and_cancelling_a_waiting_job_frees_its_place():
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    engine = _RecordingEngine()
+    skipped = []
+    queue = RequestQueue(engine, max_waiting=2, on_skip=skipped.append)
+    jobs = [Job(f"p{i}", None, loop) for i in range(4)]
+    queue.submit(jobs[0])
+    while queue.running == 0:
+        time.sleep(0.005)
+    queue.submit(jobs[1])
+    queue.submit(jobs[2])
+    with pytest.raises(QueueFullError, match="--max-queue is 2"):
+        queue.submit(jobs[3])
+    queue.cancel(jobs[1])
+    assert queue.depth == 1 and skipped == [jobs[1]]
+    queue.submit(jobs[3])
+    engine.gate.set()
+    while engine.order != ["p0", "p2", "p3"]:
+        assert len(engine.order) <= 3, engine.order
+        time.sleep(0.005)
+    queue.close()
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert [type(e).__name__ for e in _drain(jobs[0])] == ["Finish"]
+    loop.close()
+
+
+def test_metrics_count_requests_tokens_and_times(client):
+    client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 7})
+    client.post("/v1/completions", json={"prompt": "x", "temperature": 9})
+    text = client.get("/metrics")
+    assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = text.text.splitlines()
+    assert 'airframe_requests_total{endpoint="/v1/completions",status="200"} 1' in lines
+    assert 'airframe_requests_total{endpoint="/v1/completions",status="400"} 1' in lines
+    assert "airframe_prompt_tokens_total 5" in lines
+    assert "airframe_completion_tokens_total 7" in lines
+    assert "airframe_prefill_seconds_count 1" in lines and "airframe_decode_seconds_count 1" in lines
+    assert 'airframe_prefill_seconds_bucket{le="0.005"} 1' in lines
+    assert "airframe_queue_depth 0" in lines and "airframe_requests_cancelled_total 0" in lines
+    for line in lines:
+        assert line.startswith("#") or len(line.split(" ")) == 2, line
+
+
+def test_client_disconnect_cancels_the_generation_within_a_token():
+    engine = FakeEngine(reply="z" * 2000, n_ctx=4096, delay=0.01)
+    app = create_app(engine)
+    with serving(app) as url:
+        body = {"prompt": "go", "max_tokens": 2000, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            for _ in range(6):
+                next(lines)
+        metrics = app.state.airframe.metrics
+        deadline = time.monotonic() + 10
+        while metrics.cancelled.value() == 0:
+            assert time.monotonic() < deadline, "the disconnect did not cancel the generation"
+            time.sleep(0.02)
+        assert metrics.completion_tokens.value() < 200
+        after = httpx.post(f"{url}/v1/completions", json={"prompt": "again", "max_tokens": 3}, timeout=30).json()
+        assert after["choices"][0]["text"] == "zzz"
+
+
+def test_client_disconnect_while_waiting_in_the_queue_frees_its_place():
+    engine = FakeEngine(reply="z" * 300, n_ctx=4096, delay=0.01)
+    app = create_app(engine)
+    state = app.state.airframe
+    with serving(app) as url:
+        first = threading.Thread(target=httpx.post, args=(f"{url}/v1/completions",),
+                                 kwargs={"json": {"prompt": "a", "max_tokens": 150}, "timeout": 30})
+        first.start()
+        while state.queue.running == 0:
+            time.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={"prompt": "b", "max_tokens": 5}, timeout=0.3)
+        deadline = time.monotonic() + 5
+        while state.metrics.cancelled.value() == 0:
+            assert time.monotonic() < deadline, "the waiting request was not dropped"
+            time.sleep(0.02)
+        assert state.queue.depth == 0
+        first.join()
+        assert len(engine.calls) == 1  # the abandoned request never reached the engine
