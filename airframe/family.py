@@ -147,47 +147,95 @@ def family_for(architecture: str) -> Family:
     return known[architecture]
 
 
+INT_HPARAMS = ("n_layers", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "head_dim_v",
+               "rope_dim", "ctx_train", "vocab_size", "sliding_window")
+FLOAT_HPARAMS = ("rope_base", "rms_eps")
+MAX_HPARAM = (1 << 31) - 1  # every size must fit the int32 indices of the GPU kernels
+
+# Expected GGUF shapes (row length first) of the tensors every family shares, in hyperparameters.
+TENSOR_SHAPES = {
+    "token_embd.weight": ("n_embd", "vocab_size"),
+    "output.weight": ("n_embd", "vocab_size"),
+    "output_norm.weight": ("n_embd",),
+    "rope_freqs.weight": ("rope_dim / 2",),
+    "attn_norm.weight": ("n_embd",),
+    "attn_q.weight": ("n_embd", "n_head * head_dim"),
+    "attn_k.weight": ("n_embd", "n_head_kv * head_dim"),
+    "attn_v.weight": ("n_embd", "n_head_kv * head_dim_v"),
+    "attn_output.weight": ("n_head * head_dim_v", "n_embd"),
+    "attn_q_norm.weight": ("head_dim",),
+    "attn_k_norm.weight": ("head_dim",),
+    "post_attention_norm.weight": ("n_embd",),
+    "ffn_norm.weight": ("n_embd",),
+    "ffn_gate.weight": ("n_embd", "n_ff"),
+    "ffn_up.weight": ("n_embd", "n_ff"),
+    "ffn_down.weight": ("n_ff", "n_embd"),
+    "post_ffw_norm.weight": ("n_embd",),
+}
+
+
+def _default(gf: GGUFFile, key: str, spec: dict, resolved: dict) -> Any:
+    if "default" not in spec:
+        raise GGUFError(f"{gf.path}: required key {key!r} is missing")
+    default = spec["default"]
+    if default == "tokens":
+        tokens = gf.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and tokens:
+            return len(tokens)
+        shape = gf.tensor("token_embd.weight").shape
+        if len(shape) != 2:
+            raise GGUFError(f"{gf.path}: token_embd.weight has shape {list(shape)}, expected 2 dimensions")
+        return shape[1]
+    if isinstance(default, str):  # "n_head", "head_dim" or "n_embd / n_head"
+        parts = default.split(" / ")
+        value = resolved[parts[0]]
+        if len(parts) == 1:
+            return value
+        if resolved[parts[1]] == 0:
+            raise GGUFError(f"{gf.path}: {key} is missing and {parts[1]} is 0, expected a positive {parts[1]}")
+        return value // resolved[parts[1]]
+    return default
+
+
 def _hparam(gf: GGUFFile, fam: Family, name: str, spec: dict, resolved: dict) -> Any:
     key = f"{fam.prefix}.{spec['key']}"
     value = gf.get(key)
     if value is None:
-        if "default" not in spec:
-            raise GGUFError(f"{gf.path}: required key {key!r} is missing")
-        default = spec["default"]
-        if default == "tokens":
-            return len(gf.get("tokenizer.ggml.tokens", [])) or gf.tensor("token_embd.weight").shape[1]
-        if isinstance(default, str):  # "n_head", "head_dim" or "n_embd / n_head"
-            parts = default.split(" / ")
-            value = resolved[parts[0]]
-            return value // resolved[parts[1]] if len(parts) == 2 else value
-        return default
-    if hasattr(value, "shape"):  # per-layer arrays (e.g. head counts) must be uniform here
-        if len(set(value.tolist())) != 1:
-            raise UnsupportedError(f"{gf.path}: {key} varies per layer ({value.tolist()[:8]}...)")
-        value = value.tolist()[0]
+        value = _default(gf, key, spec, resolved)
+    elif hasattr(value, "shape"):  # per-layer arrays (e.g. head counts) must be uniform here
+        values = value.tolist()
+        if len(set(values)) != 1:
+            raise UnsupportedError(f"{gf.path}: {key} = {values[:8]}, expected one value for every layer")
+        value = values[0]
+    return _checked(gf, key, name, value)
+
+
+def _checked(gf: GGUFFile, key: str, name: str, value: Any) -> Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name in INT_HPARAMS:
+        if not number or not math.isfinite(value) or value != int(value) or not 0 <= value <= MAX_HPARAM:
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected an integer in 0..{MAX_HPARAM}")
+        return int(value)
+    if name in FLOAT_HPARAMS:
+        if not number or not math.isfinite(value) or value <= 0:
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected a finite positive number")
+        return float(value)
     return value
 
 
 def load_config(gf: GGUFFile) -> ModelConfig:
-    fam = family_for(gf.architecture)
+    try:
+        fam = family_for(gf.architecture)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{gf.path}: {e}") from None
     resolved: dict[str, Any] = {}
     for name, spec in fam.hparams.items():
         resolved[name] = _hparam(gf, fam, name, spec, resolved)
-    ints = ("n_layers", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "head_dim_v",
-            "rope_dim", "ctx_train", "vocab_size", "sliding_window")
-    for name in ints:
-        if name in resolved:
-            value = resolved[name]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != int(value) or value < 0:
-                raise GGUFError(f"{gf.path}: {fam.prefix} hyperparameter {name} = {value!r}, expected a non-negative integer")
-            resolved[name] = int(value)
-    for name in ("rope_base", "rms_eps"):
-        resolved[name] = float(resolved[name])
     _check_shapes(gf, resolved)
+    _check_tensors(gf, fam, resolved)
     switches = dict(fam.switches)
     if "sliding_window" in resolved:
         switches["sliding_window"] = resolved.pop("sliding_window")
-    _check_tensors(gf, fam, resolved["n_layers"])
     return ModelConfig(
         family=fam.name,
         architecture=gf.architecture,
@@ -200,7 +248,7 @@ def load_config(gf: GGUFFile) -> ModelConfig:
 
 
 def _check_shapes(gf: GGUFFile, hp: dict) -> None:
-    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "vocab_size"):
+    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "head_dim_v", "vocab_size"):
         if hp[name] <= 0:
             raise GGUFError(f"{gf.path}: {name} = {hp[name]}, expected a positive value")
     if hp["n_head_kv"] <= 0 or hp["n_head"] % hp["n_head_kv"]:
@@ -209,10 +257,30 @@ def _check_shapes(gf: GGUFFile, hp: dict) -> None:
         raise GGUFError(f"{gf.path}: rope dimension {hp['rope_dim']}, expected an even value <= head_dim {hp['head_dim']}")
 
 
-def _check_tensors(gf: GGUFFile, fam: Family, n_layers: int) -> None:
+def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
+    if hp["n_layers"] > len(gf.tensors):  # before looping over layers: the count may be hostile
+        raise GGUFError(f"{gf.path}: n_layers = {hp['n_layers']}, but the file has only {len(gf.tensors)} tensors")
     missing = [t for t in fam.global_tensors if t not in gf.tensors]
-    for i in range(n_layers):
+    for i in range(hp["n_layers"]):
         missing += [f"blk.{i}.{t}" for t in fam.layer_tensors if f"blk.{i}.{t}" not in gf.tensors]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
+    for name, t in gf.tensors.items():
+        base = name.split(".", 2)[2] if name.startswith("blk.") and name.count(".") >= 2 else name
+        if base in TENSOR_SHAPES:
+            expected = tuple(_size(expr, hp) for expr in TENSOR_SHAPES[base])
+            if t.shape != expected:
+                dims = ", ".join(TENSOR_SHAPES[base])
+                raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.shape)}, "
+                                f"expected [{dims}] = {list(expected)}")
+
+
+def _size(expr: str, hp: dict) -> int:
+    """'n_head * head_dim', 'rope_dim / 2' or a single hyperparameter name."""
+    parts = expr.split()
+    if len(parts) == 1:
+        return hp[expr]
+    left, op, right = parts
+    right_value = int(right) if right.isdigit() else hp[right]
+    return hp[left] * right_value if op == "*" else hp[left] // right_value

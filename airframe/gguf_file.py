@@ -288,6 +288,7 @@ def dequantize_rows(raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     if qtype == GGMLQuantizationType.F16:
         return raw.view(np.float16).astype(np.float32)
     try:
-        return np.asarray(gguf_quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # damaged scales decode to inf/NaN, as stored
+            return np.asarray(gguf_quants.dequantize(np.ascontiguousarray(raw), qtype), dtype=np.float32)
     except NotImplementedError:
         raise UnsupportedError(f"quant type {qtype.name} cannot be dequantized") from None
