@@ -103,7 +103,7 @@ def test_bad_decoder_hook_is_a_usage_error(capsys, monkeypatch):
     assert "'Q9_9' is not a quant type" in capsys.readouterr().err
 
 
-def test_full_mode_checks_every_row_in_windows(monkeypatch, tmp_path):
+def test_full_mode_checks_every_row_in_windows(monkeypatch):
     monkeypatch.setattr(quant_verify, "FULL_WINDOW_VALUES", 3 * 256)  # 3 rows of 256 per window
     raw = quant_verify.random_bytes(T.Q6_K, 10, 256, np.random.default_rng(5))
     result = quant_verify.TypeResult("Q6_K")
