@@ -54,12 +54,16 @@ class ServerState:
 
     def serve(self, engine) -> None:
         self.engine = engine
-        self.queue = RequestQueue(
-            engine, self.options.max_queue,
-            on_finish=self.metrics.observe_finish,
-            on_skip=lambda job: self.metrics.cancelled.inc(),
-        )
+        self.open_queue()
         self.loaded.set()
+
+    def open_queue(self) -> None:
+        if self.engine is not None and self.queue is None:
+            self.queue = RequestQueue(
+                self.engine, self.options.max_queue,
+                on_finish=self.metrics.observe_finish,
+                on_skip=lambda job: self.metrics.cancelled.inc(),
+            )
 
     def fail(self, error: BaseException) -> None:
         self.load_error = f"loading the model failed: {error}"
@@ -83,8 +87,10 @@ class ServerState:
             )
 
     def close(self) -> None:
-        if self.queue is not None:
-            self.queue.close()
+        """Stop the worker (at shutdown); a later startup of the same app opens a new queue."""
+        queue, self.queue = self.queue, None
+        if queue is not None:
+            queue.close()
 
 
 def _load(state: ServerState, factory: Callable[[], Any]) -> None:
@@ -139,6 +145,7 @@ def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(app):
+        state.open_queue()
         yield
         state.close()
 

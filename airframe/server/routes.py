@@ -222,7 +222,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
     state = _state(request)
     translate.check_chat(body)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
-    messages = translate.chat_messages(body)
+    messages = translate.chat_messages(body.messages)
     params = translate.chat_params(body, engine.config.vocab_size)
     await run_in_threadpool(_prompt_tokens, engine, messages, "messages")
     try:
@@ -304,11 +304,12 @@ async def tokenize(body: TokenizeRequest, request: Request, engine=Depends(_engi
     given = [name for name in ("prompt", "content", "messages") if getattr(body, name) is not None]
     if len(given) != 1:
         raise ApiError(400, f"give exactly one of 'prompt', 'content' or 'messages'; found {given or 'none'}", param="prompt")
-    if body.messages is not None:
-        prompt = translate.chat_messages(ChatCompletionRequest(messages=body.messages))
-    else:
-        prompt = body.prompt if body.prompt is not None else body.content
     try:
+        if body.messages is not None:
+            messages = translate.chat_messages(body.messages)
+            prompt = await run_in_threadpool(engine.render_chat, messages, body.add_generation_prompt)
+        else:
+            prompt = body.prompt if body.prompt is not None else body.content
         tokens = await run_in_threadpool(engine.tokenize_prompt, prompt)
     except AirframeError as e:
         raise from_airframe(e, given[0]) from None

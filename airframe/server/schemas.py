@@ -88,8 +88,8 @@ class TokenizeRequest(_Lenient):
     model: str | None = None
     prompt: str | None = None
     content: str | None = None  # llama-server's name for `prompt`
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = True  # with messages: end with the assistant's turn opening
 
 
 class DetokenizeRequest(_Lenient):

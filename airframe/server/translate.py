@@ -94,10 +94,10 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "".join(texts)
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     """The messages as the chat template takes them: role and plain-text content."""
     out = []
-    for i, message in enumerate(req.messages):
+    for i, message in enumerate(messages):
         if message.role in ("tool", "function"):
             raise _unsupported(f"messages.{i}.role", f"messages with role {message.role!r} are not supported: airframe does not call tools")
         role = "system" if message.role == "developer" else message.role
