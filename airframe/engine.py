@@ -32,11 +32,6 @@ from .sampling import History, Sampler, SamplingParams, log_softmax, top_logprob
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
 
-# End-of-turn tokens that chat templates print; when the vocabulary has one, it ends generation
-# even if the file's metadata forgot to say so (llama.cpp does the same).
-END_OF_TURN_TEXTS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
-
-
 @dataclass
 class GenerationParams:
     max_tokens: int | None = 256  # None: until the context is full
@@ -87,7 +82,7 @@ class Engine:
         self.config = backend.config
         self.model_id = model_id
         self.n_ctx = backend.n_ctx
-        self.eog_ids = end_of_generation_ids(tokenizer)
+        self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
 
     @classmethod
     def load(cls, model: str, backend: str = DEFAULT_BACKEND, n_ctx: int | None = None,
@@ -205,24 +200,16 @@ class Engine:
     def _logprob(self, logits: np.ndarray, token: int, k: int) -> TokenLogprob:
         logprobs = log_softmax(logits)
         ids, values = top_logprobs(logits, k)
-        top = [(self.tokenizer.token_text(int(i)), int(i), float(v)) for i, v in zip(ids, values)]
+        top = [(self._text(int(i)), int(i), float(v)) for i, v in zip(ids, values)]
         raw = self.tokenizer.token_bytes(token)
-        return TokenLogprob(raw.decode("utf-8", errors="replace"), token, float(logprobs[token]), list(raw), top)
+        return TokenLogprob(self._text(token), token, float(logprobs[token]), list(raw), top)
+
+    def _text(self, token: int) -> str:
+        """A token's own text; a lone piece of a UTF-8 character shows as U+FFFD (its bytes say more)."""
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def end_of_generation_ids(tokenizer: GGUFTokenizer) -> set[int]:
-    """The tokenizer's end-of-generation ids plus any known end-of-turn token in the vocabulary."""
-    ids = {int(i) for i in tokenizer.eog_ids}
-    if tokenizer.eos_id is not None and tokenizer.eos_id >= 0:
-        ids.add(int(tokenizer.eos_id))
-    specials = tokenizer.special_tokens
-    for text in END_OF_TURN_TEXTS:
-        if text in specials:
-            ids.add(int(specials[text]))
-    return ids
-
-
 def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     if token_id is None or token_id < 0:
         return ""

@@ -1,0 +1,292 @@
+"""The engine: stops, streaming text, prompts and BOS, logprobs, context limits; with a scripted
+backend and the real tokenizers, then end to end on the numpy reference backend."""
+
+import numpy as np
+import pytest
+
+from airframe.chat_template import ChatTemplate
+from airframe.engine import Engine, Finish, GenerationParams, Piece
+from airframe.errors import ContextOverflowError, ParameterError
+from airframe.family import family_for, load_config
+from airframe.gguf_file import GGUFFile
+from airframe.models import resolve_model
+from airframe.sampling import SamplingParams, log_softmax
+from airframe.streaming import TextAssembler
+from airframe.tokenizer import load_tokenizer
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class ScriptedBackend:
+    """Returns logits that make `script[i]` the clear favourite at the i-th forward after reset."""
+
+    name = "scripted"
+
+    def __init__(self, config, script: list[int], n_ctx: int = 512, filler: int = 100):
+        self.config = config
+        self.script = list(script)
+        self.n_ctx = n_ctx
+        self.filler = filler
+        self.n_past = 0
+        self.resets = 0
+        self.fed: list[list[int]] = []
+
+    def reset(self):
+        self.n_past = 0
+        self.resets += 1
+        self.fed = []
+
+    def forward(self, tokens, all_logits=False):
+        assert self.n_past + len(tokens) <= self.n_ctx, "the engine ran past the context"
+        step = len(self.fed)
+        self.fed.append(list(tokens))
+        self.n_past += len(tokens)
+        logits = np.linspace(0.0, 1.0, self.config.vocab_size, dtype=np.float32)[::-1].copy()
+        logits[self.script[step] if step < len(self.script) else self.filler] = 30.0
+        return logits
+
+
+class Model:
+    """A real GGUF's tokenizer, config and template, for engines over any backend."""
+
+    def __init__(self, name: str):
+        self.path = resolve_model(name)
+        gf = GGUFFile(self.path)
+        self.config = load_config(gf)
+        self.tokenizer = load_tokenizer(gf)
+        tok = self.tokenizer
+        self.template = ChatTemplate.for_model(
+            gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
+            tok.token_text(tok.bos_id), tok.token_text(tok.eos_id), name)
+
+    def engine(self, script: list[int], n_ctx: int = 512) -> Engine:
+        return Engine(ScriptedBackend(self.config, script, n_ctx), self.tokenizer, self.template, "scripted")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return Model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return Model("gemma3-270m")
+
+
+def collect(engine: Engine, prompt, params: GenerationParams):
+    items = list(engine.stream(prompt, params))
+    assert isinstance(items[-1], Finish) and all(isinstance(i, Piece) for i in items[:-1])
+    return items[:-1], items[-1]
+
+
+def script_for(model: Model, text: str) -> list[int]:
+    return model.tokenizer.encode(text, add_special=False)
+
+
+# ---- the text assembler alone -------------------------------------------------------------------
+def test_assembler_holds_back_a_possible_stop_string_and_releases_it_when_it_is_not_one():
+    pieces = {1: b"Hello ", 2: b"wo", 3: b"rld", 4: b"!"}
+    assembler = TextAssembler(pieces.__getitem__, stop=["world!!"])
+    assert [assembler.push(t) for t in (1, 2, 3, 4)] == ["Hello ", "", "", ""]
+    assert assembler.finish() == "world!"
+
+
+def test_assembler_waits_for_every_byte_of_a_character():
+    parrot = "🦜".encode()
+    assembler = TextAssembler(lambda t: parrot[t:t + 1])
+    assert [assembler.push(t) for t in range(4)] == ["", "", "", "🦜"]
+
+
+def test_assembler_finishes_an_unfinished_character_as_a_replacement():
+    assembler = TextAssembler(lambda t: "é".encode()[:1])
+    assert assembler.push(0) == ""
+    assert assembler.finish() == "\ufffd"
+
+
+def test_assembler_cuts_at_the_earliest_stop_string():
+    assembler = TextAssembler(lambda t: [b"abc", b"XYdefXY"][t], stop=["def", "Y"])
+    assert assembler.push(0) == "abc"
+    assert assembler.push(1) == "X" and assembler.stopped
+    assert assembler.finish() == ""
+
+
+# ---- stops ----------------------------------------------------------------------------------------
+def test_a_stop_string_split_across_tokens_stops_and_never_leaks(smollm2):
+    script = script_for(smollm2, "The answer is forty-two, said the computer.")
+    texts = [smollm2.tokenizer.decode([t]) for t in script]
+    boundary = next(i for i in range(1, len(texts)) if len(texts[i - 1]) >= 2 and len(texts[i]) >= 2)
+    stop = texts[boundary - 1][-2:] + texts[boundary][:2]  # two characters from each token
+    before = "".join(texts)[:"".join(texts).index(stop)]
+    pieces, finish = collect(smollm2.engine(script), "Q:", GenerationParams(max_tokens=50, sampling=GREEDY, stop=[stop]))
+    assert finish.reason == "stop"
+    assert "".join(p.text for p in pieces) == before
+    assert not any(stop in p.text for p in pieces)
+    assert finish.completion_tokens == boundary + 1  # stopped on the token that completed the stop string
+
+
+def test_end_of_turn_tokens_stop_and_are_not_shown(smollm2):
+    im_end = smollm2.tokenizer.encode("<|im_end|>", add_special=False, parse_special=True)
+    assert len(im_end) == 1
+    script = script_for(smollm2, "Paris.") + im_end + script_for(smollm2, " More")
+    engine = smollm2.engine(script)
+    text, finish, _ = engine.generate([{"role": "user", "content": "Capital of France?"}],
+                                      GenerationParams(sampling=GREEDY))
+    assert (text, finish.reason) == ("Paris.", "stop")
+    assert finish.completion_tokens == len(script_for(smollm2, "Paris.")) + 1
+
+
+def test_extra_stop_token_ids_and_max_tokens(smollm2):
+    script = script_for(smollm2, "one two three four five six")
+    stop_at = script[3]
+    text, finish, _ = smollm2.engine(script).generate(
+        "Count:", GenerationParams(sampling=GREEDY, stop_token_ids=[stop_at]))
+    assert finish.reason == "stop" and text == smollm2.tokenizer.decode(script[:3])
+    text, finish, _ = smollm2.engine(script).generate("Count:", GenerationParams(max_tokens=2, sampling=GREEDY))
+    assert finish.reason == "length" and text == smollm2.tokenizer.decode(script[:2])
+    assert finish.completion_tokens == 2
+
+
+def test_cancel_is_asked_before_every_token(smollm2):
+    script = script_for(smollm2, "one two three four five six")
+    asked = []
+
+    def cancel():
+        asked.append(True)
+        return len(asked) > 3
+
+    text, finish, _ = smollm2.engine(script).generate("Count:", GenerationParams(sampling=GREEDY), cancel)
+    assert finish.reason == "cancelled" and finish.completion_tokens == 3
+    assert text == smollm2.tokenizer.decode(script[:3])
+
+
+# ---- streaming text -----------------------------------------------------------------------------
+def byte_fallback_text(gemma3: Model) -> str:
+    """A character Gemma's vocabulary lacks, so it is spelled as single-byte tokens."""
+    tok = gemma3.tokenizer
+    for char in ("\U0001FAE8", "\U0001F9CC", "\U00020B9F", "\u2E80", "\U0001F6DE"):
+        ids = tok.encode(char, add_special=False)
+        if len(ids) > 1 and all(len(tok.token_bytes(i)) == 1 for i in ids):
+            return char
+    pytest.fail("no byte-fallback character found in the Gemma 3 vocabulary")
+
+
+def test_an_emoji_split_over_byte_tokens_streams_whole(gemma3):
+    char = byte_fallback_text(gemma3)
+    text = f"Look {char} here"
+    script = script_for(gemma3, text)
+    pieces, finish = collect(gemma3.engine(script), "Hi", GenerationParams(max_tokens=len(script), sampling=GREEDY))
+    assert "".join(p.text for p in pieces) == text
+    assert any(char in p.text for p in pieces)
+    assert not any("\ufffd" in p.text for p in pieces)
+    assert sum(len(p.token_ids) for p in pieces) == len(script) == finish.completion_tokens
+
+
+def test_stream_joined_equals_generate_with_a_seed(smollm2, gemma3):
+    for model in (smollm2, gemma3):
+        script = script_for(model, "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. 🦜")
+        params = GenerationParams(max_tokens=len(script), sampling=SamplingParams(seed=5, temperature=1.0))
+        pieces, _ = collect(model.engine(script), "x", params)
+        text, _, _ = model.engine(script).generate("x", params)
+        assert "".join(p.text for p in pieces) == text
+        assert text == model.tokenizer.decode(script)
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+def test_gemma_chat_prompt_has_exactly_one_bos(gemma3):
+    engine = gemma3.engine([])
+    ids = engine.tokenize_prompt([{"role": "user", "content": "Hi"}])
+    bos = gemma3.tokenizer.bos_id
+    assert ids[0] == bos and ids.count(bos) == 1
+    assert engine.tokenize_prompt("Hi")[0] == bos  # a raw prompt gets the BOS the model asks for
+    assert engine.tokenize_prompt("<bos>Hi") == engine.tokenize_prompt("Hi")
+
+
+def test_smollm2_chat_prompt_parses_its_special_tokens(smollm2):
+    engine = smollm2.engine([])
+    ids = engine.tokenize_prompt([{"role": "user", "content": "Hi"}])
+    im_start = smollm2.tokenizer.encode("<|im_start|>", add_special=False, parse_special=True)[0]
+    assert ids.count(im_start) == 3  # default system turn, user turn, assistant turn
+    assert smollm2.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_both_sizes(smollm2):
+    engine = smollm2.engine([], n_ctx=8)
+    prompt = "one two three four five six seven eight nine ten"
+    n = len(engine.tokenize_prompt(prompt))
+    with pytest.raises(ContextOverflowError, match=f"{n} tokens.*holds 8"):
+        engine.stream(prompt, GenerationParams())
+
+
+def test_generation_stops_when_the_context_is_full(smollm2):
+    script = script_for(smollm2, "one two three four five six seven eight nine ten")
+    engine = smollm2.engine(script, n_ctx=6)
+    n_prompt = len(engine.tokenize_prompt("Count:"))
+    text, finish, _ = engine.generate("Count:", GenerationParams(max_tokens=None, sampling=GREEDY))
+    assert finish.reason == "length"
+    assert finish.completion_tokens == 6 - n_prompt + 1  # the last sampled token needs no room
+
+
+def test_every_request_resets_the_backend(smollm2):
+    engine = smollm2.engine(script_for(smollm2, "a b c"))
+    for i in range(3):
+        engine.generate("x", GenerationParams(max_tokens=2, sampling=GREEDY))
+        assert engine.backend.resets == i + 1
+        assert engine.backend.fed[0] == engine.tokenize_prompt("x")
+
+
+def test_bad_generation_parameters_are_refused(smollm2):
+    engine = smollm2.engine([])
+    with pytest.raises(ParameterError, match="max_tokens = -3, expected an integer >= 0"):
+        engine.stream("x", GenerationParams(max_tokens=-3))
+    with pytest.raises(ParameterError, match="top_p"):
+        engine.stream("x", GenerationParams(sampling=SamplingParams(top_p=3)))
+
+
+def test_logprobs_report_the_chosen_token_and_its_alternatives(smollm2):
+    script = script_for(smollm2, "Hello there")
+    engine = smollm2.engine(script)
+    text, finish, logprobs = engine.generate("x", GenerationParams(max_tokens=2, sampling=GREEDY, logprobs=3))
+    assert [lp.token_id for lp in logprobs] == script[:2]
+    expected = log_softmax(ScriptedBackend(smollm2.config, script).forward([0]))
+    first = logprobs[0]
+    assert first.logprob == pytest.approx(expected[script[0]])
+    assert len(first.top) == 3 and first.top[0][1] == script[0]
+    assert bytes(first.bytes).decode() == first.token == smollm2.tokenizer.decode(script[:1])
+
+
+# ---- end to end on the numpy reference ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_reference():
+    return Engine.load("smollm2-135m", backend="reference", n_ctx=128, progress=False)
+
+
+def test_greedy_generation_matches_the_reference_argmax_loop(smollm2_reference):
+    from airframe.reference import greedy
+
+    engine = smollm2_reference
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    text, finish, _ = engine.generate(messages, GenerationParams(max_tokens=4, sampling=GREEDY))
+    expected = greedy(engine.backend, engine.tokenize_prompt(messages), 4)
+    cut = next((i for i, t in enumerate(expected) if t in engine.eog_ids), len(expected))
+    assert text == engine.tokenizer.decode(expected[:cut])
+    assert finish.reason == ("stop" if cut < len(expected) else "length")
+
+
+def test_reference_stream_equals_generate_and_does_not_leak_between_requests(smollm2_reference):
+    engine = smollm2_reference
+    params = GenerationParams(max_tokens=4, sampling=SamplingParams(seed=11, temperature=0.9))
+    first, finish, _ = engine.generate("The sky is", params)
+    engine.generate("Something else entirely, and longer:", GenerationParams(max_tokens=2))
+    streamed = [i for i in engine.stream("The sky is", params)]
+    assert "".join(i.text for i in streamed[:-1]) == first
+    assert streamed[-1].completion_tokens == finish.completion_tokens
+    assert finish.prefill_seconds > 0 and finish.decode_seconds > 0
+
+
+def test_gemma3_reference_end_to_end():
+    engine = Engine.load("gemma3-270m", backend="reference", n_ctx=64, progress=False)
+    params = GenerationParams(max_tokens=3, sampling=SamplingParams(seed=3))
+    text, finish, _ = engine.generate([{"role": "user", "content": "Say hi."}], params)
+    streamed = list(engine.stream([{"role": "user", "content": "Say hi."}], params))
+    assert "".join(i.text for i in streamed[:-1]) == text
+    assert finish.prompt_tokens == len(engine.tokenize_prompt([{"role": "user", "content": "Say hi."}]))
