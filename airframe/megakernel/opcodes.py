@@ -1,0 +1,157 @@
+"""The one source of truth for the megakernel plan format: opcodes, the task word, plan constants.
+
+Everything the CUDA worker needs to decode a plan is declared here as data. `render_header()`
+turns these tables into `plan_format.h`; `python -m airframe.megakernel.opcodes` rewrites that
+file, and a test fails when the committed header is out of date. Never edit the header by hand.
+
+A task is 64 bytes (little-endian): eight u32 fields, then four u64 byte offsets into
+`weights.bin`. What each field means per opcode is in docs/MEGAKERNEL.md and in OPCODE_DOCS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from enum import IntEnum
+from pathlib import Path
+
+import numpy as np
+
+PLAN_VERSION = 1
+HEADER_PATH = Path(__file__).with_name("plan_format.h")
+
+
+class Op(IntEnum):
+    NOP = 0
+    EMBED = 1
+    QKV = 2
+    ATTN = 3
+    WO = 4
+    FFN = 5
+    FFN_REDUCE = 6
+    FINAL_NORM = 7
+    LM_HEAD = 8
+
+
+OPCODE_DOCS = {
+    Op.NOP: "does nothing (padding)",
+    Op.EMBED: "x_a[rows] = bf16(token_embd[token, rows]) * embed_scale",
+    Op.QKV: "qkv[rows] = W_qkv[rows] . rmsnorm(x_a, norm); V rows also go to the V cache at pos",
+    Op.ATTN: "one K/V head, one chunk of positions: RoPE on Q and K, flash-decoding partial (m, l, o) "
+             "per query head; chunk 0 writes the roped K to the K cache at pos",
+    Op.WO: "x_b[rows] = x_a[rows] + W_o[rows] . merge(attention partials of the active chunks)",
+    Op.FFN: "ffn_part[slot] = down[:, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(x_b, norm)",
+    Op.FFN_REDUCE: "x_a[rows] = x_b[rows] + sum over slots k = 0.. of ffn_part[k][rows], in slot order",
+    Op.FINAL_NORM: "xn[rows] = rmsnorm(x_a, norm)[rows]",
+    Op.LM_HEAD: "logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)",
+}
+
+# (name, type, meaning); the order is the layout. u64 fields sit on 8-byte boundaries.
+TASK_FIELDS = (
+    ("opcode", "u32", "one of AF_OP_*"),
+    ("wave", "u32", "wave index; waves run in order, a grid barrier after each"),
+    ("worker", "u32", "the worker (persistent block) that runs the task"),
+    ("layer", "u32", "decoder layer; 0 for the global opcodes"),
+    ("row_start", "u32", "first output row (ATTN: first position of the chunk)"),
+    ("row_count", "u32", "output rows (ATTN: positions in a full chunk)"),
+    ("slot", "u32", "FFN: partial slot; LM_HEAD: candidate slot; ATTN: chunk index"),
+    ("head", "u32", "ATTN: K/V head; 0 otherwise"),
+    ("weight0", "u64", "byte offset in weights.bin: EMBED token_embd, QKV attn_q (q, k, v stacked), "
+                       "WO attn_output, FFN ffn_gate, LM_HEAD output (or token_embd)"),
+    ("weight1", "u64", "FFN: ffn_up; 0 otherwise"),
+    ("weight2", "u64", "FFN: ffn_down stored transposed (n_ff rows of n_embd); 0 otherwise"),
+    ("norm", "u64", "byte offset of the F32 norm weight (QKV, FFN, FINAL_NORM); 0 otherwise"),
+)
+
+# Plan constants: plan.json "consts" holds exactly these keys; the header declares a struct in
+# this order so the runtime can upload them as one block.
+PLAN_CONSTS = (
+    ("n_layers", "u32", "decoder layers"),
+    ("n_embd", "u32", "hidden width"),
+    ("n_head", "u32", "query heads"),
+    ("n_head_kv", "u32", "K/V heads"),
+    ("head_dim", "u32", "Q/K head width"),
+    ("head_dim_v", "u32", "V head width"),
+    ("rope_dim", "u32", "rotated dims per head"),
+    ("rope_neox", "u32", "0: pairs (2i, 2i+1); 1: pairs (i, i + rope_dim/2)"),
+    ("n_ff", "u32", "FFN intermediate width"),
+    ("vocab", "u32", "vocabulary size (logits)"),
+    ("ctx", "u32", "K/V cache capacity in positions"),
+    ("attn_chunk", "u32", "positions per attention chunk C: chunk c holds [c*C, (c+1)*C)"),
+    ("attn_chunks", "u32", "chunks planned = ceil(ctx / C); active at pos p: p / C + 1"),
+    ("ffn_parts", "u32", "FFN partial slots per layer"),
+    ("lm_parts", "u32", "LM_HEAD candidate slots"),
+    ("dot_lanes", "u32", "lanes of the fixed dot-product order"),
+    ("dot_vec", "u32", "consecutive elements per lane step"),
+    ("n_tasks", "u32", "tasks in tasks.bin"),
+    ("n_waves", "u32", "waves per token"),
+    ("act_x_a", "u32", "F32 arena offset: residual stream, layer input (n_embd)"),
+    ("act_x_b", "u32", "F32 arena offset: residual stream after attention (n_embd)"),
+    ("act_qkv", "u32", "F32 arena offset: q, k, v before RoPE (n_q + n_kv + n_kv_v)"),
+    ("act_attn", "u32", "F32 arena offset: partials [chunk][q head][m, l, o[head_dim_v]]"),
+    ("act_ffn", "u32", "F32 arena offset: FFN partials [slot][n_embd]"),
+    ("act_xn", "u32", "F32 arena offset: final-normed hidden state (n_embd)"),
+    ("act_logits", "u32", "F32 arena offset: logits (vocab)"),
+    ("act_cand", "u32", "F32 arena offset: [slot][value f32, id u32 bits]"),
+    ("act_size", "u32", "F32 arena size in elements"),
+    ("rms_eps", "f32", "RMSNorm epsilon"),
+    ("attn_scale", "f32", "score scale, 1/sqrt(head_dim)"),
+    ("embed_scale", "f32", "embedding multiplier"),
+    ("rope_cos", "u64", "byte offset of the F32 table cos[ctx][rope_dim/2]"),
+    ("rope_sin", "u64", "byte offset of the F32 table sin[ctx][rope_dim/2]"),
+    ("weights_size", "u64", "bytes in weights.bin"),
+)
+
+_NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
+_C = {"u32": "uint32_t", "u64": "uint64_t", "f32": "float"}
+
+TASK_DTYPE = np.dtype([(name, _NUMPY[kind]) for name, kind, _ in TASK_FIELDS])
+TASK_BYTES = TASK_DTYPE.itemsize
+TASK_WORDS = TASK_BYTES // 4
+assert TASK_BYTES == 64, TASK_BYTES
+CONST_NAMES = tuple(name for name, _, _ in PLAN_CONSTS)
+CONST_KINDS = {name: kind for name, kind, _ in PLAN_CONSTS}
+
+
+def render_header() -> str:
+    """The text of plan_format.h, generated from the tables above."""
+    lines = [
+        "// plan_format.h: the megakernel plan format, generated by airframe/megakernel/opcodes.py.",
+        "// Do not edit: run `python -m airframe.megakernel.opcodes` after changing that file.",
+        "#pragma once",
+        "#include <stdint.h>",
+        "",
+        f"#define AF_PLAN_VERSION {PLAN_VERSION}",
+        f"#define AF_TASK_BYTES {TASK_BYTES}",
+        "",
+        "enum af_opcode : uint32_t {",
+    ]
+    for op in Op:
+        lines.append(f"    AF_OP_{op.name} = {op.value},  // {OPCODE_DOCS[op]}")
+    lines += ["};", "", "// One task: 64 bytes, little-endian, in tasks.bin sorted by (wave, worker).",
+              "struct af_task {"]
+    for name, kind, doc in TASK_FIELDS:
+        lines.append(f"    {_C[kind]} {name};  // {doc}")
+    lines += ["};", "static_assert(sizeof(af_task) == AF_TASK_BYTES, \"task layout\");", ""]
+    offset = 0
+    for name, kind, _ in TASK_FIELDS:
+        lines.append(f"static_assert(__builtin_offsetof(af_task, {name}) == {offset}, \"{name}\");")
+        offset += int(_NUMPY[kind][-1])
+    lines += ["", "// Plan constants, the \"consts\" of plan.json in this order.", "struct af_plan_consts {"]
+    for name, kind, doc in PLAN_CONSTS:
+        lines.append(f"    {_C[kind]} {name};  // {doc}")
+    lines += ["};", ""]
+    return "\n".join(lines)
+
+
+def header_sha256(text: str | None = None) -> str:
+    return hashlib.sha256((render_header() if text is None else text).encode()).hexdigest()
+
+
+def write_header(path: Path = HEADER_PATH) -> Path:
+    path.write_text(render_header())
+    return path
+
+
+if __name__ == "__main__":
+    print(write_header(Path(sys.argv[1]) if len(sys.argv) > 1 else HEADER_PATH))

@@ -1,0 +1,312 @@
+"""The plan validator: runs before every launch and on every package load.
+
+Each task's reads and writes are derived from its opcode and fields (`task_ranges`) as blocks of
+rows in named buffers. The checks:
+  - every block lies inside its buffer, and nothing writes the read-only buffers;
+  - within a wave no two tasks write the same element, and each (opcode, layer) writes its whole
+    output exactly once;
+  - every read of the activation arena or of the current position's K/V rows was written by an
+    earlier wave of the same token: never by its own wave, never only by a later one;
+  - the plan was made for this target and this plan_format.h (the fingerprint).
+The K/V caches are two buffers each: the past (positions < p, read-only within a token, bounded by
+the chunk envelopes for every p < ctx) and the row at the current position p ("know", "vnow").
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..errors import AirframeError
+from .opcodes import CONST_NAMES, TASK_DTYPE, Op
+from .target import Target, fingerprint
+
+READ_ONLY = ("weights", "kcache", "vcache")
+
+
+class PlanError(AirframeError):
+    """A megakernel plan or package is inconsistent; the message names the task, wave and range."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """rows x row_len elements of `buf` starting at `start`, consecutive rows `stride` apart."""
+
+    buf: str
+    start: int
+    rows: int = 1
+    row_len: int = 0
+    stride: int = 0
+
+    @property
+    def end(self) -> int:  # one past the last element touched
+        return self.start + (self.rows - 1) * self.stride + self.row_len if self.rows and self.row_len else self.start
+
+    def __str__(self) -> str:
+        if self.rows == 1:
+            return f"{self.buf}[{self.start}:{self.start + self.row_len}]"
+        return f"{self.buf}[{self.start}:{self.end}] ({self.rows} rows of {self.row_len}, stride {self.stride})"
+
+
+def _flat(buf: str, start: int, length: int) -> Block:
+    return Block(buf, start, 1, length, length)
+
+
+def buffer_sizes(k: dict) -> dict[str, int]:
+    """Elements per buffer (bytes for weights)."""
+    kv = k["n_layers"] * k["n_head_kv"]
+    return {"weights": k["weights_size"], "act": k["act_size"],
+            "kcache": kv * k["ctx"] * k["head_dim"], "vcache": kv * k["ctx"] * k["head_dim_v"],
+            "know": kv * k["head_dim"], "vnow": kv * k["head_dim_v"]}
+
+
+def n_qkv(k: dict) -> int:
+    return (k["n_head"] + k["n_head_kv"]) * k["head_dim"] + k["n_head_kv"] * k["head_dim_v"]
+
+
+def attn_record(k: dict) -> int:
+    return k["head_dim_v"] + 2  # m, l, o[head_dim_v]
+
+
+def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
+    """(reads, writes) of one task, as blocks; weights in bytes, everything else in floats."""
+    op, r0, n, layer = int(t["opcode"]), int(t["row_start"]), int(t["row_count"]), int(t["layer"])
+    e = k["n_embd"]
+    if op == Op.EMBED:
+        table = k["vocab"] * e * 2  # the token's row is chosen at run time: the whole table is the envelope
+        return [_flat("weights", int(t["weight0"]), table)], [_flat("act", k["act_x_a"] + r0, n)]
+    if op == Op.QKV:
+        reads = [_flat("act", k["act_x_a"], e), _flat("weights", int(t["norm"]), e * 4),
+                 _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
+        writes = [_flat("act", k["act_qkv"] + r0, n)]
+        v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
+        lo, hi = max(r0, v_first), r0 + n
+        if hi > lo:  # the task's V rows also go to the V cache at the current position
+            base = layer * k["n_head_kv"] * k["head_dim_v"]
+            writes.append(_flat("vnow", base + lo - v_first, hi - lo))
+        return reads, writes
+    if op == Op.ATTN:
+        return _attn_ranges(t, k)
+    if op == Op.WO:
+        n_in = k["n_head"] * k["head_dim_v"]
+        reads = [_flat("act", k["act_attn"], k["attn_chunks"] * k["n_head"] * attn_record(k)),
+                 _flat("weights", int(t["weight0"]) + r0 * n_in * 2, n * n_in * 2),
+                 _flat("act", k["act_x_a"] + r0, n)]
+        return reads, [_flat("act", k["act_x_b"] + r0, n)]
+    if op == Op.FFN:
+        reads = [_flat("act", k["act_x_b"], e), _flat("weights", int(t["norm"]), e * 4)]
+        reads += [_flat("weights", int(t[w]) + r0 * e * 2, n * e * 2) for w in ("weight0", "weight1", "weight2")]
+        return reads, [_flat("act", k["act_ffn"] + int(t["slot"]) * e, e)]
+    if op == Op.FFN_REDUCE:
+        parts = Block("act", k["act_ffn"] + r0, k["ffn_parts"], n, e)
+        return [parts, _flat("act", k["act_x_b"] + r0, n)], [_flat("act", k["act_x_a"] + r0, n)]
+    if op == Op.FINAL_NORM:
+        reads = [_flat("act", k["act_x_a"], e), _flat("weights", int(t["norm"]), e * 4)]
+        return reads, [_flat("act", k["act_xn"] + r0, n)]
+    if op == Op.LM_HEAD:
+        reads = [_flat("act", k["act_xn"], e), _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
+        return reads, [_flat("act", k["act_logits"] + r0, n), _flat("act", k["act_cand"] + 2 * int(t["slot"]), 2)]
+    raise PlanError(f"opcode {op}, expected one of {', '.join(f'{o.value} {o.name}' for o in Op if o)}")
+
+
+def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
+    layer, head, chunk = int(t["layer"]), int(t["head"]), int(t["slot"])
+    hd, hdv, g = k["head_dim"], k["head_dim_v"], k["n_head"] // k["n_head_kv"]
+    first = int(t["row_start"])
+    count = max(0, min(int(t["row_count"]), k["ctx"] - first))
+    lh = layer * k["n_head_kv"] + head
+    rec = attn_record(k)
+    table = k["ctx"] * (k["rope_dim"] // 2) * 4
+    reads = [_flat("act", k["act_qkv"] + head * g * hd, g * hd),
+             _flat("act", k["act_qkv"] + k["n_head"] * hd + head * hd, hd),
+             _flat("weights", k["rope_cos"], table), _flat("weights", k["rope_sin"], table),
+             _flat("kcache", (lh * k["ctx"] + first) * hd, count * hd),
+             _flat("vcache", (lh * k["ctx"] + first) * hdv, count * hdv),
+             _flat("vnow", lh * hdv, hdv)]
+    writes = [_flat("act", k["act_attn"] + (chunk * k["n_head"] + head * g) * rec, g * rec)]
+    if chunk == 0:  # one fixed writer of the roped K row at the current position
+        writes.append(_flat("know", lh * hd, hd))
+    return reads, writes
+
+
+def expected_outputs(op: int, layer: int, k: dict) -> list[Block]:
+    """What the tasks of one (opcode, layer) must write together, each element exactly once."""
+    e = k["n_embd"]
+    lh = layer * k["n_head_kv"]
+    table = {
+        Op.EMBED: [_flat("act", k["act_x_a"], e)],
+        Op.QKV: [_flat("act", k["act_qkv"], n_qkv(k)), _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
+        Op.ATTN: [_flat("act", k["act_attn"], k["attn_chunks"] * k["n_head"] * attn_record(k)),
+                  _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"])],
+        Op.WO: [_flat("act", k["act_x_b"], e)],
+        Op.FFN: [_flat("act", k["act_ffn"], k["ffn_parts"] * e)],
+        Op.FFN_REDUCE: [_flat("act", k["act_x_a"], e)],
+        Op.FINAL_NORM: [_flat("act", k["act_xn"], e)],
+        Op.LM_HEAD: [_flat("act", k["act_logits"], k["vocab"]), _flat("act", k["act_cand"], 2 * k["lm_parts"])],
+    }
+    return table[Op(op)]
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+def validate(plan, target: Target | None = None) -> None:
+    """Raise PlanError naming the first problem found in `plan`; return None when it is sound."""
+    k = plan.consts
+    missing = [name for name in CONST_NAMES if name not in k]
+    if missing:
+        raise PlanError(f"plan constants lack {', '.join(missing)}")
+    _check_fingerprint(plan, target or plan.target)
+    tasks = plan.tasks
+    if tasks.dtype != TASK_DTYPE:
+        raise PlanError(f"task array of dtype {tasks.dtype}, expected the 64-byte task layout")
+    if len(tasks) != k["n_tasks"]:
+        raise PlanError(f"{len(tasks)} tasks, expected n_tasks = {k['n_tasks']}")
+    if np.any(np.diff(tasks["wave"].astype(np.int64)) < 0):
+        raise PlanError("tasks are not sorted by wave")
+    _check_tensors(plan)
+    ranges = [_checked_fields(plan, i) for i in range(len(tasks))]
+    _check_bounds(plan, ranges)
+    _check_outputs(plan, ranges)
+    _check_dataflow(plan, ranges)
+
+
+def describe(plan, i: int) -> str:
+    t = plan.tasks[i]
+    wave = int(t["wave"])
+    name = plan.waves[wave]["name"] if wave < len(plan.waves) else "?"
+    op = Op(t["opcode"]).name if int(t["opcode"]) in Op._value2member_map_ else str(int(t["opcode"]))
+    return (f"task {i} ({op}, wave {wave} {name}, worker {int(t['worker'])}, layer {int(t['layer'])}, "
+            f"rows {int(t['row_start'])}+{int(t['row_count'])})")
+
+
+def _check_fingerprint(plan, target: Target) -> None:
+    if plan.target != target:
+        raise PlanError(f"plan made for target {plan.target}, expected {target}")
+    want = fingerprint(target)["fingerprint"]
+    found = plan.fingerprint.get("fingerprint")
+    if found != want:
+        raise PlanError(f"plan fingerprint {found}, expected {want} (this worker binary and plan_format.h)")
+
+
+def _check_tensors(plan) -> None:
+    size = plan.consts["weights_size"]
+    for slot in plan.tensors.values():
+        if slot.offset < 0 or slot.offset + slot.n_bytes > size:
+            raise PlanError(f"tensor {slot.name} at bytes {slot.offset}..{slot.offset + slot.n_bytes}, "
+                            f"expected inside weights.bin of {size} bytes")
+
+
+def _checked_fields(plan, i: int):
+    t, k = plan.tasks[i], plan.consts
+    where = describe(plan, i)
+    limits = {"wave": k["n_waves"], "worker": plan.target.workers, "layer": max(1, k["n_layers"])}
+    for name, limit in limits.items():
+        if int(t[name]) >= limit:
+            raise PlanError(f"{where}: {name} {int(t[name])}, expected below {limit}")
+    op = int(t["opcode"])
+    if op not in Op._value2member_map_ or op == Op.NOP:
+        raise PlanError(f"{where}: opcode {op}, expected 1..{max(Op).value}")
+    if int(t["row_count"]) == 0:
+        raise PlanError(f"{where}: no rows, expected row_count >= 1")
+    slot_limit = {Op.FFN: k["ffn_parts"], Op.LM_HEAD: k["lm_parts"], Op.ATTN: k["attn_chunks"]}.get(Op(op))
+    if slot_limit is not None and int(t["slot"]) >= slot_limit:
+        raise PlanError(f"{where}: slot {int(t['slot'])}, expected below {slot_limit}")
+    if op == Op.ATTN:
+        _check_attn_fields(t, k, where)
+    return task_ranges(t, k)
+
+
+def _check_attn_fields(t, k: dict, where: str) -> None:
+    if int(t["head"]) >= k["n_head_kv"]:
+        raise PlanError(f"{where}: K/V head {int(t['head'])}, expected below {k['n_head_kv']}")
+    want = (int(t["slot"]) * k["attn_chunk"], k["attn_chunk"])
+    if (int(t["row_start"]), int(t["row_count"])) != want:
+        raise PlanError(f"{where}: positions {int(t['row_start'])}+{int(t['row_count'])}, expected "
+                        f"{want[0]}+{want[1]} for chunk {int(t['slot'])} of {k['attn_chunk']} positions")
+
+
+def _check_bounds(plan, ranges) -> None:
+    sizes = buffer_sizes(plan.consts)
+    for i, (reads, writes) in enumerate(ranges):
+        for kind, blocks in (("reads", reads), ("writes", writes)):
+            for b in blocks:
+                if b.start < 0 or b.end > sizes[b.buf] or b.row_len > b.stride and b.rows > 1:
+                    raise PlanError(f"{describe(plan, i)} {kind} {b}, expected inside {b.buf} of {sizes[b.buf]}")
+        for b in writes:
+            if b.buf in READ_ONLY:
+                raise PlanError(f"{describe(plan, i)} writes {b}, but {b.buf} is read-only during a token")
+
+
+def _view(array: np.ndarray, b: Block) -> np.ndarray:
+    """The elements of block b as a (rows, row_len) view of `array` (bounds already checked)."""
+    base = array[b.start:]
+    return as_strided(base, shape=(b.rows, b.row_len), strides=(b.stride * array.itemsize, array.itemsize))
+
+
+def _check_outputs(plan, ranges) -> None:
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, t in enumerate(plan.tasks):
+        groups[(int(t["opcode"]), int(t["layer"]))].append(i)
+    sizes = buffer_sizes(plan.consts)
+    for (op, layer), members in groups.items():
+        counts = {}
+        for i in members:
+            for b in ranges[i][1]:
+                counts.setdefault(b.buf, np.zeros(sizes[b.buf], dtype=np.int32))
+                _view(counts[b.buf], b)[:] += 1
+        for want in expected_outputs(op, layer, plan.consts):
+            got = counts.get(want.buf, np.zeros(sizes[want.buf], dtype=np.int32))[want.start:want.end]
+            if np.any(got != 1):
+                at = want.start + int(np.flatnonzero(got != 1)[0])
+                raise PlanError(f"{Op(op).name} layer {layer}: {want.buf}[{at}] written {int(got[at - want.start])} "
+                                f"times by tasks {members[0]}..{members[-1]}, expected exactly once")
+        total = sum(int(c.sum()) for c in counts.values())
+        expected = sum(w.row_len for w in expected_outputs(op, layer, plan.consts))
+        if total != expected:
+            raise PlanError(f"{Op(op).name} layer {layer}: {total} elements written, expected {expected}")
+
+
+def _check_dataflow(plan, ranges) -> None:
+    sizes = buffer_sizes(plan.consts)
+    tracked = ("act", "know", "vnow")
+    first_wave = {b: np.full(sizes[b], np.iinfo(np.int32).max, dtype=np.int32) for b in tracked}
+    last_wave = {b: np.full(sizes[b], -1, dtype=np.int32) for b in tracked}
+    writer = {b: np.full(sizes[b], -1, dtype=np.int32) for b in tracked}
+    for i, t in enumerate(plan.tasks):
+        for b in ranges[i][1]:
+            v = _view(first_wave[b.buf], b)
+            np.minimum(v, int(t["wave"]), out=v)
+    waves = plan.tasks["wave"]
+    bounds = np.searchsorted(waves, np.arange(plan.consts["n_waves"] + 1))
+    for w in range(plan.consts["n_waves"]):
+        members = range(bounds[w], bounds[w + 1])
+        if not members:
+            raise PlanError(f"wave {w} ({plan.waves[w]['name']}) has no task, expected at least one")
+        for i in members:
+            for b in ranges[i][1]:
+                if np.any(_view(last_wave[b.buf], b) == w):
+                    other = int(_view(writer[b.buf], b)[_view(last_wave[b.buf], b) == w][0])
+                    raise PlanError(f"{describe(plan, i)} writes {b}, which {describe(plan, other)} also "
+                                    f"writes in wave {w}: expected one writer per row")
+                _view(last_wave[b.buf], b)[:] = w
+                _view(writer[b.buf], b)[:] = i
+        for i in members:
+            for b in ranges[i][0]:
+                if b.buf in tracked:
+                    _check_read(plan, i, w, b, last_wave[b.buf], first_wave[b.buf], writer[b.buf])
+
+
+def _check_read(plan, i: int, w: int, b: Block, last: np.ndarray, first: np.ndarray, writer: np.ndarray) -> None:
+    seen = _view(last, b)
+    if np.any(seen == w):
+        other = int(_view(writer, b)[seen == w][0])
+        raise PlanError(f"{describe(plan, i)} reads {b}, which {describe(plan, other)} writes in the same "
+                        f"wave {w}: expected it to be written by an earlier wave")
+    if np.any(seen < 0):
+        later = int(_view(first, b)[seen < 0].min())
+        if later < np.iinfo(np.int32).max:
+            raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, which is first written by the later "
+                            f"wave {later}: expected an earlier wave")
+        raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, which no wave writes")

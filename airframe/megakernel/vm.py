@@ -1,0 +1,276 @@
+"""The numpy VM: executes a plan task by task, wave by wave, exactly as the CUDA worker must.
+
+It is the reference the CUDA worker is diffed against, so every floating-point operation has a
+fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
+  - dot(w, x) over K elements, zero padded to a multiple of 256: element j feeds accumulator
+    j % 8 of lane (j // 8) % 32; each accumulator adds its products in increasing j (multiply,
+    round, add, round: no FMA); a lane folds its 8 accumulators in halves (v + 4, + 2, + 1), then
+    the 32 lanes fold in halves (l + 16, + 8, + 4, + 2, + 1).
+  - sums over positions, FFN rows, chunks and partial slots run sequentially in increasing order.
+  - rmsnorm(x): inv = 1 / sqrt(dot(x, x) / n + eps); y = (x * inv) * w.
+  - RoPE uses the F32 cos/sin tables in weights.bin: a' = a*cos - b*sin, b' = a*sin + b*cos.
+  - exp is the only function not correctly rounded: here numpy's float32 exp.
+Weights are BF16 (matrices) or F32 (vectors, tables); activations, accumulators and the K/V cache
+are F32. Tasks of one wave only read what earlier waves wrote, so any order gives the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ContextOverflowError, ParameterError
+from .opcodes import Op
+from .validator import attn_record
+
+F32 = np.float32
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round to nearest even; NaN stays NaN."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
+    nan = np.isnan(values)
+    return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def lane_sum(products: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
+    """Sum each row of (R, K) products in the fixed order of docs/MEGAKERNEL.md.
+
+    Element j goes to lane (j // vec) % lanes, accumulator j % vec of that lane (rows zero padded
+    to a multiple of lanes * vec); each accumulator adds its products in increasing j; then each
+    lane folds its vec accumulators in halves (v + 4, + 2, + 1), then the lanes fold in halves
+    (l + 16, ..., + 1).
+    """
+    rows, k = products.shape
+    step = lanes * vec
+    padded = -(-k // step) * step
+    if padded != k:
+        products = np.concatenate([products, np.zeros((rows, padded - k), F32)], axis=1)
+    acc = sequential_sum(products.reshape(rows, padded // step, step).transpose(1, 0, 2))
+    acc = acc.reshape(rows, lanes, vec)
+    while acc.shape[2] > 1:
+        half = acc.shape[2] // 2
+        acc = acc[:, :, :half] + acc[:, :, half:]
+    acc = acc[:, :, 0]
+    while acc.shape[1] > 1:
+        half = acc.shape[1] // 2
+        acc = acc[:, :half] + acc[:, half:]
+    return acc[:, 0]
+
+
+def dot_rows(w: np.ndarray, x: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
+    """(R, K) . (K,): each product rounded to float32, then summed by lane_sum."""
+    return lane_sum(w * x, lanes, vec)
+
+
+def sequential_sum(values: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 strictly in increasing index order, starting from the first term."""
+    acc = np.array(values[0], dtype=F32, copy=True)
+    for i in range(1, values.shape[0]):
+        acc += values[i]
+    return acc
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    mean = dot_rows(x[None, :], x)[0] / F32(x.size)
+    inv = F32(1.0) / np.sqrt(mean + F32(eps))
+    return (x * inv) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (F32(1.0) + np.exp(-x))
+
+
+class VM:
+    """One plan, its weights (the bytes of weights.bin) and an F32 K/V cache."""
+
+    name = "megakernel-vm"
+
+    def __init__(self, plan, weights: np.ndarray):
+        self.plan = plan
+        self.k = k = plan.consts
+        self.weights = weights
+        self.w16 = weights.view(np.uint16)
+        self.act = np.zeros(k["act_size"], F32)
+        kv = (k["n_layers"], k["n_head_kv"], k["ctx"])
+        self.kcache = np.zeros((*kv, k["head_dim"]), F32)  # (layer, kv_head, ctx, head_dim)
+        self.vcache = np.zeros((*kv, k["head_dim_v"]), F32)
+        self.n_ctx = k["ctx"]
+        self.n_past = 0
+        self.config = plan.config
+        self.waves = np.searchsorted(plan.tasks["wave"], np.arange(k["n_waves"] + 1))
+        self._ops = {Op.EMBED: self._embed, Op.QKV: self._qkv, Op.ATTN: self._attn, Op.WO: self._wo,
+                     Op.FFN: self._ffn, Op.FFN_REDUCE: self._ffn_reduce, Op.FINAL_NORM: self._final_norm,
+                     Op.LM_HEAD: self._lm_head}
+
+    # ---- Backend-like use ---------------------------------------------------------------------
+    def reset(self) -> None:
+        self.n_past = 0
+        self.kcache[:] = 0
+        self.vcache[:] = 0
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False, rng=None) -> np.ndarray:
+        out = [self.step(int(t), self.n_past, rng)[0] for t in tokens]
+        return np.stack(out) if all_logits else out[-1]
+
+    def step(self, token: int, pos: int, rng: np.random.Generator | None = None) -> tuple[np.ndarray, int]:
+        """Run one token at position `pos`; returns (logits, greedy token). `rng` shuffles each wave."""
+        if not 0 <= pos < self.k["ctx"]:
+            raise ContextOverflowError(f"position {pos}, expected 0..{self.k['ctx'] - 1} for this plan")
+        if not 0 <= token < self.k["vocab"]:
+            raise ParameterError(f"token {token}, expected 0..{self.k['vocab'] - 1}")
+        self.token, self.pos = token, pos
+        for w in range(self.k["n_waves"]):
+            order = np.arange(self.waves[w], self.waves[w + 1])
+            if rng is not None:
+                rng.shuffle(order)
+            for i in order:
+                t = self.plan.tasks[i]
+                self._ops[Op(int(t["opcode"]))](t)
+        self.n_past = pos + 1
+        return self.logits().copy(), self.greedy()
+
+    def logits(self) -> np.ndarray:
+        return self.act[self.k["act_logits"]:self.k["act_logits"] + self.k["vocab"]]
+
+    def greedy(self) -> int:
+        """Combine the LM_HEAD candidates in slot order: largest value, lowest id among ties."""
+        k = self.k
+        cand = self.act[k["act_cand"]:k["act_cand"] + 2 * k["lm_parts"]]
+        values, ids = cand[0::2], cand[1::2].view(np.uint32)
+        best = 0
+        for s in range(1, k["lm_parts"]):
+            if values[s] > values[best] or (values[s] == values[best] and ids[s] < ids[best]):
+                best = s
+        return int(ids[best])
+
+    # ---- operand access -----------------------------------------------------------------------
+    def _bf16(self, offset: int, rows: int, cols: int) -> np.ndarray:
+        first = offset // 2
+        return bf16_to_f32(self.w16[first:first + rows * cols]).reshape(rows, cols)
+
+    def _f32(self, offset: int, count: int) -> np.ndarray:
+        return self.weights[offset:offset + 4 * count].view(F32)
+
+    def _region(self, name: str, start: int, count: int) -> np.ndarray:
+        base = self.k[name] + start
+        return self.act[base:base + count]
+
+    def _dot(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return dot_rows(w, x, self.k["dot_lanes"], self.k["dot_vec"])
+
+    def _norm(self, x: np.ndarray, offset: int) -> np.ndarray:
+        return rmsnorm(x, self._f32(offset, x.size), self.k["rms_eps"])
+
+    # ---- opcodes ------------------------------------------------------------------------------
+    def _embed(self, t) -> None:
+        e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
+        row = self._bf16(int(t["weight0"]) + (self.token * e + r0) * 2, 1, n)[0]
+        scale = F32(self.k["embed_scale"])
+        self._region("act_x_a", r0, n)[:] = row if scale == 1 else row * scale
+
+    def _qkv(self, t) -> None:
+        k, r0, n = self.k, int(t["row_start"]), int(t["row_count"])
+        e = k["n_embd"]
+        x = self._norm(self._region("act_x_a", 0, e), int(t["norm"]))
+        out = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
+        self._region("act_qkv", r0, n)[:] = out
+        v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
+        lo = max(r0, v_first)
+        if r0 + n > lo:
+            hdv = k["head_dim_v"]
+            for row in range(lo - v_first, r0 + n - v_first):
+                self.vcache[int(t["layer"]), row // hdv, self.pos, row % hdv] = out[row + v_first - r0]
+
+    def _rope(self, x: np.ndarray) -> np.ndarray:
+        """x: (heads, head_dim) at the current position, rotated by the package's tables."""
+        k = self.k
+        half = k["rope_dim"] // 2
+        cos = self._f32(k["rope_cos"] + self.pos * half * 4, half)
+        sin = self._f32(k["rope_sin"] + self.pos * half * 4, half)
+        if k["rope_neox"]:
+            ia, ib = np.arange(half), np.arange(half, 2 * half)
+        else:
+            ia, ib = np.arange(0, 2 * half, 2), np.arange(1, 2 * half, 2)
+        a, b = x[:, ia], x[:, ib]
+        out = x.copy()
+        out[:, ia] = a * cos - b * sin
+        out[:, ib] = a * sin + b * cos
+        return out
+
+    def _attn(self, t) -> None:
+        k = self.k
+        chunk, first = int(t["slot"]), int(t["row_start"])
+        if first > self.pos:
+            return  # chunk not active at this position
+        layer, head = int(t["layer"]), int(t["head"])
+        hd, g = k["head_dim"], k["n_head"] // k["n_head_kv"]
+        q = self._rope(self._region("act_qkv", head * g * hd, g * hd).reshape(g, hd))
+        k_new = self._rope(self._region("act_qkv", k["n_head"] * hd + head * hd, hd).reshape(1, hd))[0]
+        if chunk == 0:
+            self.kcache[layer, head, self.pos] = k_new
+        last = min(first + int(t["row_count"]), self.pos + 1)
+        keys = self.kcache[layer, head, first:last].copy()
+        keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache
+        values = self.vcache[layer, head, first:last]
+        rec = attn_record(k)
+        out = self._region("act_attn", (chunk * k["n_head"] + head * g) * rec, g * rec).reshape(g, rec)
+        products = (q[:, None, :] * keys[None, :, :]).reshape(-1, hd)  # (g * positions, head_dim)
+        scores = lane_sum(products, k["dot_lanes"], k["dot_vec"]).reshape(g, -1) * F32(k["attn_scale"])
+        m = scores.max(axis=1)
+        e = np.exp(scores - m[:, None])  # (g, positions)
+        out[:, 0] = m
+        out[:, 1] = sequential_sum(e.T)
+        out[:, 2:] = sequential_sum(e.T[:, :, None] * values[:, None, :])
+
+    def _merged_attention(self) -> np.ndarray:
+        """Every query head's attention output from the active chunks' partials, (n_head * head_dim_v,)."""
+        k = self.k
+        active = self.pos // k["attn_chunk"] + 1
+        rec = attn_record(k)
+        parts = self._region("act_attn", 0, active * k["n_head"] * rec).reshape(active, k["n_head"], rec)
+        m = parts[:, :, 0].max(axis=0)
+        scale = np.exp(parts[:, :, 0] - m)  # (active, n_head)
+        total = sequential_sum(scale * parts[:, :, 1])
+        o = sequential_sum(scale[:, :, None] * parts[:, :, 2:])
+        return (o / total[:, None]).reshape(-1)
+
+    def _wo(self, t) -> None:
+        r0, n = int(t["row_start"]), int(t["row_count"])
+        a = self._merged_attention()
+        out = self._dot(self._bf16(int(t["weight0"]) + r0 * a.size * 2, n, a.size), a)
+        self._region("act_x_b", r0, n)[:] = self._region("act_x_a", r0, n) + out
+
+    def _ffn(self, t) -> None:
+        e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
+        x = self._norm(self._region("act_x_b", 0, e), int(t["norm"]))
+        gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
+        up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x)
+        h = silu(gate) * up
+        down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
+        self._region("act_ffn", int(t["slot"]) * e, e)[:] = sequential_sum(h[:, None] * down_t)
+
+    def _ffn_reduce(self, t) -> None:
+        k, r0, n = self.k, int(t["row_start"]), int(t["row_count"])
+        parts = self._region("act_ffn", 0, k["ffn_parts"] * k["n_embd"]).reshape(k["ffn_parts"], k["n_embd"])
+        self._region("act_x_a", r0, n)[:] = self._region("act_x_b", r0, n) + sequential_sum(parts[:, r0:r0 + n])
+
+    def _final_norm(self, t) -> None:
+        e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
+        x = self._norm(self._region("act_x_a", 0, e), int(t["norm"]))
+        self._region("act_xn", r0, n)[:] = x[r0:r0 + n]
+
+    def _lm_head(self, t) -> None:
+        e, r0, n, slot = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["slot"])
+        logits = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), self._region("act_xn", 0, e))
+        self._region("act_logits", r0, n)[:] = logits
+        best = int(np.argmax(logits))  # first maximum: lowest id among ties
+        cand = self._region("act_cand", 2 * slot, 2)
+        cand[0] = logits[best]
+        cand[1:2].view(np.uint32)[0] = r0 + best
