@@ -8,12 +8,15 @@ Pipelines share explicit bind-group layouts, so one bind group serves gemv.wgsl 
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import wgpu
 
+from ..errors import ParameterError
 from .quant_layout import GpuQuant
 from .shaders import load_wgsl
 
@@ -29,12 +32,13 @@ PARAMS = {
     "rmsnorm": ("n", "norm_w", "eps", "add", "x_stride", "y_stride"),
     "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
 }
-PARAMS["gemm"] = PARAMS["gemv"]
+PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv"]
 FLOAT_FIELDS = {"eps", "scale"}
 
 SIGNATURES = {
     "gemv": (R, R, RW, U, U),               # W, X, Y, params, step
     "gemm": (R, R, RW, U, U),
+    "gemm_rows": (R, R, RW, U, U),
     "rope": (R, R, RW, RW, U, U),           # W, angle table, QKV, KV cache, params, step
     "attention_decode": (R, R, RW, U, U),   # QKV, KV cache, partials, params, step
     "attention_merge": (R, RW, U, U),       # partials, output, params, step
@@ -47,6 +51,7 @@ MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_ROWS = 4                      # rows per workgroup in gemv.wgsl
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 32, 16, 32  # tile of gemm.wgsl
+ROWS_WG, ROWS_TOKENS = 64, 8      # gemm_rows.wgsl: rows per workgroup, tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
 
 
@@ -80,8 +85,17 @@ class Kernels:
     """Pipelines (cached by shader and quant type), layouts and small helpers for one device."""
 
     ctx: object
+    # "rows" (gemm_rows.wgsl for every token count: CPU adapters) or "tiled" (gemv.wgsl / gemm.wgsl)
+    matmul: str = ""
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.matmul:
+            cpu = self.ctx.adapter.info.get("adapter_type", "").upper() == "CPU"
+            self.matmul = os.environ.get("AIRFRAME_MATMUL", "rows" if cpu else "tiled")
+        if self.matmul not in ("rows", "tiled"):
+            raise ParameterError(f"AIRFRAME_MATMUL={self.matmul!r}, expected 'rows' or 'tiled'")
 
     @property
     def device(self):
@@ -143,3 +157,27 @@ def ceil_div(a: int, b: int) -> int:
 
 
 Grid = Callable[[int, int], tuple[int, int, int]]
+
+
+def run_once(kernels: Kernels, shader: str, quant: GpuQuant | None, resources: list,
+             grid: tuple[int, int, int]) -> list:
+    """Run one dispatch on fresh buffers (tests, debugging): numpy arrays become storage buffers,
+    bytes become uniforms, in binding order. Returns the writable bindings read back, as their dtypes."""
+    device = kernels.device
+    buffers, written = [], []
+    for kind, res in zip(SIGNATURES[shader], resources):
+        if kind == U:
+            buffers.append(kernels.uniform(bytes(res)))
+            continue
+        data = np.ascontiguousarray(res)
+        buffer = kernels.storage(max(data.nbytes, 16), "run_once")
+        device.queue.write_buffer(buffer, 0, data)
+        buffers.append(buffer)
+        if kind == RW:
+            written.append((buffer, data))
+    group = kernels.bind(shader, buffers)
+    encoder = device.create_command_encoder()
+    record(encoder, [Dispatch(shader, kernels.pipeline(shader, quant), group, grid)])
+    device.queue.submit([encoder.finish()])
+    return [np.frombuffer(device.queue.read_buffer(b, 0, d.nbytes), dtype=d.dtype).reshape(d.shape)
+            for b, d in written]

@@ -1,0 +1,127 @@
+// Y = X W^T with one weight row per invocation and TOKENS tokens at once, no workgroup memory in the
+// inner loop: the variant for CPU adapters (lavapipe), where barriers and workgroup-memory gathers
+// cost more than the arithmetic. Same Params, Step, bindings and P.mode fusions as gemv.wgsl.
+// With MODE_NORM the norm weight is folded into the weights and 1/rms applied to the sums.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    row_words: u32,
+    mode: u32,
+    w0: u32,
+    w1: u32,
+    w2: u32,
+    seg1: u32,
+    seg2: u32,
+    norm_w: u32,
+    eps: f32,
+    x_stride: u32,
+    y_stride: u32,
+    y_off: u32,
+}
+
+struct Step {
+    n_past: u32,
+    n_tokens: u32,
+    lm_first: u32,
+    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<uniform> S: Step;
+
+#include "quant/{QUANT}.wgsl"
+#include "activation.wgsl"
+
+const WG: u32 = 64u;
+const TOKENS: u32 = 8u;
+
+var<workgroup> inv_rms: array<f32, TOKENS>;
+
+fn row_base(row: u32) -> u32 {
+    if (row >= P.seg2) {
+        return P.w2 + (row - P.seg2) * P.row_words;
+    }
+    if (row >= P.seg1) {
+        return P.w1 + (row - P.seg1) * P.row_words;
+    }
+    return P.w0 + row * P.row_words;
+}
+
+fn load_x(base: u32, i: u32) -> vec4<f32> {
+    return vec4<f32>(X[base + 4u * i], X[base + 4u * i + 1u], X[base + 4u * i + 2u], X[base + 4u * i + 3u]);
+}
+
+fn norm_weight(i: u32) -> vec4<f32> {
+    let o = P.norm_w + 4u * i;
+    return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let tok0 = wid.y * TOKENS;
+    var x_first = 0u;
+    if ((P.mode & MODE_X_STEP) != 0u) {
+        x_first = S.lm_first;
+    }
+    let n_tokens = min(TOKENS, S.n_tokens - tok0);
+    let use_norm = (P.mode & MODE_NORM) != 0u;
+    let is_gated = (P.mode & MODE_GATED) != 0u;
+    if (lid < TOKENS) {
+        var inv = 1.0;
+        if (use_norm) {
+            let base = (x_first + tok0 + min(lid, n_tokens - 1u)) * P.x_stride;
+            var sum = 0.0;
+            for (var i = 0u; i < P.cols / 4u; i++) {
+                let v = load_x(base, i);
+                sum += dot(v, v);
+            }
+            inv = 1.0 / sqrt(sum / f32(P.cols) + P.eps);
+        }
+        inv_rms[lid] = inv;
+    }
+    workgroupBarrier();
+    let row = wid.x * WG + lid;
+    if (row >= P.rows) {
+        return;
+    }
+    let base_a = row_base(row);
+    let base_b = P.w1 + row * P.row_words;
+    let per_block = QK / 4u;
+    var acc_a: array<f32, TOKENS>;
+    var acc_b: array<f32, TOKENS>;
+    for (var i = 0u; i < P.cols / 4u; i++) {
+        let blk = (i / per_block) * BLOCK_WORDS;
+        var wa = dq4(base_a + blk, i % per_block);
+        var wb = vec4<f32>(0.0);
+        if (is_gated) {
+            wb = dq4(base_b + blk, i % per_block);
+        }
+        if (use_norm) {
+            let nw = norm_weight(i);
+            wa *= nw;
+            wb *= nw;
+        }
+        for (var t = 0u; t < n_tokens; t++) {
+            let xv = load_x((x_first + tok0 + t) * P.x_stride, i);
+            acc_a[t] += dot(wa, xv);
+            acc_b[t] += dot(wb, xv);
+        }
+    }
+    for (var t = 0u; t < n_tokens; t++) {
+        var y = acc_a[t] * inv_rms[t];
+        if (is_gated) {
+            y = gated(P.mode, y, acc_b[t] * inv_rms[t]);
+        }
+        let at = (tok0 + t) * P.y_stride + P.y_off + row;
+        if ((P.mode & MODE_ACCUMULATE) != 0u) {
+            Y[at] = Y[at] + y;
+        } else {
+            Y[at] = y;
+        }
+    }
+}
