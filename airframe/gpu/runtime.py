@@ -208,6 +208,11 @@ class WebGPUBackend:
             out += ops.dispatches(n_tokens, n_splits)
         return out
 
+    def dispatch_count(self, n_tokens: int = 1) -> int:
+        """Dispatches recorded for one forward of n_tokens at the current position (LM head included)."""
+        head = self.globals_ops.final_norm(n_tokens) + self.globals_ops.lm_head(1)
+        return len(self.dispatches(n_tokens)) + len(head)
+
     def _write_step(self, n_tokens: int, lm_first: int) -> None:
         step = K.pack_step(self.n_past, n_tokens, lm_first, self.split_len(n_tokens))
         self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)

@@ -1,0 +1,110 @@
+"""The WebGPU backend against the numpy reference: real models teacher-forced, tiny synthetic models
+for every quant type, decode after prefill against one-shot prefill, chunked against unchunked prefill."""
+
+import numpy as np
+import pytest
+
+from airframe.errors import ContextOverflowError, ParameterError
+from airframe.gguf_file import GGUFFile
+from airframe.gpu.runtime import WebGPUBackend
+from airframe.models import resolve_model
+from airframe.reference import ReferenceBackend
+from airframe.synthetic import write_synthetic_gguf
+from airframe.tokenizer import load_tokenizer
+
+TEACHER_TOKENS = 128
+TEXT = "tests/data/english.txt"
+
+
+def english_tokens(path, n):
+    from pathlib import Path
+    text = (Path(__file__).parent / "data" / "english.txt").read_text()
+    ids = load_tokenizer(GGUFFile(path)).encode(text)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+@pytest.mark.parametrize("model,max_diff", [("smollm2-135m", 0.02), ("gemma3-270m", 0.05)])
+def test_real_model_teacher_forced(model, max_diff):
+    """128 tokens of English in one chunk: top-1 agreement >= 99%, logits within max_diff."""
+    path = resolve_model(model)
+    tokens = english_tokens(path, TEACHER_TOKENS)
+    gpu = WebGPUBackend.load(path, n_ctx=TEACHER_TOKENS, progress=False)
+    got = gpu.forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(path, n_ctx=TEACHER_TOKENS).forward(tokens, all_logits=True)
+    assert got.shape == want.shape == (TEACHER_TOKENS, gpu.config.vocab_size)
+    agreement = (got.argmax(1) == want.argmax(1)).mean()
+    assert agreement >= 0.99, f"top-1 agreement {agreement:.3f}"
+    assert np.abs(got - want).max() < max_diff
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return write_synthetic_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama", "tiny", "Q8_0")
+
+
+def test_decode_after_prefill_equals_one_shot(tiny_llama):
+    tokens = list(np.random.default_rng(0).integers(0, 512, 14))
+    gpu = WebGPUBackend.load(tiny_llama, n_ctx=64, progress=False)
+    one_shot = gpu.forward(tokens, all_logits=True)
+    gpu.reset()
+    gpu.forward(tokens[:9])
+    stepped = [gpu.forward([t]) for t in tokens[9:]]
+    assert gpu.n_past == len(tokens)
+    np.testing.assert_allclose(np.stack(stepped), one_shot[9:], atol=1e-4)
+
+
+def test_chunked_prefill_equals_unchunked(tiny_llama):
+    """1,100 tokens in 512-token chunks (3 chunks) against one chunk and against the reference."""
+    tokens = list(np.random.default_rng(1).integers(0, 512, 1100))
+    chunked = WebGPUBackend.load(tiny_llama, n_ctx=1100, progress=False, prefill_chunk=512)
+    whole = WebGPUBackend.load(tiny_llama, n_ctx=1100, progress=False, prefill_chunk=1100)
+    a = chunked.forward(tokens, all_logits=True)
+    b = whole.forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(tiny_llama, n_ctx=1100).forward(tokens, all_logits=True)
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    np.testing.assert_allclose(a, want, atol=1e-3)
+    assert chunked.n_past == 1100
+
+
+QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_synthetic_model_every_quant_type(tmp_path, family, qtype):
+    shape = "tiny256" if qtype.startswith(("Q4_K", "Q5_K", "Q6_K")) else "tiny"
+    path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
+    tokens = list(np.random.default_rng(2).integers(0, 512, 7))
+    gpu = WebGPUBackend.load(path, n_ctx=32, progress=False)
+    got = np.concatenate([gpu.forward(tokens[:5], all_logits=True), gpu.forward(tokens[5:], all_logits=True)])
+    want = ReferenceBackend.load(path, n_ctx=32).forward(tokens, all_logits=True)
+    np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))
+
+
+def test_sliding_window_beyond_the_window(tmp_path):
+    """A Gemma 3 model with an 8-position window, run 40 positions: local layers must forget."""
+    path = write_synthetic_gguf(tmp_path / "g.gguf", "gemma3", {"preset": "tiny", "sliding_window": 8, "n_layers": 6},
+                                "F32")
+    tokens = list(np.random.default_rng(3).integers(0, 512, 40))
+    gpu = WebGPUBackend.load(path, n_ctx=48, progress=False, prefill_chunk=16)
+    got = gpu.forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(path, n_ctx=48).forward(tokens, all_logits=True)
+    np.testing.assert_allclose(got, want, atol=1e-3 * max(1.0, np.abs(want).max()))
+
+
+def test_context_overflow_names_both_sizes(tiny_llama):
+    gpu = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False)
+    gpu.forward([1, 2, 3, 4, 5])
+    with pytest.raises(ContextOverflowError, match=r"5 cached \+ 4 new.*context of 8"):
+        gpu.forward([1, 2, 3, 4])
+    with pytest.raises(ParameterError, match="outside the vocabulary 0..511"):
+        gpu.forward([512])
+
+
+def test_decode_dispatch_count(tiny_llama):
+    """Llama decode: at most 8 dispatches per layer per token, counted from what is recorded."""
+    gpu = WebGPUBackend.load(tiny_llama, n_ctx=16, progress=False)
+    per_layer = len(gpu.layer_ops[0].dispatches(1, 1))
+    assert per_layer <= 8
+    assert gpu.dispatch_count(1) == gpu.config.n_layers * per_layer + len(gpu.token_embd.chunks) + 1 + len(gpu.output.chunks)
