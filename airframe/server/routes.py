@@ -196,7 +196,9 @@ async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
     yield _sse(_chat_chunk(meta, Delta(role="assistant", content=""), usage_field=include_usage))
     async for event in _events(state, job, first):
         if isinstance(event, Piece) and (event.text or event.logprobs):
-            logprobs = ChoiceLogprobs(content=translate.chat_logprobs(event.logprobs)) if event.logprobs else None
+            logprobs = None
+            if event.logprobs:
+                logprobs = ChoiceLogprobs(content=translate.chat_logprobs(event.logprobs, state.engine.tokenizer.token_bytes))
             yield _sse(_chat_chunk(meta, Delta(content=event.text), logprobs, usage_field=include_usage))
         elif isinstance(event, Finish):
             yield _sse(_chat_chunk(meta, Delta(), finish_reason=_reason(event), usage_field=include_usage))
@@ -207,12 +209,12 @@ async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
-def _chat_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool) -> ChatCompletion:
+def _chat_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool, token_bytes) -> ChatCompletion:
     text = "".join(p.text for p in pieces)
     logprobs = None
     if logprobs_on:
         items = [lp for p in pieces for lp in (p.logprobs or [])]
-        logprobs = ChoiceLogprobs(content=translate.chat_logprobs(items))
+        logprobs = ChoiceLogprobs(content=translate.chat_logprobs(items, token_bytes))
     choice = ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs, finish_reason=_reason(finish))
     return ChatCompletion(**meta, choices=[choice], usage=_usage(finish))
 
@@ -233,7 +235,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
         pieces, finish = await _collect(request, job, first, "messages")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return _chat_answer(meta, pieces, finish, params.logprobs is not None)
+    return _chat_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes)
 
 
 # ---- text completions ----
@@ -248,7 +250,9 @@ async def _completion_stream(state, job: Job, first, meta: dict, include_usage: 
     offset = 0
     async for event in _events(state, job, first):
         if isinstance(event, Piece) and (event.text or event.logprobs):
-            logprobs = translate.legacy_logprobs(event.logprobs, offset) if event.logprobs else None
+            logprobs = None
+            if event.logprobs:
+                logprobs = translate.legacy_logprobs(event.logprobs, state.engine.tokenizer.token_bytes, offset)
             offset += len(event.text)
             yield _sse(_completion_chunk(meta, event.text, logprobs, usage_field=include_usage))
         elif isinstance(event, Finish):
@@ -260,11 +264,11 @@ async def _completion_stream(state, job: Job, first, meta: dict, include_usage: 
     yield "data: [DONE]\n\n"
 
 
-def _completion_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool) -> Completion:
+def _completion_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool, token_bytes) -> Completion:
     text = "".join(p.text for p in pieces)
     logprobs = None
     if logprobs_on:
-        logprobs = translate.legacy_logprobs([lp for p in pieces for lp in (p.logprobs or [])])
+        logprobs = translate.legacy_logprobs([lp for p in pieces for lp in (p.logprobs or [])], token_bytes)
     choice = CompletionChoice(text=text, logprobs=logprobs, finish_reason=_reason(finish))
     return Completion(**meta, choices=[choice], usage=_usage(finish))
 
@@ -285,7 +289,7 @@ async def completions(body: CompletionRequest, request: Request, engine=Depends(
         pieces, finish = await _collect(request, job, first, "prompt")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return _completion_answer(meta, pieces, finish, params.logprobs is not None)
+    return _completion_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes)
 
 
 # ---- models, tokenize, detokenize, health, metrics ----

@@ -7,6 +7,8 @@ not OpenAI's temperature 1.0 / top_p 1.0.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..engine import GenerationParams, TokenLogprob
 from ..errors import ParameterError
 from ..sampling import SamplingParams
@@ -157,28 +159,35 @@ def completion_params(req: CompletionRequest, vocab_size: int) -> GenerationPara
     )
 
 
-def chat_logprobs(items: list[TokenLogprob]) -> list[TokenLogprobOut]:
+def _alternative(token_bytes: Callable[[int], bytes], token_id: int) -> tuple[str, list[int]]:
+    """An alternative's text and bytes from its id: the tokenizer's bytes, not the vocabulary
+    entry (whose byte-level marks such as 'Ġ' are not text)."""
+    raw = token_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(items: list[TokenLogprob], token_bytes: Callable[[int], bytes]) -> list[TokenLogprobOut]:
     """OpenAI chat shape: one entry per token with its bytes and top alternatives."""
-    return [
-        TokenLogprobOut(
-            token=t.token,
-            logprob=t.logprob,
-            bytes=list(t.bytes),
-            top_logprobs=[TopLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8"))) for text, _, lp in t.top],
-        )
-        for t in items
-    ]
+    out = []
+    for t in items:
+        top = []
+        for _, token_id, logprob in t.top:
+            text, raw = _alternative(token_bytes, token_id)
+            top.append(TopLogprob(token=text, logprob=logprob, bytes=raw))
+        out.append(TokenLogprobOut(token=t.token, logprob=t.logprob, bytes=list(t.bytes), top_logprobs=top))
+    return out
 
 
-def legacy_logprobs(items: list[TokenLogprob], offset: int = 0) -> LegacyLogprobs:
+def legacy_logprobs(items: list[TokenLogprob], token_bytes: Callable[[int], bytes], offset: int = 0) -> LegacyLogprobs:
     """The /v1/completions shape; text_offset counts characters from the start of the completion."""
-    offsets = []
+    offsets, tops = [], []
     for t in items:
         offsets.append(offset)
         offset += len(t.token)
+        tops.append({_alternative(token_bytes, token_id)[0]: logprob for _, token_id, logprob in t.top})
     return LegacyLogprobs(
         tokens=[t.token for t in items],
         token_logprobs=[t.logprob for t in items],
-        top_logprobs=[{text: lp for text, _, lp in t.top} for t in items],
+        top_logprobs=tops,
         text_offset=offsets,
     )
