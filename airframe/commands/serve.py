@@ -1,4 +1,5 @@
 import os
+import sys
 import threading
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
@@ -27,7 +28,7 @@ def add_arguments(p):
 def _watch_loading(state, server, outcome: dict) -> None:
     state.loaded.wait()
     if state.load_error:
-        print(f"airframe: error: {state.load_error}", flush=True)
+        print(f"airframe: error: {state.load_error}", file=sys.stderr, flush=True)
         outcome["rc"] = 1
         server.should_exit = True
     else:

@@ -1,0 +1,50 @@
+"""`airframe serve`: its flags and how it ends when the model cannot be served."""
+
+from __future__ import annotations
+
+import pytest
+
+from airframe.cli import build_parser, main
+from airframe.engine import Engine
+from airframe.errors import ParameterError
+from airframe.models import resolve_model
+
+
+def test_defaults_bind_to_loopback():
+    args = build_parser().parse_args(["serve", "smollm2-135m"])
+    assert (args.host, args.port, args.backend, args.max_queue) == ("127.0.0.1", 8080, "webgpu", 64)
+    assert (args.ctx, args.alias, args.strict_model) == (None, [], False)
+
+
+def test_every_flag_parses():
+    args = build_parser().parse_args([
+        "serve", "m.gguf", "--host", "0.0.0.0", "--port", "9000", "--ctx", "1024", "--backend", "reference",
+        "--api-key", "k", "--max-queue", "3", "--alias", "a", "b", "--alias", "c", "--strict-model"])
+    assert (args.host, args.port, args.ctx, args.backend, args.api_key) == ("0.0.0.0", 9000, 1024, "reference", "k")
+    assert (args.max_queue, args.alias, args.strict_model) == (3, ["a", "b", "c"], True)
+
+
+def test_an_unknown_model_fails_before_the_server_starts(capsys):
+    assert main(["serve", "no-such-model.gguf", "--port", "0"]) == 1
+    assert "no-such-model.gguf" in capsys.readouterr().err
+
+
+def test_bad_flags_are_refused_with_the_allowed_range(capsys):
+    assert main(["serve", "smollm2-135m", "--max-queue", "-1"]) == 1
+    assert "--max-queue must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_model_that_fails_to_load_stops_the_server_with_status_1(monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise ParameterError("n_ctx = 1, expected an integer >= 2")
+
+    monkeypatch.setattr(Engine, "load", refuse)
+    path = str(resolve_model("smollm2-135m"))
+    assert main(["serve", path, "--port", "0", "--log-level", "critical"]) == 1
+    assert "loading the model failed: n_ctx = 1, expected an integer >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--backend", "--port"])
+def test_bad_choices_are_argparse_errors(flag):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", flag, "nonsense"])
