@@ -28,10 +28,11 @@ from __future__ import annotations
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
@@ -408,18 +409,36 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    layer0: dict[tuple[str, GGMLQuantizationType], np.ndarray] = {}  # fast mode: bytes to repeat
-    with tqdm(plans, desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
-        for plan in bar:
-            key = (plan.source, plan.qtype)
-            data = layer0.get(key)
-            if data is None:
-                data = encode_tensor(plan, seed)
-                if fast and plan.name.startswith("blk."):
-                    layer0[key] = data
+    with tqdm(total=len(plans), desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
+        for data in _encoded_in_order(plans, seed, fast):
             writer.write_tensor_data(data)
+            bar.update(1)
     writer.close()
     return path
+
+
+def _encoded_in_order(plans: list[TensorPlan], seed: int, fast: bool) -> Iterator[np.ndarray]:
+    """Each plan's bytes in order; the next tensor is encoded while the caller writes this one.
+    In fast mode, layer 0's bytes are kept and repeated (one worker, so no locking)."""
+    layer0: dict[tuple[str, GGMLQuantizationType], np.ndarray] = {}
+
+    def encode(plan: TensorPlan) -> np.ndarray:
+        key = (plan.source, plan.qtype)
+        if key not in layer0:
+            data = encode_tensor(plan, seed)
+            if not (fast and plan.name.startswith("blk.")):
+                return data
+            layer0[key] = data
+        return layer0[key]
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        ahead: deque = deque()
+        for plan in plans:
+            ahead.append(worker.submit(encode, plan))
+            if len(ahead) > 1:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 
 def _with_vocab(shape: str | dict, vocab: int) -> dict:
