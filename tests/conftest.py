@@ -1,0 +1,17 @@
+"""Shared fixtures: the real test models, resolved once per session."""
+
+from pathlib import Path
+
+import pytest
+
+from airframe.models import resolve_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return resolve_model("gemma3-270m")
