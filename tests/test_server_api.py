@@ -572,3 +572,25 @@ def test_client_disconnect_while_waiting_in_the_queue_frees_its_place():
         assert state.queue.depth == 0
         first.join()
         assert len(engine.calls) == 1  # the abandoned request never reached the engine
+
+
+def test_models_retrieve_answers_for_the_id_and_aliases_only(engine):
+    with TestClient(create_app(engine, ServerOptions(aliases=("smol",)))) as c:
+        api = openai_client(c)
+        assert api.models.retrieve("smol").context_length == engine.n_ctx
+        assert_openai_error(c.get("/v1/models/gpt-4o"), 404, "model")
+
+
+def _preflight(client, origin):
+    return client.options("/v1/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+
+
+def test_cors_allows_local_front_ends_and_named_origins(engine):
+    with TestClient(create_app(engine, ServerOptions(cors_origins=("https://chat.example",)))) as c:
+        for origin in ("http://localhost:3000", "http://127.0.0.1:5173", "https://chat.example"):
+            response = _preflight(c, origin)
+            assert response.status_code == 200 and response.headers["access-control-allow-origin"] == origin
+        assert "access-control-allow-origin" not in _preflight(c, "http://localhost.evil.example").headers
+        answer = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"Origin": "http://localhost:3000"})
+        assert answer.headers["access-control-allow-origin"] == "http://localhost:3000"

@@ -22,6 +22,8 @@ def add_arguments(p):
                    help="more names the model answers to in /v1/models and `model`")
     p.add_argument("--strict-model", action="store_true",
                    help="answer 404 to a `model` that is neither the model's id nor an alias")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin allowed to call the API besides localhost ('*' for any; repeatable)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -52,7 +54,8 @@ def run(args) -> int:
         return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True)
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
-                            aliases=tuple(args.alias), strict_model=args.strict_model)
+                            aliases=tuple(args.alias), strict_model=args.strict_model,
+                            cors_origins=tuple(args.cors_origin))
     app = create_app(load, options)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     outcome = {"rc": 0}

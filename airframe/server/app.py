@@ -15,12 +15,16 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import ApiError, from_validation, overloaded
 from .metrics import Metrics
 from .queue import RequestQueue
 from .routes import ENDPOINTS, health_router, router
+
+
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 @dataclass
@@ -30,6 +34,7 @@ class ServerOptions:
     aliases: tuple[str, ...] = ()  # more names for the model in /v1/models and `model`
     strict_model: bool = False  # refuse (404) a `model` that is neither the id nor an alias
     model_id: str | None = None  # the id to serve under; default: the engine's model_id
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed besides http(s)://localhost and 127.0.0.1
 
 
 @dataclass
@@ -155,6 +160,10 @@ def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastA
     app.include_router(router)
     _install_error_handlers(app)
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    # Browser front ends on this machine may call the API; other origins only when named.
+    app.add_middleware(CORSMiddleware, allow_origins=list(state.options.cors_origins),
+                       allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST", "OPTIONS"],
+                       allow_headers=["*"])
     if hasattr(engine_or_factory, "stream"):
         state.serve(engine_or_factory)
     else:

@@ -303,6 +303,16 @@ async def models(request: Request, engine=Depends(_engine)):
     return ModelList(data=cards)
 
 
+@router.get("/v1/models/{model}", response_model=ModelCard)
+async def model(model: str, request: Request, engine=Depends(_engine)):
+    state = _state(request)
+    names = (state.model_id, *state.options.aliases)
+    if model not in names:
+        raise ApiError(404, f"model {model!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                       param="model", code="model_not_found")
+    return ModelCard(id=model, created=state.started, context_length=engine.n_ctx, max_model_len=engine.n_ctx)
+
+
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, request: Request, engine=Depends(_engine)):
     given = [name for name in ("prompt", "content", "messages") if getattr(body, name) is not None]
