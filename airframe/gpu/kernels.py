@@ -31,6 +31,7 @@ PARAMS = {
     "attention_merge": ("n_head", "head_dim"),
     "rmsnorm": ("n", "norm_w", "eps", "add", "x_stride", "y_stride"),
     "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
+    "stream_read": ("n_vec4", "n_threads"),
 }
 PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv"]
 FLOAT_FIELDS = {"eps", "scale"}
@@ -44,6 +45,7 @@ SIGNATURES = {
     "attention_merge": (R, RW, U, U),       # partials, output, params, step
     "rmsnorm": (R, R, RW, U, U),            # W, X, Y, params, step
     "embedding": (R, R, RW, U, U),          # W (a row chunk), token ids, Y, params, step
+    "stream_read": (R, RW, U),              # source, sums, params (bench.py's bandwidth probe)
 }
 
 # P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)

@@ -1,0 +1,34 @@
+import json
+
+from ..errors import ParameterError
+from ..models import resolve_model
+
+HELP = "measure prefill and decode speed of a model (tokens/s, ms/token, share of the bandwidth floor)"
+
+
+def add_arguments(p):
+    p.add_argument("model", metavar="MODEL", help="model name or GGUF path")
+    p.add_argument("--backend", default="webgpu", choices=["webgpu"], help="backend to measure")
+    p.add_argument("--ctx-list", default="1,512,4096", help="decode contexts, comma-separated (default 1,512,4096)")
+    p.add_argument("--steps", type=int, default=64, help="timed decode steps per context (median)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _contexts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ParameterError(f"--ctx-list {text!r}, expected comma-separated positive integers") from None
+    if not values or min(values) < 1:
+        raise ParameterError(f"--ctx-list {text!r}, expected comma-separated positive integers")
+    return values
+
+
+def run(args) -> int:
+    if args.steps < 1:
+        raise ParameterError(f"--steps {args.steps}, expected a positive number")
+    from ..gpu.bench import bench_webgpu, format_result
+
+    result = bench_webgpu(resolve_model(args.model), _contexts(args.ctx_list), steps=args.steps)
+    print(json.dumps(result, indent=2) if args.json else format_result(result))
+    return 0

@@ -1,0 +1,114 @@
+"""WebGPU measurements for `airframe bench`: prefill speed, decode ms/token at several contexts,
+dispatches and bytes per token, and the share of the bandwidth floor measured in the same run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from . import kernels as K
+from .device import get_context
+from .runtime import WebGPUBackend
+
+PROBE_BYTES = 1 << 30
+PROBE_THREADS = 256 * 1024
+
+
+def streaming_bandwidth(ctx, repeats: int = 10) -> float:
+    """Bytes/s of a coalesced streaming read (stream_read.wgsl), `repeats` dispatches in one pass."""
+    kernels = K.Kernels(ctx)
+    n_bytes = min(PROBE_BYTES, ctx.max_binding, ctx.max_buffer) // 16 * 16
+    src = kernels.storage(n_bytes, "probe_src")
+    out = kernels.storage(PROBE_THREADS * 4, "probe_out")
+    params = kernels.uniform(K.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=PROBE_THREADS))
+    group = kernels.bind("stream_read", [src, out, params])
+    dispatch = K.Dispatch("stream_read", kernels.pipeline("stream_read"), group, (PROBE_THREADS // 256, 1, 1))
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        encoder = ctx.device.create_command_encoder()
+        K.record(encoder, [dispatch] * repeats)
+        ctx.device.queue.submit([encoder.finish()])
+        ctx.device.queue.read_buffer(out, 0, 16)
+        best = min(best, time.perf_counter() - started)
+    return n_bytes * repeats / best
+
+
+def weight_bytes_per_token(be: WebGPUBackend) -> int:
+    """Bytes of weights one decode token reads: every layer buffer, the LM head, one embedding row."""
+    layers = sum(p.n_words * 4 for p in be.layers)
+    head = sum(c.size for c in be.output.chunks)
+    return layers + head + be.token_embd.row_words * 4
+
+
+def kv_bytes_per_token(be: WebGPUBackend, context: int) -> int:
+    c = be.config
+    return 2 * c.n_layers * c.n_head_kv * context * c.head_dim * 4
+
+
+def _median_decode_ms(be: WebGPUBackend, context: int, steps: int, bar) -> float:
+    be.reset()
+    # the K/V cache's contents do not change the speed: start decoding at `context` directly
+    be.n_past = context - 1
+    be.forward([1])
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        be.forward([1])
+        times.append(time.perf_counter() - started)
+        bar.update(1)
+    return 1000 * statistics.median(times)
+
+
+def _record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
+    """CPU time to record one decode token's compute pass (median), without submitting it."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        encoder = be.ctx.device.create_command_encoder()
+        K.record(encoder, be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1))
+        encoder.finish()
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512) -> dict:
+    """All numbers of one run as a dict (see commands/bench.py for the fields)."""
+    ctx = get_context()
+    n_ctx = max(max(ctx_list) + steps + 1, prefill_tokens)
+    be = WebGPUBackend.load(path, n_ctx=n_ctx, progress=True)
+    bandwidth = streaming_bandwidth(ctx)
+    result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "bandwidth_GBps": bandwidth / 1e9,
+              "dispatches_per_token": be.dispatch_count(1), "weight_bytes_per_token": weight_bytes_per_token(be),
+              "matmul": be.kernels.matmul, "decode": []}
+    result["record_ms"] = _record_ms(be)
+    ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, prefill_tokens))
+    be.forward(ids)  # warm-up: pipelines, caches
+    be.reset()
+    started = time.perf_counter()
+    be.forward(ids)
+    result["prefill_tokens_per_s"] = prefill_tokens / (time.perf_counter() - started)
+    with tqdm(total=steps * len(ctx_list), desc="decode", unit="tok") as bar:
+        for context in ctx_list:
+            ms = _median_decode_ms(be, context, steps, bar)
+            n_bytes = result["weight_bytes_per_token"] + kv_bytes_per_token(be, context)
+            floor_ms = 1000 * n_bytes / bandwidth
+            result["decode"].append({"context": context, "ms_per_token": ms, "bytes_per_token": n_bytes,
+                                     "floor_ms": floor_ms, "floor_share": floor_ms / ms})
+    return result
+
+
+def format_result(r: dict) -> str:
+    lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls)",
+             f"model: {r['model']}",
+             f"streaming read: {r['bandwidth_GBps']:.1f} GB/s; dispatches per decode token: {r['dispatches_per_token']}; "
+             f"recording them: {r['record_ms']:.3f} ms",
+             f"prefill (512-token chunk): {r['prefill_tokens_per_s']:.1f} tokens/s",
+             "context  ms/token  tokens/s  MB/token  floor ms  share of floor"]
+    for d in r["decode"]:
+        lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
+                     f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:5.1f}%")
+    return "\n".join(lines)
