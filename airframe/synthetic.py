@@ -378,29 +378,35 @@ def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
 
 
 # ---- writing -----------------------------------------------------------------------------------
+def hparam_metadata(family: str, dims: dict[str, Any]) -> dict[str, tuple[Any, GGUFValueType]]:
+    """The `{arch}.*` keys of a model of these sizes: key -> (value, GGUF value type)."""
+    spec = family_spec(family)
+    return {f"{spec.architecture}.{key}": (dims[field], vtype)
+            for key, (field, vtype) in spec.metadata.items() if field in dims}
+
+
 def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: str | dict = "tiny",
                          qtype: str = "Q8_0", seed: int = 0, *, vocab: int | None = None,
-                         fast: bool = False, alignment: int | None = None,
-                         progress: bool = False) -> Path:
+                         fast: bool = False, tokenizer: str = TOKENIZER_SOURCE,
+                         alignment: int | None = None, progress: bool = False) -> Path:
     """Write a random model of `family` and `shape` to `path`; returns the path.
 
     qtype: a GGML type name for every matrix ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0",
     "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") or a mix ("Q4_K_M", "Q5_K_M"). vocab overrides the
-    shape's vocabulary size (the tokenizer is cut or padded to match).
+    shape's vocabulary size; the tokenizer (`tokenizer.*` keys of the model named or at the path
+    `tokenizer`) is cut or padded to match.
     """
     from tqdm import tqdm
 
-    spec = family_spec(family)
     dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
     _, file_type = _type_chooser(qtype)
     plans = plan_tensors(family, dims, qtype, fast)
     path = Path(path)
-    writer = GGUFWriter(path, spec.architecture)
+    writer = GGUFWriter(path, family_spec(family).architecture)
     _add_general(writer, family, shape, qtype, seed, fast, file_type, alignment)
-    for key, (field, vtype) in spec.metadata.items():
-        if field in dims:
-            writer.add_key_value(f"{spec.architecture}.{key}", dims[field], vtype)
-    for key, value in tokenizer_metadata(dims["vocab"]).items():
+    for key, (value, vtype) in hparam_metadata(family, dims).items():
+        writer.add_key_value(key, value, vtype)
+    for key, value in tokenizer_metadata(dims["vocab"], tokenizer).items():
         _add_value(writer, key, value)
     for plan in plans:
         byte_shape = (*plan.shape[:-1], row_bytes(plan.shape[-1], plan.qtype))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a synthetic GGUF model (random weights, real names, SmolLM2's tokenizer).
+"""Write a synthetic GGUF model (random weights, real names and metadata, a real tokenizer).
 
     python scripts/make_synthetic_gguf.py --family llama --shape llama3.2-1b --qtype Q4_K_M -o out.gguf
 
@@ -13,7 +13,7 @@ import sys
 import time
 
 from airframe.errors import AirframeError
-from airframe.synthetic import FAMILIES, MIXES, SHAPES, write_synthetic_gguf
+from airframe.synthetic import FAMILIES, MIXES, SHAPES, TOKENIZER_SOURCE, write_synthetic_gguf
 from airframe.quantize import SUPPORTED
 
 
@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=None,
                         help="vocabulary size (the tokenizer is cut or padded to it)")
+    parser.add_argument("--tokenizer", default=TOKENIZER_SOURCE,
+                        help="model name or GGUF path whose tokenizer.* keys are copied")
     parser.add_argument("--fast", action="store_true",
                         help="generate one layer's weights and repeat them in every layer")
     return parser.parse_args(argv)
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         path = write_synthetic_gguf(args.output, args.family, args.shape, args.qtype, args.seed,
-                                    vocab=args.vocab, fast=args.fast, progress=True)
+                                    vocab=args.vocab, fast=args.fast, tokenizer=args.tokenizer,
+                                    progress=True)
     except AirframeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

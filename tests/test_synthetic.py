@@ -7,12 +7,12 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, TokenType
 
 from airframe.errors import ParameterError
-from airframe.family import load_config
+from airframe.family import families, load_config
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
 from airframe.quantize import SUPPORTED
-from airframe.synthetic import (FAMILIES, encode_tensor, plan_tensors, resolve_shape, tensor_values,
-                                tokenizer_metadata, write_synthetic_gguf)
+from airframe.synthetic import (FAMILIES, encode_tensor, hparam_metadata, plan_tensors, resolve_shape,
+                                tensor_values, tokenizer_metadata, write_synthetic_gguf)
 
 QTYPES = [t.name for t in SUPPORTED] + ["Q4_K_M", "Q5_K_M"]
 
@@ -106,6 +106,24 @@ def test_q4_k_m_mix_matches_the_real_gemma3_file():
     real.close()
 
 
+@pytest.mark.parametrize("family, model", [("llama", "smollm2-135m"), ("gemma3", "gemma3-270m")])
+def test_hparams_match_the_real_file(family, model):
+    real = GGUFFile(resolve_model(model))
+    ours = hparam_metadata(family, resolve_shape(family, model))
+    for key, value in real.metadata.items():
+        if key.startswith(f"{real.architecture}."):
+            assert key in ours, key
+            assert ours[key][0] == pytest.approx(value, rel=1e-6), key
+    real.close()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tensor_names_follow_the_family_file(family):
+    toml = families()[FAMILIES[family].architecture]
+    assert set(FAMILIES[family].layer_tensors) == set(toml.layer_tensors + toml.layer_optional)
+    assert set(toml.global_tensors) <= set(FAMILIES[family].global_tensors)
+
+
 def test_smollm2_shape_matches_the_real_file():
     real = GGUFFile(resolve_model("smollm2-135m"))
     plans = plan_tensors("llama", resolve_shape("llama", "smollm2-135m"), "Q8_0")
@@ -149,6 +167,16 @@ def test_truncated_tokenizer_is_consistent():
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     ids = tok.encode("the cat is on the mat").ids
     assert ids and max(ids) < 400
+
+
+def test_gemma_tokenizer_can_be_copied_and_cut(tmp_path):
+    path = write_synthetic_gguf(tmp_path / "g.gguf", "gemma3", "tiny", "Q8_0", tokenizer="gemma3-270m", vocab=1000)
+    gf = GGUFFile(path)
+    assert load_config(gf).vocab_size == 1000
+    assert gf.get("tokenizer.ggml.model") == "llama"
+    assert len(gf.get("tokenizer.ggml.scores")) == len(gf.get("tokenizer.ggml.token_type")) == 1000
+    real = tokenizer_metadata(source="gemma3-270m")
+    assert gf.get("tokenizer.ggml.tokens") == real["tokenizer.ggml.tokens"][:1000]
 
 
 def test_padded_tokenizer_for_llama3_vocab():
