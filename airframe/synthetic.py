@@ -99,9 +99,10 @@ _LLAMA_METADATA = {
     "attention.layer_norm_rms_epsilon": ("rms_eps", V.FLOAT32),
     "vocab_size": ("vocab", V.UINT32),
 }
-_GLOBAL_TENSORS = {
+_GLOBAL_TENSORS = {  # written in this order around the layers; output.weight only when untied
     "token_embd.weight": ("n_embd", "vocab"),
     "output_norm.weight": ("n_embd",),
+    "output.weight": ("n_embd", "vocab"),
 }
 _LLAMA_LAYER = {
     "attn_norm.weight": ("n_embd",),
@@ -236,30 +237,30 @@ class TensorPlan:
 
 def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = False) -> list[TensorPlan]:
     """Every tensor of the model in file order: token_embd, the layers, output_norm, output."""
-    spec = family_spec(family)
     choose, _ = _type_chooser(qtype)
-    tied = dims["tied_embeddings"]
-    n_layers = dims["n_layers"]
-    named: list[tuple[str, tuple[str, ...], int | None, str]] = []
-    named.append(("token_embd.weight", spec.global_tensors["token_embd.weight"], None, "token_embd.weight"))
-    for layer in range(n_layers):
-        for suffix, fields in spec.layer_tensors.items():
-            name = f"blk.{layer}.{suffix}"
-            named.append((name, fields, layer, f"blk.0.{suffix}" if fast else name))
-    for name, fields in spec.global_tensors.items():
-        if name != "token_embd.weight":
-            named.append((name, fields, None, name))
-    if not tied:
-        named.append(("output.weight", ("n_embd", "vocab"), None, "output.weight"))
     plans = []
-    for name, fields, layer, source in named:
+    for name, fields, layer, source in _tensor_names(family_spec(family), dims, fast):
         shape = tuple(dims[f] for f in reversed(fields))  # GGUF order -> numpy order
         if name.endswith("norm.weight"):
             chosen = Q.F32
         else:
-            chosen = compatible_type(choose(name, layer, n_layers, tied), shape[-1])
+            chosen = choose(name, layer, dims["n_layers"], dims["tied_embeddings"])
+            chosen = compatible_type(chosen, shape[-1])
         plans.append(TensorPlan(name, shape, chosen, source))
     return plans
+
+
+def _tensor_names(spec: FamilySpec, dims: dict[str, Any], fast: bool) -> Iterator[tuple]:
+    """(name, shape fields, layer or None, source name) of every tensor, in file order."""
+    first, *last = spec.global_tensors
+    yield first, spec.global_tensors[first], None, first
+    for layer in range(dims["n_layers"]):
+        for suffix, fields in spec.layer_tensors.items():
+            name = f"blk.{layer}.{suffix}"
+            yield name, fields, layer, f"blk.0.{suffix}" if fast else name
+    for name in last:
+        if not (name == "output.weight" and dims["tied_embeddings"]):
+            yield name, spec.global_tensors[name], None, name
 
 
 def tensor_values(plan: TensorPlan, seed: int = 0) -> np.ndarray:
@@ -363,8 +364,8 @@ def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
     """Write a metadata value read by GGUFFile with the GGUF type llama.cpp uses for it."""
     if isinstance(value, bool):
         writer.add_bool(key, value)
-    elif isinstance(value, int):
-        writer.add_uint32(key, value)
+    elif isinstance(value, int):  # token ids and counts; -1 marks an absent id in some files
+        writer.add_uint32(key, value) if value >= 0 else writer.add_int32(key, value)
     elif isinstance(value, float):
         writer.add_float32(key, value)
     elif isinstance(value, str):
@@ -398,6 +399,8 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     """
     from tqdm import tqdm
 
+    if not isinstance(seed, int) or seed < 0:
+        raise ParameterError(f"seed = {seed!r}, expected a non-negative integer")
     dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
     _, file_type = _type_chooser(qtype)
     plans = plan_tensors(family, dims, qtype, fast)
