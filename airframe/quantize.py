@@ -2,12 +2,12 @@
 
 F32, F16, BF16 and the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) use the `gguf`
 package's own encoders. Q4_K, Q5_K and Q6_K have no encoder there, so they are ours: vectorised
-over all blocks at once, with a simple scale search (no optimal rounding, no importance matrix).
-The bit layouts are those that `gguf.quants` dequantizes, which is the oracle the tests use.
+over all blocks at once, each sub-block's scale (and min) taken from its range, no search for
+optimal rounding and no importance matrix. The bit layouts are those that `gguf.quants`
+dequantizes, which is the oracle the tests use.
 
-The K-quant encoders round every scale *up* (and the float16 super-block scales up, too), so no
-value is ever clipped: each value is off by at most half of its
-sub-block's step.
+The K-quant encoders round every scale *up* (the float16 super-block scales too), so no value is
+ever clipped: each value is off by at most half of its sub-block's step.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ SUPPORTED = FLOAT_TYPES + LEGACY_TYPES + K_TYPES
 # When a row length is not a multiple of a type's block, llama.cpp's quantizer falls back to a
 # 32-value type of about the same size (llama-quant.cpp, "fallback" in llama_tensor_get_type);
 # a row that is not a multiple of 32 either is stored as F16.
-FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
-for _legacy in LEGACY_TYPES:
-    FALLBACK[_legacy] = Q.F16
+FALLBACK = {
+    Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
+    Q.Q4_0: Q.F16, Q.Q4_1: Q.F16, Q.Q5_0: Q.F16, Q.Q5_1: Q.F16, Q.Q8_0: Q.F16,
+}
 
-_CHUNK_VALUES = 1 << 22  # values per worker task: large enough that numpy releases the GIL
+_CHUNK_VALUES = 1 << 22  # values per thread task: numpy releases the GIL, tasks amortise the calls
 
 
 def qtype_named(name: str | GGMLQuantizationType) -> GGMLQuantizationType:

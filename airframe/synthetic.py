@@ -364,8 +364,10 @@ def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
     """Write a metadata value read by GGUFFile with the GGUF type llama.cpp uses for it."""
     if isinstance(value, bool):
         writer.add_bool(key, value)
-    elif isinstance(value, int):  # token ids and counts; -1 marks an absent id in some files
-        writer.add_uint32(key, value) if value >= 0 else writer.add_int32(key, value)
+    elif isinstance(value, int) and value >= 0:  # token ids and counts
+        writer.add_uint32(key, value)
+    elif isinstance(value, int):  # -1 marks an absent token id in some files
+        writer.add_int32(key, value)
     elif isinstance(value, float):
         writer.add_float32(key, value)
     elif isinstance(value, str):
