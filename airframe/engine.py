@@ -63,9 +63,9 @@ class Piece:
 class Finish:
     reason: str  # "stop" | "length" | "cancelled"
     prompt_tokens: int
-    completion_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
+    completion_tokens: int  # sampled tokens, the one that stopped generation included
+    prefill_seconds: float  # from the request to the first sampled token (time to first token)
+    decode_seconds: float  # the other completion_tokens - 1 tokens (llama.cpp's "eval time")
 
 
 class Engine:
@@ -146,7 +146,7 @@ class Engine:
         started = time.perf_counter()
         self.backend.reset()
         logits = self.backend.forward(prompt_ids)
-        prefilled = time.perf_counter()
+        first_token_at = None  # prefill ends when the first token is chosen
 
         reason, n_sampled = "length", 0
         pending_ids: list[int] = []
@@ -163,6 +163,8 @@ class Engine:
                 logits = self.backend.forward([history.tokens[-1]])
             token = sampler.sample(history, logits)
             n_sampled += 1
+            if first_token_at is None:
+                first_token_at = time.perf_counter()
             history.tokens.append(token)
             if token in stop_ids:
                 reason = "stop"
@@ -180,7 +182,10 @@ class Engine:
         tail = assembler.finish()
         if tail or pending_ids:
             yield Piece(tail, pending_ids, pending_logprobs if params.logprobs is not None else None)
-        yield Finish(reason, len(prompt_ids), n_sampled, prefilled - started, time.perf_counter() - prefilled)
+        ended = time.perf_counter()
+        if first_token_at is None:
+            first_token_at = ended
+        yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at)
 
     def generate(self, prompt: str | list[dict], params: GenerationParams,
                  cancel: Callable[[], bool] | None = None) -> tuple[str, Finish, list[TokenLogprob] | None]:

@@ -57,11 +57,15 @@ def load_engine(args):
 
 
 def speed_line(finish) -> str:
+    """Prefill runs until the first token is chosen; decode covers every token after it."""
     prefill = finish.prompt_tokens / finish.prefill_seconds if finish.prefill_seconds > 0 else 0.0
-    decode = finish.completion_tokens / finish.decode_seconds if finish.decode_seconds > 0 else 0.0
-    ms = 1000 * finish.decode_seconds / finish.completion_tokens if finish.completion_tokens else 0.0
-    return (f"[{finish.reason}] prompt {finish.prompt_tokens} tokens, prefill {prefill:.1f} tokens/s, "
-            f"{finish.completion_tokens} generated, decode {decode:.1f} tokens/s ({ms:.1f} ms/token)")
+    line = (f"[{finish.reason}] prompt {finish.prompt_tokens} tokens, prefill {prefill:.1f} tokens/s, "
+            f"{finish.completion_tokens} generated")
+    decoded = finish.completion_tokens - 1
+    if decoded < 1 or finish.decode_seconds <= 0:
+        return line
+    ms = 1000 * finish.decode_seconds / decoded
+    return line + f", decode {decoded / finish.decode_seconds:.1f} tokens/s ({ms:.1f} ms/token)"
 
 
 def stream_to(out, engine, prompt, params, cancel=None):

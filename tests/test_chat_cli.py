@@ -1,0 +1,110 @@
+"""`airframe chat` in a real terminal (tmux): it answers, keeps history, resets and exits cleanly;
+and `airframe run` end to end."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+CHAT = [sys.executable, "-m", "airframe", "chat", "smollm2-135m", "--backend", "reference",
+        "-n", "4", "--temp", "0", "--ctx", "256", "--system", "Be brief."]
+SPEED = re.compile(r"prompt (\d+) tokens, prefill [\d.]+ tokens/s, (\d+) generated")
+
+
+class Terminal:
+    """One tmux server of our own (its own socket) running one command in a 200x50 window."""
+
+    def __init__(self, command: list[str]):
+        self.socket = f"airframe-test-{os.getpid()}-{time.monotonic_ns()}"
+        shell = f"{shlex.join(command)}; echo EXITED $?; sleep 60"
+        self.tmux("new-session", "-d", "-s", "chat", "-x", "200", "-y", "50", shell)
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-500", "-t", "chat")
+
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "chat", "-l", text)
+        self.tmux("send-keys", "-t", "chat", "Enter")
+
+    def wait_for(self, predicate, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; the terminal shows:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def terminal():
+    opened = []
+
+    def open_terminal(command):
+        opened.append(Terminal(command))
+        return opened[-1]
+
+    yield open_terminal
+    for t in opened:
+        t.close()
+
+
+def prompt_counts(screen: str) -> list[int]:
+    return [int(m.group(1)) for m in SPEED.finditer(screen)]
+
+
+def test_chat_answers_keeps_history_resets_and_exits(terminal):
+    term = terminal(CHAT)
+    term.wait_for(lambda s: s.rstrip().endswith(">"))
+    term.type("Hi")
+    screen = term.wait_for(lambda s: len(prompt_counts(s)) == 1)
+    answer = screen.split("> Hi", 1)[1].split("[", 1)[0].strip()
+    assert answer, f"no answer text on the screen:\n{screen}"
+    term.type("Hi")
+    term.wait_for(lambda s: len(prompt_counts(s)) == 2)
+    term.type("/reset")
+    term.wait_for(lambda s: "(conversation reset)" in s)
+    term.type("Hi")
+    screen = term.wait_for(lambda s: len(prompt_counts(s)) == 3)
+    first, with_history, after_reset = prompt_counts(screen)
+    assert with_history > first  # the second question carried the first exchange
+    assert after_reset == first  # /reset forgot it
+    term.type("/exit")
+    screen = term.wait_for(lambda s: "EXITED" in s, timeout=30)
+    assert "EXITED 0" in screen and "Traceback" not in screen
+
+
+def test_chat_leaves_on_end_of_input(terminal):
+    term = terminal(CHAT)
+    term.wait_for(lambda s: s.rstrip().endswith(">"))
+    term.tmux("send-keys", "-t", "chat", "C-d")
+    screen = term.wait_for(lambda s: "EXITED" in s, timeout=30)
+    assert "EXITED 0" in screen and "Traceback" not in screen
+
+
+def test_run_streams_the_answer_and_a_speed_line():
+    command = [sys.executable, "-m", "airframe", "run", "smollm2-135m", "The capital of France is",
+               "--backend", "reference", "-n", "3", "--temp", "0", "--ctx", "64"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("The capital of France is") and len(done.stdout) > len("The capital of France is\n")
+    counts = SPEED.search(done.stderr)
+    assert counts and int(counts.group(2)) <= 3
+
+
+def test_run_reports_a_bad_parameter_without_a_traceback():
+    command = [sys.executable, "-m", "airframe", "run", "smollm2-135m", "x", "--backend", "reference",
+               "--top-p", "7"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "top_p = 7.0, expected a number in 0.0..1.0" in done.stderr and "Traceback" not in done.stderr
