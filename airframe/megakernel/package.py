@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
 from ..errors import AirframeError, GGUFError
@@ -139,13 +140,20 @@ def _tensor_blocks(gf: GGUFFile, plan: Plan, slot: TensorSlot):
     if slot.dtype == "f32":
         yield gf.dequantize(slot.name).astype(np.float32).reshape(-1)
         return
+    raw = gf.raw(slot.name)
     if slot.transposed:
-        yield f32_to_bf16(np.ascontiguousarray(gf.dequantize(slot.name).T))
+        yield np.ascontiguousarray(_bf16_rows(raw, info.qtype).T)
         return
     rows_per_block = max(1, ROW_BLOCK_BYTES // (4 * info.shape[0]))
-    raw = gf.raw(slot.name)
     for first in range(0, info.n_rows, rows_per_block):
-        yield f32_to_bf16(dequantize_rows(raw[first:first + rows_per_block], info.qtype))
+        yield _bf16_rows(raw[first:first + rows_per_block], info.qtype)
+
+
+def _bf16_rows(raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """(rows, row_bytes) GGUF bytes -> (rows, row_length) BF16 bits; BF16 is taken as it is."""
+    if qtype == GGMLQuantizationType.BF16:
+        return raw.view(np.uint16)
+    return f32_to_bf16(dequantize_rows(raw, qtype))
 
 
 def _rope_table(gf: GGUFFile, plan: Plan, slot: TensorSlot) -> np.ndarray:

@@ -8,13 +8,13 @@
 
 enum af_opcode : uint32_t {
     AF_OP_NOP = 0,  // does nothing (padding)
-    AF_OP_EMBED = 1,  // x_a[rows] = bf16(token_embd[token, rows]) * embed_scale
-    AF_OP_QKV = 2,  // qkv[rows] = W_qkv[rows] . rmsnorm(x_a, norm); V rows also go to the V cache at pos
+    AF_OP_EMBED = 1,  // x[0][rows] = bf16(token_embd[token, rows]) * embed_scale
+    AF_OP_QKV = 2,  // qkv[rows] = W_qkv[rows] . rmsnorm(x[layer], norm); V rows also go to the V cache at pos
     AF_OP_ATTN = 3,  // one K/V head, one chunk of positions: RoPE on Q and K, flash-decoding partial (m, l, o) per query head; chunk 0 writes the roped K to the K cache at pos
-    AF_OP_WO = 4,  // x_b[rows] = x_a[rows] + W_o[rows] . merge(attention partials of the active chunks)
-    AF_OP_FFN = 5,  // ffn_part[slot] = down[:, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(x_b, norm)
-    AF_OP_FFN_REDUCE = 6,  // x_a[rows] = x_b[rows] + sum over slots k = 0.. of ffn_part[k][rows], in slot order
-    AF_OP_FINAL_NORM = 7,  // xn[rows] = rmsnorm(x_a, norm)[rows]
+    AF_OP_WO = 4,  // h[rows] = x[layer][rows] + W_o[rows] . merge(attention partials of the active chunks)
+    AF_OP_FFN = 5,  // ffn[slot] = down[:, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(h, norm)
+    AF_OP_FFN_REDUCE = 6,  // x[layer+1][rows] = h[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order
+    AF_OP_FINAL_NORM = 7,  // xn[rows] = rmsnorm(x[n_layers], norm)[rows]
     AF_OP_LM_HEAD = 8,  // logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)
 };
 
@@ -69,11 +69,14 @@ struct af_plan_consts {
     uint32_t dot_vec;  // consecutive elements per lane step
     uint32_t n_tasks;  // tasks in tasks.bin
     uint32_t n_waves;  // waves per token
-    uint32_t act_x_a;  // F32 arena offset: residual stream, layer input (n_embd)
-    uint32_t act_x_b;  // F32 arena offset: residual stream after attention (n_embd)
-    uint32_t act_qkv;  // F32 arena offset: q, k, v before RoPE (n_q + n_kv + n_kv_v)
-    uint32_t act_attn;  // F32 arena offset: partials [chunk][q head][m, l, o[head_dim_v]]
-    uint32_t act_ffn;  // F32 arena offset: FFN partials [slot][n_embd]
+    uint32_t act_x;  // F32 arena offset of x[0..n_layers]: x[0] embedding, x[l+1] output of layer l
+    uint32_t act_x_stride;  // floats between x[l] and x[l+1]
+    uint32_t act_layer;  // F32 arena offset of layer 0's block; layer l's is act_layer + l * act_layer_size
+    uint32_t act_layer_size;  // floats per layer block
+    uint32_t lay_qkv;  // in a layer block: q, k, v before RoPE (n_q + n_kv + n_kv_v)
+    uint32_t lay_attn;  // in a layer block: partials [chunk][q head][m, l, o[head_dim_v]]
+    uint32_t lay_h;  // in a layer block: residual stream after attention (n_embd)
+    uint32_t lay_ffn;  // in a layer block: FFN partials [slot][n_embd]
     uint32_t act_xn;  // F32 arena offset: final-normed hidden state (n_embd)
     uint32_t act_logits;  // F32 arena offset: logits (vocab)
     uint32_t act_cand;  // F32 arena offset: [slot][value f32, id u32 bits]

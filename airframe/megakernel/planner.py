@@ -109,17 +109,23 @@ def layout_weights(config: ModelConfig, ctx: int) -> tuple[dict[str, TensorSlot]
 
 # ---- the activation arena ------------------------------------------------------------------------
 def arena_layout(c: ModelConfig, attn_chunks: int, ffn_parts: int, lm_parts: int) -> dict[str, int]:
-    sizes = [("act_x_a", c.n_embd), ("act_x_b", c.n_embd),
-             ("act_qkv", c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v),
-             ("act_attn", attn_chunks * c.n_head * (c.head_dim_v + 2)),
-             ("act_ffn", ffn_parts * c.n_embd), ("act_xn", c.n_embd),
-             ("act_logits", c.vocab_size), ("act_cand", 2 * lm_parts)]
-    offsets, at = {}, 0
-    for name, size in sizes:
-        offsets[name] = at
-        at = _align(at + size, ALIGN // 4)
-    offsets["act_size"] = at
-    return offsets
+    """Every activation has its own place for the whole token (nothing is overwritten within a
+    token), so a read can only ever see the one value its writer produced."""
+    floats = ALIGN // 4
+    x_stride = _align(c.n_embd, floats)
+    layer, at = {}, 0
+    for name, size in (("lay_qkv", c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v),
+                       ("lay_attn", attn_chunks * c.n_head * (c.head_dim_v + 2)),
+                       ("lay_h", c.n_embd), ("lay_ffn", ffn_parts * c.n_embd)):
+        layer[name] = at
+        at = _align(at + size, floats)
+    out = dict(layer, act_x=0, act_x_stride=x_stride, act_layer=(c.n_layers + 1) * x_stride, act_layer_size=at)
+    at = out["act_layer"] + c.n_layers * at
+    for name, size in (("act_xn", c.n_embd), ("act_logits", c.vocab_size), ("act_cand", 2 * lm_parts)):
+        out[name] = at
+        at = _align(at + size, floats)
+    out["act_size"] = at
+    return out
 
 
 # ---- cutting rows --------------------------------------------------------------------------------
@@ -224,3 +230,58 @@ def _task_array(waves: list, workers: int) -> np.ndarray:
         array[name] = [r[name] for r in rows]
     order = np.lexsort((np.arange(len(array)), array["worker"], array["wave"]))
     return array[order]
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+def task_bytes(t, k: dict, pos: int | None = None) -> int:
+    """Bytes a task streams from DRAM: its weight rows, norm vector, and K/V rows at position `pos`
+    (default: the last position of the context)."""
+    op, n, e = Op(int(t["opcode"])), int(t["row_count"]), k["n_embd"]
+    norm = e * 4
+    if op == Op.EMBED:
+        return n * 2
+    if op == Op.QKV:
+        return n * e * 2 + norm
+    if op == Op.ATTN:
+        pos = k["ctx"] - 1 if pos is None else pos
+        first = int(t["row_start"])
+        count = max(0, min(first + n, pos + 1) - first)
+        return count * (k["head_dim"] + k["head_dim_v"]) * 4
+    if op == Op.WO:
+        return n * k["n_head"] * k["head_dim_v"] * 2
+    if op == Op.FFN:
+        return 3 * n * e * 2 + norm
+    if op == Op.FINAL_NORM:
+        return norm
+    if op == Op.LM_HEAD:
+        return n * e * 2
+    return 0  # FFN_REDUCE reads only activations
+
+
+def wave_bytes(plan: Plan, pos: int | None = None) -> np.ndarray:
+    """(n_waves, workers) bytes each worker streams in each wave."""
+    out = np.zeros((plan.consts["n_waves"], plan.target.workers), dtype=np.int64)
+    for t in plan.tasks:
+        out[int(t["wave"]), int(t["worker"])] += task_bytes(t, plan.consts, pos)
+    return out
+
+
+def imbalance(row: np.ndarray) -> float:
+    """max / mean - 1 over all workers of a wave (idle workers count as 0 bytes)."""
+    mean = row.mean()
+    return float(row.max() / mean - 1.0) if mean else 0.0
+
+
+def plan_stats(plan: Plan, pos: int | None = None) -> dict:
+    per_wave = wave_bytes(plan, pos)
+    waves = []
+    for w, info in enumerate(plan.waves):
+        row = per_wave[w]
+        n_tasks = int(np.count_nonzero(plan.tasks["wave"] == w))
+        waves.append(dict(info, wave=w, tasks=n_tasks, busy_workers=int(np.count_nonzero(row)),
+                          max_bytes=int(row.max()), mean_bytes=float(row.mean()), imbalance=imbalance(row)))
+    weight_waves = [wv for wv in waves if wv["opcode"] in ("QKV", "WO", "FFN", "LM_HEAD")]
+    return {"tasks": len(plan.tasks), "waves": len(plan.waves), "workers": plan.target.workers,
+            "bytes_per_token": int(per_wave.sum()),
+            "max_weight_wave_imbalance": max(wv["imbalance"] for wv in weight_waves),
+            "per_wave": waves}

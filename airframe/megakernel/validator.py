@@ -71,17 +71,27 @@ def attn_record(k: dict) -> int:
     return k["head_dim_v"] + 2  # m, l, o[head_dim_v]
 
 
+def act(k: dict, name: str, layer: int = 0) -> int:
+    """Arena offset of an activation: "x" (x[layer]), "qkv", "attn", "h", "ffn" (of a layer),
+    or "xn", "logits", "cand"."""
+    if name == "x":
+        return k["act_x"] + layer * k["act_x_stride"]
+    if name in ("qkv", "attn", "h", "ffn"):
+        return k["act_layer"] + layer * k["act_layer_size"] + k[f"lay_{name}"]
+    return k[f"act_{name}"]
+
+
 def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     """(reads, writes) of one task, as blocks; weights in bytes, everything else in floats."""
     op, r0, n, layer = int(t["opcode"]), int(t["row_start"]), int(t["row_count"]), int(t["layer"])
     e = k["n_embd"]
     if op == Op.EMBED:
         table = k["vocab"] * e * 2  # the token's row is chosen at run time: the whole table is the envelope
-        return [_flat("weights", int(t["weight0"]), table)], [_flat("act", k["act_x_a"] + r0, n)]
+        return [_flat("weights", int(t["weight0"]), table)], [_flat("act", act(k, "x", 0) + r0, n)]
     if op == Op.QKV:
-        reads = [_flat("act", k["act_x_a"], e), _flat("weights", int(t["norm"]), e * 4),
+        reads = [_flat("act", act(k, "x", layer), e), _flat("weights", int(t["norm"]), e * 4),
                  _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
-        writes = [_flat("act", k["act_qkv"] + r0, n)]
+        writes = [_flat("act", act(k, "qkv", layer) + r0, n)]
         v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
         lo, hi = max(r0, v_first), r0 + n
         if hi > lo:  # the task's V rows also go to the V cache at the current position
@@ -92,23 +102,23 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
         return _attn_ranges(t, k)
     if op == Op.WO:
         n_in = k["n_head"] * k["head_dim_v"]
-        reads = [_flat("act", k["act_attn"], k["attn_chunks"] * k["n_head"] * attn_record(k)),
+        reads = [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
                  _flat("weights", int(t["weight0"]) + r0 * n_in * 2, n * n_in * 2),
-                 _flat("act", k["act_x_a"] + r0, n)]
-        return reads, [_flat("act", k["act_x_b"] + r0, n)]
+                 _flat("act", act(k, "x", layer) + r0, n)]
+        return reads, [_flat("act", act(k, "h", layer) + r0, n)]
     if op == Op.FFN:
-        reads = [_flat("act", k["act_x_b"], e), _flat("weights", int(t["norm"]), e * 4)]
+        reads = [_flat("act", act(k, "h", layer), e), _flat("weights", int(t["norm"]), e * 4)]
         reads += [_flat("weights", int(t[w]) + r0 * e * 2, n * e * 2) for w in ("weight0", "weight1", "weight2")]
-        return reads, [_flat("act", k["act_ffn"] + int(t["slot"]) * e, e)]
+        return reads, [_flat("act", act(k, "ffn", layer) + int(t["slot"]) * e, e)]
     if op == Op.FFN_REDUCE:
-        parts = Block("act", k["act_ffn"] + r0, k["ffn_parts"], n, e)
-        return [parts, _flat("act", k["act_x_b"] + r0, n)], [_flat("act", k["act_x_a"] + r0, n)]
+        parts = Block("act", act(k, "ffn", layer) + r0, k["ffn_parts"], n, e)
+        return [parts, _flat("act", act(k, "h", layer) + r0, n)], [_flat("act", act(k, "x", layer + 1) + r0, n)]
     if op == Op.FINAL_NORM:
-        reads = [_flat("act", k["act_x_a"], e), _flat("weights", int(t["norm"]), e * 4)]
-        return reads, [_flat("act", k["act_xn"] + r0, n)]
+        reads = [_flat("act", act(k, "x", k["n_layers"]), e), _flat("weights", int(t["norm"]), e * 4)]
+        return reads, [_flat("act", act(k, "xn") + r0, n)]
     if op == Op.LM_HEAD:
-        reads = [_flat("act", k["act_xn"], e), _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
-        return reads, [_flat("act", k["act_logits"] + r0, n), _flat("act", k["act_cand"] + 2 * int(t["slot"]), 2)]
+        reads = [_flat("act", act(k, "xn"), e), _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
+        return reads, [_flat("act", act(k, "logits") + r0, n), _flat("act", act(k, "cand") + 2 * int(t["slot"]), 2)]
     raise PlanError(f"opcode {op}, expected one of {', '.join(f'{o.value} {o.name}' for o in Op if o)}")
 
 
@@ -120,13 +130,14 @@ def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     lh = layer * k["n_head_kv"] + head
     rec = attn_record(k)
     table = k["ctx"] * (k["rope_dim"] // 2) * 4
-    reads = [_flat("act", k["act_qkv"] + head * g * hd, g * hd),
-             _flat("act", k["act_qkv"] + k["n_head"] * hd + head * hd, hd),
+    qkv = act(k, "qkv", layer)
+    reads = [_flat("act", qkv + head * g * hd, g * hd),
+             _flat("act", qkv + k["n_head"] * hd + head * hd, hd),
              _flat("weights", k["rope_cos"], table), _flat("weights", k["rope_sin"], table),
              _flat("kcache", (lh * k["ctx"] + first) * hd, count * hd),
              _flat("vcache", (lh * k["ctx"] + first) * hdv, count * hdv),
              _flat("vnow", lh * hdv, hdv)]
-    writes = [_flat("act", k["act_attn"] + (chunk * k["n_head"] + head * g) * rec, g * rec)]
+    writes = [_flat("act", act(k, "attn", layer) + (chunk * k["n_head"] + head * g) * rec, g * rec)]
     if chunk == 0:  # one fixed writer of the roped K row at the current position
         writes.append(_flat("know", lh * hd, hd))
     return reads, writes
@@ -137,17 +148,18 @@ def expected_outputs(op: int, layer: int, k: dict) -> list[Block]:
     e = k["n_embd"]
     lh = layer * k["n_head_kv"]
     table = {
-        Op.EMBED: [_flat("act", k["act_x_a"], e)],
-        Op.QKV: [_flat("act", k["act_qkv"], n_qkv(k)), _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
-        Op.ATTN: [_flat("act", k["act_attn"], k["attn_chunks"] * k["n_head"] * attn_record(k)),
-                  _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"])],
-        Op.WO: [_flat("act", k["act_x_b"], e)],
-        Op.FFN: [_flat("act", k["act_ffn"], k["ffn_parts"] * e)],
-        Op.FFN_REDUCE: [_flat("act", k["act_x_a"], e)],
-        Op.FINAL_NORM: [_flat("act", k["act_xn"], e)],
-        Op.LM_HEAD: [_flat("act", k["act_logits"], k["vocab"]), _flat("act", k["act_cand"], 2 * k["lm_parts"])],
+        Op.EMBED: lambda: [_flat("act", act(k, "x", 0), e)],
+        Op.QKV: lambda: [_flat("act", act(k, "qkv", layer), n_qkv(k)),
+                         _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
+        Op.ATTN: lambda: [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
+                          _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"])],
+        Op.WO: lambda: [_flat("act", act(k, "h", layer), e)],
+        Op.FFN: lambda: [_flat("act", act(k, "ffn", layer), k["ffn_parts"] * e)],
+        Op.FFN_REDUCE: lambda: [_flat("act", act(k, "x", layer + 1), e)],
+        Op.FINAL_NORM: lambda: [_flat("act", act(k, "xn"), e)],
+        Op.LM_HEAD: lambda: [_flat("act", act(k, "logits"), k["vocab"]), _flat("act", act(k, "cand"), 2 * k["lm_parts"])],
     }
-    return table[Op(op)]
+    return table[Op(op)]()
 
 
 # ---- the checks ---------------------------------------------------------------------------------
@@ -168,8 +180,8 @@ def validate(plan, target: Target | None = None) -> None:
     _check_tensors(plan)
     ranges = [_checked_fields(plan, i) for i in range(len(tasks))]
     _check_bounds(plan, ranges)
-    _check_outputs(plan, ranges)
     _check_dataflow(plan, ranges)
+    _check_outputs(plan, ranges)
 
 
 def describe(plan, i: int) -> str:
@@ -192,10 +204,20 @@ def _check_fingerprint(plan, target: Target) -> None:
 
 def _check_tensors(plan) -> None:
     size = plan.consts["weights_size"]
-    for slot in plan.tensors.values():
+    slots = sorted(plan.tensors.values(), key=lambda s: s.offset)
+    for slot in slots:
         if slot.offset < 0 or slot.offset + slot.n_bytes > size:
             raise PlanError(f"tensor {slot.name} at bytes {slot.offset}..{slot.offset + slot.n_bytes}, "
                             f"expected inside weights.bin of {size} bytes")
+    for a, b in zip(slots, slots[1:]):
+        if a.offset + a.n_bytes > b.offset:
+            raise PlanError(f"tensors {a.name} (bytes {a.offset}..{a.offset + a.n_bytes}) and {b.name} "
+                            f"(from byte {b.offset}) overlap in weights.bin")
+    for i in range(plan.consts["n_layers"]):
+        q, k, v = (plan.tensors.get(f"blk.{i}.attn_{x}.weight") for x in "qkv")
+        if q and k and v and (q.offset + q.n_bytes != k.offset or k.offset + k.n_bytes != v.offset):
+            raise PlanError(f"layer {i}: attn_q, attn_k, attn_v at {q.offset}, {k.offset}, {v.offset}, "
+                            f"expected adjacent (one stacked QKV matrix)")
 
 
 def _checked_fields(plan, i: int):
@@ -215,7 +237,28 @@ def _checked_fields(plan, i: int):
         raise PlanError(f"{where}: slot {int(t['slot'])}, expected below {slot_limit}")
     if op == Op.ATTN:
         _check_attn_fields(t, k, where)
+    for name, tensor in _operand_tensors(Op(op), int(t["layer"]), plan.tensors).items():
+        if int(t[name]) != (tensor.offset if tensor else 0):
+            want = f"{tensor.offset} ({tensor.name})" if tensor else "0 (unused)"
+            raise PlanError(f"{where}: {name} = {int(t[name])}, expected {want}")
     return task_ranges(t, k)
+
+
+def _operand_tensors(op: Op, layer: int, tensors: dict) -> dict:
+    """The tensor each offset field of an opcode must point at (None: the field must be 0)."""
+    blk = lambda name: tensors.get(f"blk.{layer}.{name}.weight")  # noqa: E731
+    head = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    table = {
+        Op.EMBED: (tensors.get("token_embd.weight"), None, None, None),
+        Op.QKV: (blk("attn_q"), None, None, blk("attn_norm")),
+        Op.ATTN: (None, None, None, None),
+        Op.WO: (blk("attn_output"), None, None, None),
+        Op.FFN: (blk("ffn_gate"), blk("ffn_up"), blk("ffn_down"), blk("ffn_norm")),
+        Op.FFN_REDUCE: (None, None, None, None),
+        Op.FINAL_NORM: (None, None, None, tensors.get("output_norm.weight")),
+        Op.LM_HEAD: (head, None, None, None),
+    }
+    return dict(zip(("weight0", "weight1", "weight2", "norm"), table[op]))
 
 
 def _check_attn_fields(t, k: dict, where: str) -> None:
@@ -269,44 +312,39 @@ def _check_outputs(plan, ranges) -> None:
 
 
 def _check_dataflow(plan, ranges) -> None:
+    """Every element is written at most once per token; every read sees a write of an earlier wave."""
     sizes = buffer_sizes(plan.consts)
     tracked = ("act", "know", "vnow")
-    first_wave = {b: np.full(sizes[b], np.iinfo(np.int32).max, dtype=np.int32) for b in tracked}
-    last_wave = {b: np.full(sizes[b], -1, dtype=np.int32) for b in tracked}
+    wave_of = {b: np.full(sizes[b], -1, dtype=np.int32) for b in tracked}
     writer = {b: np.full(sizes[b], -1, dtype=np.int32) for b in tracked}
     for i, t in enumerate(plan.tasks):
         for b in ranges[i][1]:
-            v = _view(first_wave[b.buf], b)
-            np.minimum(v, int(t["wave"]), out=v)
+            taken = _view(writer[b.buf], b)
+            if np.any(taken >= 0):
+                other = int(taken[taken >= 0][0])
+                raise PlanError(f"{describe(plan, i)} writes {b}, which {describe(plan, other)} also writes: "
+                                f"expected one writer per element in a token")
+            taken[:] = i
+            _view(wave_of[b.buf], b)[:] = int(t["wave"])
     waves = plan.tasks["wave"]
     bounds = np.searchsorted(waves, np.arange(plan.consts["n_waves"] + 1))
     for w in range(plan.consts["n_waves"]):
-        members = range(bounds[w], bounds[w + 1])
-        if not members:
+        if bounds[w] == bounds[w + 1]:
             raise PlanError(f"wave {w} ({plan.waves[w]['name']}) has no task, expected at least one")
-        for i in members:
-            for b in ranges[i][1]:
-                if np.any(_view(last_wave[b.buf], b) == w):
-                    other = int(_view(writer[b.buf], b)[_view(last_wave[b.buf], b) == w][0])
-                    raise PlanError(f"{describe(plan, i)} writes {b}, which {describe(plan, other)} also "
-                                    f"writes in wave {w}: expected one writer per row")
-                _view(last_wave[b.buf], b)[:] = w
-                _view(writer[b.buf], b)[:] = i
-        for i in members:
-            for b in ranges[i][0]:
-                if b.buf in tracked:
-                    _check_read(plan, i, w, b, last_wave[b.buf], first_wave[b.buf], writer[b.buf])
+    for i, t in enumerate(plan.tasks):
+        for b in ranges[i][0]:
+            if b.buf in tracked:
+                _check_read(plan, i, int(t["wave"]), b, wave_of[b.buf], writer[b.buf])
 
 
-def _check_read(plan, i: int, w: int, b: Block, last: np.ndarray, first: np.ndarray, writer: np.ndarray) -> None:
-    seen = _view(last, b)
-    if np.any(seen == w):
-        other = int(_view(writer, b)[seen == w][0])
-        raise PlanError(f"{describe(plan, i)} reads {b}, which {describe(plan, other)} writes in the same "
-                        f"wave {w}: expected it to be written by an earlier wave")
+def _check_read(plan, i: int, w: int, b: Block, wave_of: np.ndarray, writer: np.ndarray) -> None:
+    seen = _view(wave_of, b)
+    if np.all((seen >= 0) & (seen < w)):
+        return
     if np.any(seen < 0):
-        later = int(_view(first, b)[seen < 0].min())
-        if later < np.iinfo(np.int32).max:
-            raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, which is first written by the later "
-                            f"wave {later}: expected an earlier wave")
-        raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, which no wave writes")
+        raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, part of which no task writes")
+    late = seen >= w
+    other = int(_view(writer, b)[late][0])
+    when = "the same wave" if int(seen[late][0]) == w else f"the later wave {int(seen[late][0])}"
+    raise PlanError(f"{describe(plan, i)} reads {b}, which {describe(plan, other)} writes in {when}: "
+                    f"expected it to be written by an earlier wave")

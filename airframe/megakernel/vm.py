@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
 from .opcodes import Op
-from .validator import attn_record
+from .validator import act, attn_record
 
 F32 = np.float32
 
@@ -137,12 +137,12 @@ class VM:
         return self.logits().copy(), self.greedy()
 
     def logits(self) -> np.ndarray:
-        return self.act[self.k["act_logits"]:self.k["act_logits"] + self.k["vocab"]]
+        return self._region("logits", 0, self.k["vocab"])
 
     def greedy(self) -> int:
         """Combine the LM_HEAD candidates in slot order: largest value, lowest id among ties."""
         k = self.k
-        cand = self.act[k["act_cand"]:k["act_cand"] + 2 * k["lm_parts"]]
+        cand = self._region("cand", 0, 2 * k["lm_parts"])
         values, ids = cand[0::2], cand[1::2].view(np.uint32)
         best = 0
         for s in range(1, k["lm_parts"]):
@@ -158,8 +158,8 @@ class VM:
     def _f32(self, offset: int, count: int) -> np.ndarray:
         return self.weights[offset:offset + 4 * count].view(F32)
 
-    def _region(self, name: str, start: int, count: int) -> np.ndarray:
-        base = self.k[name] + start
+    def _region(self, name: str, start: int, count: int, layer: int = 0) -> np.ndarray:
+        base = act(self.k, name, layer) + start
         return self.act[base:base + count]
 
     def _dot(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -173,14 +173,14 @@ class VM:
         e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
         row = self._bf16(int(t["weight0"]) + (self.token * e + r0) * 2, 1, n)[0]
         scale = F32(self.k["embed_scale"])
-        self._region("act_x_a", r0, n)[:] = row if scale == 1 else row * scale
+        self._region("x", r0, n)[:] = row if scale == 1 else row * scale
 
     def _qkv(self, t) -> None:
-        k, r0, n = self.k, int(t["row_start"]), int(t["row_count"])
+        k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
         e = k["n_embd"]
-        x = self._norm(self._region("act_x_a", 0, e), int(t["norm"]))
+        x = self._norm(self._region("x", 0, e, layer), int(t["norm"]))
         out = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
-        self._region("act_qkv", r0, n)[:] = out
+        self._region("qkv", r0, n, layer)[:] = out
         v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
         lo = max(r0, v_first)
         if r0 + n > lo:
@@ -211,8 +211,8 @@ class VM:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
         hd, g = k["head_dim"], k["n_head"] // k["n_head_kv"]
-        q = self._rope(self._region("act_qkv", head * g * hd, g * hd).reshape(g, hd))
-        k_new = self._rope(self._region("act_qkv", k["n_head"] * hd + head * hd, hd).reshape(1, hd))[0]
+        q = self._rope(self._region("qkv", head * g * hd, g * hd, layer).reshape(g, hd))
+        k_new = self._rope(self._region("qkv", k["n_head"] * hd + head * hd, hd, layer).reshape(1, hd))[0]
         if chunk == 0:
             self.kcache[layer, head, self.pos] = k_new
         last = min(first + int(t["row_count"]), self.pos + 1)
@@ -220,7 +220,7 @@ class VM:
         keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache
         values = self.vcache[layer, head, first:last]
         rec = attn_record(k)
-        out = self._region("act_attn", (chunk * k["n_head"] + head * g) * rec, g * rec).reshape(g, rec)
+        out = self._region("attn", (chunk * k["n_head"] + head * g) * rec, g * rec, layer).reshape(g, rec)
         products = (q[:, None, :] * keys[None, :, :]).reshape(-1, hd)  # (g * positions, head_dim)
         scores = lane_sum(products, k["dot_lanes"], k["dot_vec"]).reshape(g, -1) * F32(k["attn_scale"])
         m = scores.max(axis=1)
@@ -229,12 +229,12 @@ class VM:
         out[:, 1] = sequential_sum(e.T)
         out[:, 2:] = sequential_sum(e.T[:, :, None] * values[:, None, :])
 
-    def _merged_attention(self) -> np.ndarray:
+    def _merged_attention(self, layer: int) -> np.ndarray:
         """Every query head's attention output from the active chunks' partials, (n_head * head_dim_v,)."""
         k = self.k
         active = self.pos // k["attn_chunk"] + 1
         rec = attn_record(k)
-        parts = self._region("act_attn", 0, active * k["n_head"] * rec).reshape(active, k["n_head"], rec)
+        parts = self._region("attn", 0, active * k["n_head"] * rec, layer).reshape(active, k["n_head"], rec)
         m = parts[:, :, 0].max(axis=0)
         scale = np.exp(parts[:, :, 0] - m)  # (active, n_head)
         total = sequential_sum(scale * parts[:, :, 1])
@@ -242,35 +242,36 @@ class VM:
         return (o / total[:, None]).reshape(-1)
 
     def _wo(self, t) -> None:
-        r0, n = int(t["row_start"]), int(t["row_count"])
-        a = self._merged_attention()
+        r0, n, layer = int(t["row_start"]), int(t["row_count"]), int(t["layer"])
+        a = self._merged_attention(layer)
         out = self._dot(self._bf16(int(t["weight0"]) + r0 * a.size * 2, n, a.size), a)
-        self._region("act_x_b", r0, n)[:] = self._region("act_x_a", r0, n) + out
+        self._region("h", r0, n, layer)[:] = self._region("x", r0, n, layer) + out
 
     def _ffn(self, t) -> None:
-        e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
-        x = self._norm(self._region("act_x_b", 0, e), int(t["norm"]))
+        e, r0, n, layer = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["layer"])
+        x = self._norm(self._region("h", 0, e, layer), int(t["norm"]))
         gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
         up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x)
         h = silu(gate) * up
         down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
-        self._region("act_ffn", int(t["slot"]) * e, e)[:] = sequential_sum(h[:, None] * down_t)
+        self._region("ffn", int(t["slot"]) * e, e, layer)[:] = sequential_sum(h[:, None] * down_t)
 
     def _ffn_reduce(self, t) -> None:
-        k, r0, n = self.k, int(t["row_start"]), int(t["row_count"])
-        parts = self._region("act_ffn", 0, k["ffn_parts"] * k["n_embd"]).reshape(k["ffn_parts"], k["n_embd"])
-        self._region("act_x_a", r0, n)[:] = self._region("act_x_b", r0, n) + sequential_sum(parts[:, r0:r0 + n])
+        k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
+        parts = self._region("ffn", 0, k["ffn_parts"] * k["n_embd"], layer).reshape(k["ffn_parts"], k["n_embd"])
+        total = sequential_sum(parts[:, r0:r0 + n])
+        self._region("x", r0, n, layer + 1)[:] = self._region("h", r0, n, layer) + total
 
     def _final_norm(self, t) -> None:
         e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
-        x = self._norm(self._region("act_x_a", 0, e), int(t["norm"]))
-        self._region("act_xn", r0, n)[:] = x[r0:r0 + n]
+        x = self._norm(self._region("x", 0, e, self.k["n_layers"]), int(t["norm"]))
+        self._region("xn", r0, n)[:] = x[r0:r0 + n]
 
     def _lm_head(self, t) -> None:
         e, r0, n, slot = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["slot"])
-        logits = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), self._region("act_xn", 0, e))
-        self._region("act_logits", r0, n)[:] = logits
+        logits = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), self._region("xn", 0, e))
+        self._region("logits", r0, n)[:] = logits
         best = int(np.argmax(logits))  # first maximum: lowest id among ties
-        cand = self._region("act_cand", 2 * slot, 2)
+        cand = self._region("cand", 2 * slot, 2)
         cand[0] = logits[best]
         cand[1:2].view(np.uint32)[0] = r0 + best

@@ -1,0 +1,39 @@
+"""The plan format's single source of truth and the CUDA header generated from it."""
+
+import numpy as np
+
+from airframe.megakernel import opcodes
+from airframe.megakernel.opcodes import OPCODE_DOCS, TASK_DTYPE, TASK_FIELDS, Op
+
+
+def test_committed_header_is_generated_from_opcodes_py():
+    assert opcodes.HEADER_PATH.read_text() == opcodes.render_header(), \
+        "plan_format.h is stale: run `python -m airframe.megakernel.opcodes`"
+
+
+def test_task_word_is_64_bytes_with_u64_fields_aligned():
+    assert TASK_DTYPE.itemsize == 64
+    for name, kind, _ in TASK_FIELDS:
+        offset = TASK_DTYPE.fields[name][1]
+        assert offset % (8 if kind == "u64" else 4) == 0, name
+
+
+def test_header_declares_every_opcode_and_field_at_its_offset():
+    text = opcodes.render_header()
+    for op in Op:
+        assert f"AF_OP_{op.name} = {op.value}," in text
+        assert op in OPCODE_DOCS
+    for name in TASK_DTYPE.names:
+        assert f"__builtin_offsetof(af_task, {name}) == {TASK_DTYPE.fields[name][1]}" in text
+    for name in opcodes.CONST_NAMES:
+        assert f" {name};" in text
+
+
+def test_task_words_round_trip_through_bytes():
+    tasks = np.zeros(3, dtype=TASK_DTYPE)
+    tasks["opcode"] = [Op.QKV, Op.ATTN, Op.LM_HEAD]
+    tasks["weight0"] = [0, 1 << 33, (1 << 40) + 6]
+    again = np.frombuffer(tasks.tobytes(), dtype=TASK_DTYPE)
+    assert again.tobytes() == tasks.tobytes()
+    words = np.frombuffer(tasks.tobytes(), dtype="<u4").reshape(3, 16)
+    assert words[1, 8] == 0 and words[1, 9] == 2  # u64 weight0 = (lo, hi) words 8, 9

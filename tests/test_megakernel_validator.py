@@ -1,0 +1,146 @@
+"""The validator accepts what the planner writes and rejects every corrupted plan."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+
+from airframe.family import load_config
+from airframe.gguf_file import GGUFFile
+from airframe.megakernel.opcodes import Op
+from airframe.megakernel.planner import make_plan
+from airframe.megakernel.target import load_target
+from airframe.megakernel.validator import PlanError, task_ranges, validate
+
+N_CASES = 25  # corruptions per kind and target
+
+
+@pytest.fixture(scope="module", params=["rtx3050", "h200"])
+def plan(request, smollm2_path):
+    """A two-layer SmolLM2-shaped plan: small enough to validate hundreds of corruptions."""
+    config = dataclasses.replace(load_config(GGUFFile(smollm2_path)), n_layers=2)
+    return make_plan(config, load_target(request.param), ctx=96)
+
+
+def _with_tasks(plan, tasks):
+    bad = copy.copy(plan)
+    order = np.argsort(tasks["wave"], kind="stable")
+    bad.tasks = tasks[order]
+    return bad
+
+
+def _rows_of(plan, op):
+    return np.flatnonzero(plan.tasks["opcode"] == op)
+
+
+def test_planner_output_is_accepted(plan):
+    validate(plan)
+
+
+def test_smollm2_full_plans_are_accepted(smollm2_path):
+    config = load_config(GGUFFile(smollm2_path))
+    for name in ("rtx3050", "h200"):
+        validate(make_plan(config, load_target(name), ctx=256))
+
+
+def _corrupt_range(plan, rng):
+    tasks = plan.tasks.copy()
+    i = int(rng.integers(len(tasks)))
+    field = rng.choice(["row_start", "row_count", "weight0", "norm"])
+    if Op(int(tasks[i]["opcode"])) in (Op.FFN_REDUCE, Op.ATTN) and field in ("weight0", "norm"):
+        field = "row_start"
+    if field in ("weight0", "norm") and tasks[i][field] == 0:
+        field = "row_count"
+    delta = int(rng.choice([-1, 1, 2, 7, 1 << 20, 1 << 40])) if field in ("weight0", "norm") else int(rng.choice([-1, 1, 3, 1000]))
+    tasks[i][field] = (int(tasks[i][field]) + delta) % (1 << (64 if field in ("weight0", "norm") else 32))
+    return _with_tasks(plan, tasks)
+
+
+def _corrupt_wave(plan, rng):
+    tasks = plan.tasks.copy()
+    i = int(rng.integers(len(tasks)))
+    shift = int(rng.choice([-2, -1, 1, 2]))
+    tasks[i]["wave"] = int(np.clip(int(tasks[i]["wave"]) + shift, 0, plan.consts["n_waves"] - 1))
+    if tasks[i]["wave"] == plan.tasks[i]["wave"]:
+        tasks[i]["wave"] += 1 if tasks[i]["wave"] == 0 else -1
+    return _with_tasks(plan, tasks)
+
+
+def _duplicate_writer(plan, rng):
+    tasks = plan.tasks.copy()
+    op = rng.choice([Op.QKV, Op.WO, Op.FFN_REDUCE, Op.LM_HEAD, Op.FFN, Op.EMBED])
+    rows = _rows_of(plan, op)
+    i, j = rng.choice(rows, size=2, replace=False)
+    for field in ("row_start", "row_count", "slot", "head", "layer", "wave"):
+        tasks[i][field] = tasks[j][field]
+    return _with_tasks(plan, tasks)
+
+
+def _read_inside_wave(plan, rng):
+    """Move a consumer into its producer's wave: it now reads rows written beside it."""
+    tasks = plan.tasks.copy()
+    consumer = rng.choice([Op.ATTN, Op.WO, Op.FFN, Op.FFN_REDUCE, Op.QKV, Op.LM_HEAD])
+    i = int(rng.choice(_rows_of(plan, consumer)))
+    tasks[i]["wave"] = int(tasks[i]["wave"]) - 1
+    return _with_tasks(plan, tasks)
+
+
+def _wrong_fingerprint(plan, rng):
+    bad = copy.copy(plan)
+    bad.fingerprint = dict(plan.fingerprint, fingerprint="%064x" % int(rng.integers(1 << 62)))
+    return bad
+
+
+def _wrong_worker_or_opcode(plan, rng):
+    tasks = plan.tasks.copy()
+    i = int(rng.integers(len(tasks)))
+    if rng.random() < 0.5:
+        tasks[i]["worker"] = plan.target.workers + int(rng.integers(5))
+    else:
+        tasks[i]["opcode"] = int(rng.choice([0, 9, 200]))
+    return _with_tasks(plan, tasks)
+
+
+CORRUPTIONS = [_corrupt_range, _corrupt_wave, _duplicate_writer, _read_inside_wave, _wrong_fingerprint,
+               _wrong_worker_or_opcode]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.strip("_"))
+def test_fuzzed_plans_are_rejected(plan, corrupt):
+    rng = np.random.default_rng(CORRUPTIONS.index(corrupt))
+    for case in range(N_CASES):
+        bad = corrupt(plan, rng)
+        with pytest.raises(PlanError):
+            validate(bad)
+
+
+def test_errors_name_task_wave_and_range(plan):
+    tasks = plan.tasks.copy()
+    i = int(_rows_of(plan, Op.WO)[1])
+    tasks[i]["row_start"] = tasks[i - 1]["row_start"]
+    with pytest.raises(PlanError, match=r"task \d+ \(WO, wave \d+ L0.wo, worker \d+.*act\[\d+:\d+\]"):
+        validate(_with_tasks(plan, tasks))
+    tasks = plan.tasks.copy()
+    i = int(_rows_of(plan, Op.FFN_REDUCE)[0])
+    tasks[i]["wave"] -= 1
+    with pytest.raises(PlanError, match="writes in the same wave"):
+        validate(_with_tasks(plan, tasks))
+
+
+def test_a_different_target_is_refused(plan):
+    other = load_target(plan.target.name, workers=plan.target.workers + 1)
+    with pytest.raises(PlanError, match="made for target"):
+        validate(plan, other)
+
+
+def test_ranges_of_attention_stay_inside_the_chunk(plan):
+    k = plan.consts
+    for t in plan.tasks[plan.tasks["opcode"] == Op.ATTN]:
+        reads, writes = task_ranges(t, k)
+        past = [b for b in reads if b.buf == "kcache"][0]
+        lh = int(t["layer"]) * k["n_head_kv"] + int(t["head"])
+        first = int(t["slot"]) * k["attn_chunk"]
+        assert past.start == (lh * k["ctx"] + first) * k["head_dim"]
+        assert past.end <= (lh + 1) * k["ctx"] * k["head_dim"]
+        assert any(b.buf == "know" for b in writes) == (int(t["slot"]) == 0)
