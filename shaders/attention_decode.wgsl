@@ -1,9 +1,10 @@
 // Causal grouped-query attention of a chunk's queries over the K/V cache, split along the cache
-// (flash-decoding, https://crfm.stanford.edu/2023/10/12/flashdecoding.html): workgroup (split, head,
-// token) covers positions [split * S.split_len, (split + 1) * S.split_len) that the query sees
-// (j <= pos, and pos - j < window on sliding-window layers), runs an online softmax over blocks of 64
-// positions and writes its unnormalized output with its running max and sum; attention_merge.wgsl
-// combines the splits. Serves decode (one token) and prefill chunks alike.
+// (flash-decoding, https://crfm.stanford.edu/2023/10/12/flashdecoding.html). Workgroup (split,
+// kv head, token) serves every query head of its K/V group, so each K and V row is read once for
+// the group: it covers positions [split * S.split_len, (split + 1) * S.split_len) that the query
+// sees (j <= pos, and pos - j < window on sliding-window layers), runs an online softmax over blocks
+// of 64 positions and writes, per query head, its unnormalized output with its running max and sum;
+// attention_merge.wgsl combines the splits. Serves decode (one token) and prefill chunks alike.
 
 struct Params {
     n_head: u32,
@@ -29,48 +30,46 @@ struct Step {
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = 64u;
-const MAX_DIMS: u32 = 8u;    // head_dim <= WG * MAX_DIMS
-const EMPTY: f32 = -1.0e30;  // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
+const MAX_GROUP: u32 = 16u;   // query heads per K/V head
+const MAX_ACC: u32 = 16u;     // group size x head_dim / WG accumulators per invocation
+const EMPTY: f32 = -1.0e30;   // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 
-var<workgroup> q: array<f32, 512>;
-var<workgroup> weights: array<f32, WG>;
-var<workgroup> scratch: array<f32, WG>;
+var<workgroup> q: array<f32, 2048>;                      // (group, head_dim), pre-scaled
+var<workgroup> weights: array<array<f32, WG>, MAX_GROUP>; // (group, block position)
+var<workgroup> block_max: array<f32, MAX_GROUP>;
+var<workgroup> block_sum: array<f32, MAX_GROUP>;
 
-fn workgroup_max(v: f32, lid: u32) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
+// Row-wise max (is_max) or sum of weights[0..group) over the block, into block_max / block_sum.
+fn reduce_rows(group: u32, lid: u32, is_max: bool) {
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
         if (lid < stride) {
-            scratch[lid] = max(scratch[lid], scratch[lid + stride]);
+            for (var g = 0u; g < group; g++) {
+                let a = weights[g][lid];
+                let b = weights[g][lid + stride];
+                weights[g][lid] = select(a + b, max(a, b), is_max);
+            }
         }
         workgroupBarrier();
     }
-    let result = scratch[0];
-    workgroupBarrier();
-    return result;
-}
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            scratch[lid] += scratch[lid + stride];
+    if (lid < group) {
+        if (is_max) {
+            block_max[lid] = weights[lid][0];
+        } else {
+            block_sum[lid] = weights[lid][0];
         }
-        workgroupBarrier();
     }
-    let result = scratch[0];
     workgroupBarrier();
-    return result;
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let split = wid.x;
-    let h = wid.y;
+    let kv_head = wid.y;
     let token = wid.z;
     let hd = P.head_dim;
+    let group = P.n_head / P.n_head_kv;
+    let dims = (hd + WG - 1u) / WG;   // dims per invocation and query head
     let pos = S.n_past + token;
     var lo = 0u;
     if (P.window > 0u && pos + 1u > P.window) {
@@ -78,62 +77,95 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
     let begin = max(lo, split * S.split_len);
     let end = min(pos + 1u, (split + 1u) * S.split_len);
-    let kv_head = h / (P.n_head / P.n_head_kv);
     let k_base = kv_head * P.n_ctx * hd;
     let v_base = P.n_head_kv * P.n_ctx * hd + k_base;
 
-    let q_src = token * P.qkv_stride + h * hd;
-    for (var d = lid; d < hd; d += WG) {
+    let q_src = token * P.qkv_stride + kv_head * group * hd;
+    for (var d = lid; d < group * hd; d += WG) {
         q[d] = QKV[q_src + d] * P.scale;
     }
     workgroupBarrier();
 
-    var m = EMPTY;
-    var l = 0.0;
-    var acc: array<f32, MAX_DIMS>;
+    var m: array<f32, MAX_GROUP>;
+    var l: array<f32, MAX_GROUP>;
+    var acc: array<f32, MAX_ACC>;
+    for (var g = 0u; g < group; g++) {
+        m[g] = EMPTY;
+    }
     for (var b = begin; b < end; b += WG) {
         let j = b + lid;
-        var score = EMPTY;
-        if (j < end) {
-            score = 0.0;
-            let k_row = k_base + j * hd;
+        let k_row = k_base + min(j, end - 1u) * hd;
+        for (var g = 0u; g < group; g++) {
+            var score = 0.0;
             for (var d = 0u; d < hd; d += 4u) {
-                let kv = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
-                score += dot(vec4<f32>(q[d], q[d + 1u], q[d + 2u], q[d + 3u]), kv);
+                let k = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
+                let qv = vec4<f32>(q[g * hd + d], q[g * hd + d + 1u], q[g * hd + d + 2u], q[g * hd + d + 3u]);
+                score += dot(qv, k);
             }
+            weights[g][lid] = select(EMPTY, score, j < end);
         }
-        let new_m = max(m, workgroup_max(score, lid));
-        let correction = exp(m - new_m);
-        var p = 0.0;
-        if (j < end) {
-            p = exp(score - new_m);
+        workgroupBarrier();
+        // keep this invocation's scores: the reduction below overwrites `weights`
+        var scores: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < group; g++) {
+            scores[g] = weights[g][lid];
         }
-        weights[lid] = p;
-        l = l * correction + workgroup_sum(p, lid);
-        m = new_m;
+        workgroupBarrier();
+        reduce_rows(group, lid, true);
+        var correction: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < group; g++) {
+            let new_m = max(m[g], block_max[g]);
+            correction[g] = exp(m[g] - new_m);
+            m[g] = new_m;
+            weights[g][lid] = select(0.0, exp(scores[g] - new_m), j < end);
+        }
+        workgroupBarrier();
+        // sum a copy: `weights` must survive for the V accumulation
+        var p: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < group; g++) {
+            p[g] = weights[g][lid];
+        }
+        workgroupBarrier();
+        reduce_rows(group, lid, false);
+        for (var g = 0u; g < group; g++) {
+            l[g] = l[g] * correction[g] + block_sum[g];
+            weights[g][lid] = p[g];
+        }
+        workgroupBarrier();
         let n = min(WG, end - b);
-        for (var k = 0u; k < MAX_DIMS; k++) {
+        for (var k = 0u; k < dims; k++) {
             let d = lid + k * WG;
             if (d < hd) {
-                var sum = acc[k] * correction;
-                for (var jj = 0u; jj < n; jj++) {
-                    sum += weights[jj] * KV[v_base + (b + jj) * hd + d];
+                var sums: array<f32, MAX_GROUP>;
+                for (var g = 0u; g < group; g++) {
+                    sums[g] = acc[g * dims + k] * correction[g];
                 }
-                acc[k] = sum;
+                for (var jj = 0u; jj < n; jj++) {
+                    let v = KV[v_base + (b + jj) * hd + d];
+                    for (var g = 0u; g < group; g++) {
+                        sums[g] += weights[g][jj] * v;
+                    }
+                }
+                for (var g = 0u; g < group; g++) {
+                    acc[g * dims + k] = sums[g];
+                }
             }
         }
         workgroupBarrier();
     }
     let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
-    let out = ((token * P.n_head + h) * n_splits + split) * (hd + 2u);
-    for (var k = 0u; k < MAX_DIMS; k++) {
-        let d = lid + k * WG;
-        if (d < hd) {
-            PART[out + d] = acc[k];
+    for (var g = 0u; g < group; g++) {
+        let h = kv_head * group + g;
+        let out = ((token * P.n_head + h) * n_splits + split) * (hd + 2u);
+        for (var k = 0u; k < dims; k++) {
+            let d = lid + k * WG;
+            if (d < hd) {
+                PART[out + d] = acc[g * dims + k];
+            }
         }
-    }
-    if (lid == 0u) {
-        PART[out + hd] = m;
-        PART[out + hd + 1u] = l;
+        if (lid == 0u) {
+            PART[out + hd] = m[g];
+            PART[out + hd + 1u] = l[g];
+        }
     }
 }

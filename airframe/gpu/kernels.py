@@ -144,13 +144,40 @@ class Kernels:
         return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
 
 
+def _raw_lib():
+    """wgpu-native's cffi functions, which wgpu-py itself calls: recording through them skips
+    wgpu-py's per-call wrapper (NOTES-KERNELS.md: about half the CPU time of a token)."""
+    if os.environ.get("AIRFRAME_RAW_RECORD", "1") != "1":
+        return None
+    try:
+        from wgpu.backends.wgpu_native import _api
+        return _api.lib, _api.ffi.NULL
+    except (ImportError, AttributeError):
+        return None
+
+
+_RAW = _raw_lib()
+
+
 def record(encoder, dispatches: list[Dispatch]) -> None:
     """All dispatches in one compute pass."""
     compute = encoder.begin_compute_pass()
-    for d in dispatches:
-        compute.set_pipeline(d.pipeline)
-        compute.set_bind_group(0, d.bind_group)
-        compute.dispatch_workgroups(*d.workgroups)
+    if _RAW is None:
+        for d in dispatches:
+            compute.set_pipeline(d.pipeline)
+            compute.set_bind_group(0, d.bind_group)
+            compute.dispatch_workgroups(*d.workgroups)
+    else:
+        lib, null = _RAW
+        handle = compute._internal
+        last = None
+        for d in dispatches:
+            if d.pipeline is not last:
+                lib.wgpuComputePassEncoderSetPipeline(handle, d.pipeline._internal)
+                last = d.pipeline
+            lib.wgpuComputePassEncoderSetBindGroup(handle, 0, d.bind_group._internal, 0, null)
+            x, y, z = d.workgroups
+            lib.wgpuComputePassEncoderDispatchWorkgroups(handle, x, y, z)
     compute.end()
 
 

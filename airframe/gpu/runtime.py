@@ -33,8 +33,9 @@ from .runtime_ops import LayerOps, build_globals, build_layer
 log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
 PREFILL_CHUNK = 512
-MAX_SPLITS = 32          # attention splits of one query (flash-decoding)
-MIN_SPLIT_LEN = 256      # K/V positions per split at least
+MAX_SPLITS = 64          # attention splits of one query (flash-decoding)
+MIN_SPLIT_LEN = 64       # K/V positions per split at least: one block of attention_decode.wgsl
+PART_BYTES = 64 << 20    # attention partials of a prefill chunk: fewer, longer splits beyond this
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
 
 
@@ -53,7 +54,7 @@ class Scratch:
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
     step: object      # uniform Step
-    max_splits: int
+    part_bytes: int
     logit_rows: int
 
 
@@ -94,6 +95,9 @@ class WebGPUBackend:
         bar.update(1)
         bar.close()
         self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
+        # decode: the next token's command buffer, recorded while the GPU runs the current one
+        self.overlap = os.environ.get("AIRFRAME_OVERLAP", "1") == "1"
+        self._next_decode: tuple[int, object] | None = None
         self.trace_chunks = os.environ.get("AIRFRAME_TRACE_PREFILL_CHUNKS") == "1"
 
     @classmethod
@@ -136,7 +140,8 @@ class WebGPUBackend:
         c = self.config
         t = min(self.prefill_chunk, self.n_ctx)
         part_row = c.n_head * (c.head_dim + 2) * 4
-        max_splits = max(1, min(MAX_SPLITS, self.ctx.max_binding // (t * part_row)))
+        part_bytes = max(MAX_SPLITS * part_row, t * part_row,
+                         min(PART_BYTES, self.ctx.max_binding) // part_row * part_row)
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.kernels
         wide = max(c.n_embd, c.n_q)
@@ -148,13 +153,13 @@ class WebGPUBackend:
             qkv=k.storage(t * (c.n_q + 2 * c.n_kv) * 4, "qkv"),
             attn=k.storage(t * c.n_q * 4, "attn"),
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
-            part=k.storage(t * max_splits * part_row, "attention_partials"),
+            part=k.storage(part_bytes, "attention_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
             staging=self.ctx.device.create_buffer(
                 label="logits_readback", size=logit_rows * c.vocab_size * 4,
                 usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST),
             step=k.uniform(K.pack_step(0, 1), "step"),
-            max_splits=max_splits,
+            part_bytes=part_bytes,
             logit_rows=logit_rows,
         )
 
@@ -197,12 +202,14 @@ class WebGPUBackend:
     # ---- one chunk ----------------------------------------------------------------------------
     def split_len(self, n_tokens: int) -> int:
         kv_total = self.n_past + n_tokens
-        per_split = -(-kv_total // self.scratch.max_splits)
+        c = self.config
+        fit = self.scratch.part_bytes // (n_tokens * c.n_head * (c.head_dim + 2) * 4)
+        per_split = -(-kv_total // max(1, min(MAX_SPLITS, fit)))
         return max(MIN_SPLIT_LEN, -(-per_split // 64) * 64)
 
     def dispatches(self, n_tokens: int) -> list[K.Dispatch]:
         """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""
-        n_splits = -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
+        n_splits = self._n_splits(n_tokens)
         out = self.globals_ops.embed(n_tokens)
         for ops in self.layer_ops:
             out += ops.dispatches(n_tokens, n_splits)
@@ -217,8 +224,35 @@ class WebGPUBackend:
         step = K.pack_step(self.n_past, n_tokens, lm_first, self.split_len(n_tokens))
         self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)
 
+    def _n_splits(self, n_tokens: int) -> int:
+        return -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
+
+    def _record_decode(self):
+        """The command buffer of one decode token at n_past: the whole model, logits to staging."""
+        encoder = self.ctx.device.create_command_encoder()
+        K.record(encoder, self.dispatches(1) + self.globals_ops.final_norm(1) + self.globals_ops.lm_head(1))
+        encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0, self.config.vocab_size * 4)
+        return encoder.finish()
+
+    def _decode(self, token: int) -> np.ndarray:
+        """One token: write its id and the step, submit (pre-recorded when possible), read the logits."""
+        queue = self.ctx.device.queue
+        queue.write_buffer(self.scratch.ids, 0, np.array([token], np.uint32))
+        self._write_step(1, 0)
+        key = self._n_splits(1)
+        ready = self._next_decode
+        commands = ready[1] if ready is not None and ready[0] == key else self._record_decode()
+        self._next_decode = None
+        queue.submit([commands])
+        self.n_past += 1
+        if self.overlap and self.n_past < self.n_ctx:
+            self._next_decode = (self._n_splits(1), self._record_decode())
+        return self._read_logits(1)
+
     def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool) -> np.ndarray | None:
         n = ids.size
+        if n == 1 and last and not all_logits and not self.debug_raw:
+            return self._decode(int(ids[0]))
         device = self.ctx.device
         device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
         self._write_step(n, n - 1)
@@ -228,6 +262,11 @@ class WebGPUBackend:
             head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
         if self.debug_raw:
             self._run_debug(work + head)
+            if head:
+                encoder = device.create_command_encoder()
+                encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
+                                              self.config.vocab_size * 4)
+                device.queue.submit([encoder.finish()])
         else:
             encoder = device.create_command_encoder()
             K.record(encoder, work + head)
@@ -295,5 +334,9 @@ def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
                                f"{c.head_dim}; the WebGPU runtime expects them equal")
     if c.head_dim > 512 or c.head_dim % 4:
         raise UnsupportedError(f"{gf.path}: head_dim {c.head_dim}, expected a multiple of 4 up to 512")
+    group = c.n_head // c.n_head_kv
+    if group > 16 or group * c.head_dim > 2048 or group * -(-c.head_dim // 64) > 16:
+        raise UnsupportedError(f"{gf.path}: {group} query heads of {c.head_dim} per K/V head; attention_decode.wgsl "
+                               f"expects at most 16 heads, 2048 query values and 16 accumulators per invocation")
     if c.n_embd % 4 or c.n_ff % 4:
         raise UnsupportedError(f"{gf.path}: n_embd {c.n_embd} / n_ff {c.n_ff}, expected multiples of 4")

@@ -121,7 +121,7 @@ def build_layer(be, i: int) -> LayerOps:
                          n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv)
     group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, k.uniform(attn), s.step])
     ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
-                  grid=lambda t, n: (n, c.n_head, t)))
+                  grid=lambda t, n: (n, c.n_head_kv, t)))
     merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
