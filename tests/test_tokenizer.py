@@ -1,0 +1,314 @@
+"""Tokenizers from GGUF metadata: the real models against llama.cpp's known ids and its algorithm,
+plus tiny synthetic vocabularies for the cache and the error paths."""
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from airframe.cli import main
+from airframe.errors import ParameterError, TokenizerError, UnsupportedError
+from airframe.gguf_file import GGUFFile
+from airframe.tokenizer import (PRE_TOKENIZER_SPLITS, build_hf_tokenizer, load_tokenizer, read_vocab,
+                                reference_spm_encode)
+
+APACHE = Path("/usr/share/common-licenses/Apache-2.0")
+
+ROUND_TRIPS = [
+    "The capital of France is Paris.",
+    "def add(a, b):\n    return a + b  # sum\n\n\nclass X:\n\tpass\n",
+    "Emoji: 🙂🚀👩‍👩‍👧 and flags 🇫🇷",
+    "中文字符和日本語のテキスト、한국어",
+    "tabs\t\tand  runs   of    spaces     and\n\n\nnewlines\r\n end ",
+    "   leading and trailing   ",
+    " " * 33 + "x" + "\n" * 40 + "\t" * 35,
+    "Ünïcödé ñ ß ø — “quotes” … 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return load_tokenizer(GGUFFile(smollm2_path))
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    return load_tokenizer(GGUFFile(gemma3_path))
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def any_tokenizer(request):
+    return request.getfixturevalue(request.param)
+
+
+# ---- llama.cpp's ids for the real models ---------------------------------------------------------
+def test_smollm2_capital_of_france(smollm2):
+    assert smollm2.encode("The capital of France is") == [504, 3575, 282, 4649, 314]
+
+
+def test_gemma3_capital_of_france_starts_with_bos(gemma3):
+    assert gemma3.encode("The capital of France is") == [2, 818, 5279, 529, 7001, 563]
+    assert gemma3.encode("The capital of France is", add_special=False) == [818, 5279, 529, 7001, 563]
+
+
+def test_flags_and_ids(smollm2, gemma3):
+    assert (smollm2.bos_id, smollm2.eos_id, smollm2.add_bos, smollm2.add_eos) == (1, 2, False, False)
+    assert (gemma3.bos_id, gemma3.eos_id, gemma3.add_bos, gemma3.add_eos) == (2, 1, True, False)
+    assert smollm2.vocab_size == 49152 and gemma3.vocab_size == 262144
+    assert smollm2.hf.get_vocab_size() == 49152 and gemma3.hf.get_vocab_size() == 262144
+
+
+def test_end_of_generation_ids(smollm2, gemma3):
+    assert smollm2.eog_ids == {smollm2.special_tokens["<|endoftext|>"], smollm2.special_tokens["<|im_end|>"]}
+    assert gemma3.eog_ids == {gemma3.eos_id, gemma3.special_tokens["<end_of_turn>"]}
+
+
+# ---- round trips -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ROUND_TRIPS)
+def test_round_trip(any_tokenizer, text):
+    ids = any_tokenizer.encode(text)
+    assert any_tokenizer.decode(ids, skip_special=True) == text
+    assert b"".join(any_tokenizer.token_bytes(i) for i in any_tokenizer.encode(text, add_special=False)) \
+        == text.encode("utf-8")
+
+
+def test_round_trip_license_text(any_tokenizer):
+    text = APACHE.read_text()
+    assert any_tokenizer.decode(any_tokenizer.encode(text, add_special=False)) == text
+
+
+# ---- Gemma against llama.cpp's algorithm (reference_spm_encode) -------------------------------------
+def test_gemma3_matches_reference_on_license_text(gemma3):
+    for paragraph in APACHE.read_text().split("\n\n"):
+        assert gemma3.encode(paragraph, add_special=False) == reference_spm_encode(gemma3.vocab, paragraph)
+
+
+def test_gemma3_matches_reference_on_random_text(gemma3):
+    rng = np.random.default_rng(0)
+    alphabet = list("  \t\n\r.,;:!?'\"()[]{}<>-_=+*/\\|abcdeéxyzTHE0123456789中文日本🙂👍") + ["  ", "\n\n", "the"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet, size=rng.integers(1, 60)))
+        assert gemma3.encode(text, add_special=False) == reference_spm_encode(gemma3.vocab, text), repr(text)
+    for text in ["<start_of_turn>user\nhi<end_of_turn>", "<bos> <h1>title</h1>\n\n<b>x</b>"]:
+        for parse in (False, True):
+            assert gemma3.encode(text, add_special=False, parse_special=parse) == \
+                reference_spm_encode(gemma3.vocab, text, parse_special=parse)
+
+
+def test_gemma3_whitespace_runs_as_llama_cpp(gemma3):
+    # NOTES-KERNELS.md: llama.cpp splits a 33-space run 31 + 2 (transformers: 16 + 17)
+    assert [gemma3.token_text(i) for i in gemma3.encode(" " * 33, add_special=False)] == [" " * 31, " " * 2]
+    assert [gemma3.token_text(i) for i in gemma3.encode("\n" * 40, add_special=False)] == ["\n" * 31, "\n" * 9]
+    assert [gemma3.token_text(i) for i in gemma3.encode("a  b", add_special=False)] == ["a", "  ", "b"]
+
+
+def test_smollm2_digits_are_split_before_bpe(smollm2):
+    # pre-type "smollm": every digit is its own piece, so "\n\n   1." keeps its three spaces together
+    pieces = [smollm2.token_text(i) for i in smollm2.encode("\n\n   12.", add_special=False)]
+    assert "".join(pieces) == "ĊĊĠĠĠ12."
+    assert pieces[-3:] == ["1", "2", "."]
+
+
+# ---- special tokens --------------------------------------------------------------------------------
+def test_control_tokens_only_with_parse_special(smollm2, gemma3):
+    for tok, text in ((smollm2, "<|im_start|>"), (gemma3, "<start_of_turn>")):
+        token_id = tok.special_tokens[text]
+        assert tok.encode(text, add_special=False, parse_special=True) == [token_id]
+        plain = tok.encode(text, add_special=False)
+        assert len(plain) > 1 and token_id not in plain
+        assert tok.decode(plain) == text
+
+
+def test_chat_turn_with_parse_special(smollm2):
+    ids = smollm2.encode("<|im_start|>user\nHi<|im_end|>\n", parse_special=True)
+    assert ids[0] == 1 and 2 in ids
+    assert smollm2.decode(ids) == "<|im_start|>user\nHi<|im_end|>\n"
+    assert smollm2.decode(ids, skip_special=True) == "user\nHi\n"
+
+
+def test_user_defined_tokens_are_kept_by_skip_special(gemma3):
+    ids = gemma3.encode("a\n\nb", add_special=True)
+    assert gemma3.special_tokens["\n\n"] in ids
+    assert gemma3.decode(ids, skip_special=True) == "a\n\nb"
+
+
+# ---- token bytes -----------------------------------------------------------------------------------
+def test_byte_fallback_tokens(gemma3):
+    text = "\U000e0100\U0010fffd"  # a variation selector and a private-use character: not in the vocabulary
+    ids = gemma3.encode(text, add_special=False)
+    assert [gemma3.token_text(i) for i in ids] == [f"<0x{b:02X}>" for b in text.encode("utf-8")]
+    assert [gemma3.token_bytes(i) for i in ids] == [bytes([b]) for b in text.encode("utf-8")]
+    assert gemma3.decode(ids) == text
+
+
+def test_token_bytes_of_normal_and_control_tokens(smollm2, gemma3):
+    assert smollm2.token_bytes(smollm2.encode(" capital")[0]) == b" capital"
+    assert smollm2.token_bytes(smollm2.special_tokens["<|im_end|>"]) == b"<|im_end|>"
+    assert gemma3.token_bytes(5279) == b" capital"
+    assert gemma3.token_text(5279) == "▁capital"
+
+
+def test_bad_ids_are_reported(gemma3):
+    with pytest.raises(ParameterError, match="262144"):
+        gemma3.decode([1, 262144])
+    with pytest.raises(ParameterError, match="-1"):
+        gemma3.token_bytes(-1)
+    with pytest.raises(ParameterError, match="expected str"):
+        gemma3.encode(b"bytes")
+
+
+# ---- pre-tokenizer table ---------------------------------------------------------------------------
+@pytest.mark.parametrize("pre, text, pieces", [
+    ("llama-bpe", "12345 abc's", ["123", "45", " abc", "'s"]),
+    ("qwen2", "12345 abc", ["1", "2", "3", "4", "5", " abc"]),
+    ("smollm", "x 2024", ["x", " ", "2", "0", "2", "4"]),
+    ("gpt-2", "x 2024  y", ["x", " 2024", " ", " y"]),
+])
+def test_pre_tokenizer_splits(tmp_path, pre, text, pieces):
+    vocab = read_vocab(GGUFFile(write_bpe_gguf(tmp_path / "bpe.gguf", pre=pre)))
+    hf = build_hf_tokenizer(vocab)
+    got = [piece for piece, _ in hf.pre_tokenizer.pre_tokenize_str(text)]
+    assert got == [p.replace(" ", "Ġ") for p in pieces]
+
+
+def test_every_pre_type_builds(tmp_path):
+    for pre in PRE_TOKENIZER_SPLITS:
+        tok = load_tokenizer(GGUFFile(write_bpe_gguf(tmp_path / f"{pre}.gguf", pre=pre)))
+        assert tok.decode(tok.encode("Hello, world 123!"), skip_special=True) == "Hello, world 123!"
+
+
+# ---- cache -----------------------------------------------------------------------------------------
+def test_second_load_reads_the_cache(tmp_path):
+    path = write_spm_gguf(tmp_path / "spm.gguf")
+    first = load_tokenizer(GGUFFile(path))
+    second = load_tokenizer(GGUFFile(path))
+    assert not first.from_cache and second.from_cache
+    assert first.cache_path == second.cache_path == tmp_path / "spm.gguf.tokenizer.json"
+    assert second.encode("ab ab") == first.encode("ab ab") == [1, 6, 5, 6]  # ab ▁ ab
+
+
+def test_changed_metadata_rebuilds(tmp_path):
+    path = write_spm_gguf(tmp_path / "spm.gguf")
+    load_tokenizer(GGUFFile(path))
+    path = write_spm_gguf(tmp_path / "spm.gguf", scores=[0, 0, 0, -10, -10, -10, -1, -0.5])  # "▁a" beats "ab"
+    tok = load_tokenizer(GGUFFile(path))
+    assert not tok.from_cache
+    assert tok.encode("ab ab") == [1, 6, 7, 4]  # ab ▁a b
+    assert load_tokenizer(GGUFFile(path)).from_cache
+
+
+def test_unwritable_model_folder_uses_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = write_spm_gguf(tmp_path / "spm.gguf")
+    (tmp_path / "spm.gguf.tokenizer.json").mkdir()  # neither readable nor replaceable as a file
+    first = load_tokenizer(GGUFFile(path))
+    assert first.cache_path.parent == tmp_path / "home" / ".cache" / "airframe" / "tokenizers"
+    assert load_tokenizer(GGUFFile(path)).from_cache
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_damaged_cache_is_rebuilt(tmp_path):
+    path = write_spm_gguf(tmp_path / "spm.gguf")
+    cache = load_tokenizer(GGUFFile(path)).cache_path
+    cache.write_text(cache.read_text()[:100])
+    tok = load_tokenizer(GGUFFile(path))
+    assert not tok.from_cache and tok.encode("ab") == [1, 6]
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+def test_unsupported_model_kind(tmp_path):
+    with pytest.raises(UnsupportedError, match="'bert'"):
+        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", model="bert")))
+
+
+def test_unknown_pre_tokenizer(tmp_path):
+    with pytest.raises(UnsupportedError, match="'mystery'.*expected one of"):
+        read_vocab(GGUFFile(write_bpe_gguf(tmp_path / "x.gguf", pre="mystery")))
+
+
+def test_scores_of_wrong_length(tmp_path):
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.scores.*264 entries"):
+        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", scores=[0.0, 1.0])))
+
+
+def test_duplicate_tokens(tmp_path):
+    with pytest.raises(TokenizerError, match="'a' twice"):
+        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", tokens=["<unk>", "<s>", "</s>", "a", "a", "b", "▁", "ab"])))
+
+
+def test_bos_id_out_of_range(tmp_path):
+    with pytest.raises(TokenizerError, match="bos_token_id = 999, expected a token id in 0..263"):
+        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", bos=999)))
+
+
+def test_bad_merge_line(tmp_path):
+    with pytest.raises(TokenizerError, match=r"merges\[0\] = 'q z'"):
+        load_tokenizer(GGUFFile(write_bpe_gguf(tmp_path / "x.gguf", merges=["q z"])))
+
+
+# ---- commands --------------------------------------------------------------------------------------
+def test_tokenize_command(capsys):
+    assert main(["tokenize", "smollm2-135m", "The capital of France is", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [504, 3575, 282, 4649, 314]
+    assert main(["tokenize", "smollm2-135m", "<|im_start|>hi", "--no-bos", "--parse-special"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["1", '"<|im_start|>"'] and len(lines) == 2
+
+
+def test_detokenize_command(capsys):
+    assert main(["detokenize", "smollm2-135m", "1", "504", "3575", "--skip-special"]) == 0
+    assert capsys.readouterr().out == "The capital\n"
+    assert main(["detokenize", "smollm2-135m", "two"]) == 1
+    assert "'two' is not an integer" in capsys.readouterr().err
+
+
+# ---- tiny GGUF vocabularies --------------------------------------------------------------------------
+SPM_TOKENS = ["<unk>", "<s>", "</s>", "a", "b", "▁", "ab", "▁a"]
+
+
+def write_spm_gguf(path, model="llama", tokens=SPM_TOKENS, scores=(0, 0, 0, -10, -10, -10, -1, -2), bos=1):
+    """A SentencePiece-style vocabulary with the 256 byte tokens after `tokens`."""
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
+        [gguf.TokenType.NORMAL] * (len(tokens) - 3)
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    scores = list(scores) + ([0.0] * 256 if len(scores) == len(tokens) else [])
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(list(tokens) + byte_tokens)
+    writer.add_token_scores([float(s) for s in scores])
+    writer.add_token_types([int(t) for t in types] + [int(gguf.TokenType.BYTE)] * 256)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    _finish(writer)
+    return path
+
+
+def write_bpe_gguf(path, pre="gpt-2", merges=("Ġ t", "h e")):
+    """A byte-level vocabulary: the 256 byte characters, a few merges, one control token."""
+    alphabet = ["!"] + [chr(c) for c in range(ord('"'), ord("~") + 1)] + \
+        [chr(c) for c in range(0xA1, 0xAD)] + [chr(c) for c in range(0xAE, 0x100)]
+    alphabet = list(dict.fromkeys(alphabet + [chr(256 + n) for n in range(68)]))
+    tokens = alphabet + ["Ġt", "he", "<|endoftext|>"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(gguf.TokenType.NORMAL)] * (len(tokens) - 1) + [int(gguf.TokenType.CONTROL)])
+    writer.add_token_merges(list(merges))
+    writer.add_bos_token_id(len(tokens) - 1)
+    writer.add_eos_token_id(len(tokens) - 1)
+    _finish(writer)
+    return path
+
+
+def _finish(writer):
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
