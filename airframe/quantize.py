@@ -76,7 +76,12 @@ def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         raise ParameterError(f"row length {values.shape[1]} is not a multiple of the {qtype.name} "
                              f"block of {block} values")
     values = np.ascontiguousarray(values, dtype=np.float32)
+    if not np.isfinite(values).all():
+        bad = np.argwhere(~np.isfinite(values))[0]
+        raise ParameterError(f"value {values[tuple(bad)]} at {tuple(bad.tolist())}: expected finite values")
     out = np.empty((values.shape[0], row_bytes(values.shape[1], qtype)), dtype=np.uint8)
+    if values.size == 0:
+        return out
     rows_per_chunk = max(1, _CHUNK_VALUES // max(1, values.shape[1]))
     starts = range(0, values.shape[0], rows_per_chunk)
     if len(starts) <= 1:

@@ -166,8 +166,13 @@ def test_quantize_checks_its_input():
         quantize(np.zeros((2, 64), dtype=np.float32), Q.Q4_K)
     with pytest.raises(ParameterError, match="2-D"):
         quantize(np.zeros(256, dtype=np.float32), Q.Q8_0)
+    with pytest.raises(ParameterError, match=r"value nan at \(1, 5\): expected finite"):
+        x = np.zeros((2, 256), dtype=np.float32)
+        x[1, 5] = np.nan
+        quantize(x, Q.Q4_K)
     with pytest.raises(ParameterError, match="Q3_K"):
         qtype_named("Q3_K")
+    assert quantize(np.zeros((0, 256), dtype=np.float32), Q.Q6_K).shape == (0, 210)
     assert qtype_named("bf16") == Q.BF16
 
 
