@@ -7,7 +7,10 @@ near 1; Gemma stores norm weights as w + 1, so those are near 1 as well). Each t
 a pure function of (seed, tensor name), see `tensor_values`, so tests can compare what was written
 with what was meant.
 
-The tokenizer is SmolLM2's (GPT-2 byte-level BPE, ChatML template), copied from its GGUF. A smaller
+The tokenizer is SmolLM2's (GPT-2 byte-level BPE, ChatML template), copied from its GGUF; the
+`tokenizer` argument names another model to copy from (e.g. "gemma3-270m": SentencePiece, 262,144
+tokens). The tiny presets cut it to 512 tokens (special tokens, the byte alphabet, the first
+merges). A smaller
 `vocab` keeps the first tokens and the merges whose two parts and result are all kept; a larger one
 appends unused "[PAD<id>]" tokens (as llama.cpp's converter pads vocabularies). So the
 `llama3.2-1b` shape has Llama 3.2 1B's sizes (vocab 128,256) but SmolLM2's tokenizer padded with
@@ -27,8 +30,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
