@@ -61,6 +61,19 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert np.isfinite(top_p(0.0)(NO_HISTORY, logits)).tolist() == [True, False, False, False]
 
 
+def test_top_p_matches_a_full_sort_on_random_distributions():
+    # top_p sorts only a head of the vocabulary when that head already reaches p
+    rng = np.random.default_rng(42)
+    for _ in range(100):
+        logits = rng.normal(size=int(rng.integers(2, 20000))) * rng.uniform(0.1, 8.0)
+        p = float(rng.uniform(0.0, 1.0))
+        probs = probs_of(logits)
+        order = np.argsort(-probs, kind="stable")
+        n_keep = int(np.searchsorted(np.cumsum(probs[order]), p)) + 1
+        kept = np.flatnonzero(np.isfinite(top_p(p)(NO_HISTORY, logits)))
+        assert set(kept.tolist()) == set(order[:n_keep].tolist())
+
+
 def test_min_p_drops_tokens_below_a_share_of_the_best():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     out = min_p(0.25)(NO_HISTORY, logits)  # threshold 0.125
