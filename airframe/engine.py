@@ -27,7 +27,7 @@ from .chat_template import ChatTemplate
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig, family_for
 from .gguf_file import GGUFFile
-from .models import resolve_model
+from .models import KNOWN_MODELS, resolve_model
 from .sampling import History, Sampler, SamplingParams, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
@@ -97,7 +97,7 @@ class Engine:
             gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
             _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(path))
         loaded = _open_backend(backend, path, n_ctx, progress)
-        return cls(loaded, tokenizer, template, model_id=model if not Path(model).suffix else path.stem)
+        return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else path.stem)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from airframe.chat_template import ChatTemplate
 from airframe.engine import Engine, Finish, GenerationParams, Piece
-from airframe.errors import ContextOverflowError, ParameterError
+from airframe.errors import ContextOverflowError, ParameterError, UnsupportedError
 from airframe.family import family_for, load_config
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
@@ -290,3 +290,15 @@ def test_gemma3_reference_end_to_end():
     streamed = list(engine.stream([{"role": "user", "content": "Say hi."}], params))
     assert "".join(i.text for i in streamed[:-1]) == text
     assert finish.prompt_tokens == len(engine.tokenize_prompt([{"role": "user", "content": "Say hi."}]))
+
+
+def test_a_backend_that_cannot_be_imported_says_so(monkeypatch):
+    import airframe.engine as engine_module
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'wgpu'")
+
+    monkeypatch.setattr(engine_module, "open_backend", missing)
+    with pytest.raises(UnsupportedError, match="'webgpu' backend cannot be used here: No module named 'wgpu'.*--backend reference"):
+        Engine.load("smollm2-135m", backend="webgpu", progress=False)
+    assert Engine.load.__defaults__[0] == "webgpu"  # the default backend
