@@ -1,6 +1,7 @@
 """Tokenizers from GGUF metadata: the real models against llama.cpp's known ids and its algorithm,
 plus tiny synthetic vocabularies for the cache and the error paths."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,7 +15,49 @@ from airframe.gguf_file import GGUFFile
 from airframe.tokenizer import (PRE_TOKENIZER_SPLITS, build_hf_tokenizer, load_tokenizer, read_vocab,
                                 reference_spm_encode)
 
-APACHE = Path("/usr/share/common-licenses/Apache-2.0")
+import airframe
+
+ENGLISH = Path(__file__).parent / "data" / "english.txt"
+CODE = Path(airframe.__file__).parent / "tokenizer.py"  # whitespace-heavy text that is always there
+
+# Ids from llama.cpp itself (llama-cpp-python 0.3.36, vocab_only, add_bos=False, special=False),
+# produced once; our tokenizers also matched it on ~10,000 random and real strings with every flag.
+LLAMA_CPP_IDS = {
+    "smollm2-135m": [
+        ("\n\n   1. Definitions.", [1004, 33, 30, 39331, 30]),
+        (" " * 33 + "x", [12427, 1792]),
+        ("a  b\t\tc\n\n\nd", [81, 216, 278, 197, 197, 83, 1116, 198, 84]),
+        ("x = [1,  2,   3]\n\tif x:\n\t\treturn   None\r\n",
+         [104, 446, 933, 33, 28, 256, 34, 28, 333, 35, 77, 198, 197, 342, 1792, 42, 3354, 197, 5406, 256, 1943, 2738]),
+        ("  leading\u00a0nbsp 🙂🙂  中文  ",
+         [216, 2899, 15442, 94, 32093, 47526, 10813, 38887, 216, 216, 28589, 29184, 256]),
+        ("I'm you're WE'LL 12345678", [57, 5248, 346, 2316, 26587, 23, 16421, 216, 33, 34, 35, 36, 37, 38, 39, 40]),
+        ("<|im_start|>user\n<start_of_turn>model\n<h1>Hi</h1>",
+         [44, 108, 306, 79, 3738, 108, 46, 4093, 198, 44, 3738, 79, 1714, 79, 20589, 46, 3980, 198, 44, 88, 33, 46,
+          26843, 9617, 88, 33, 46]),
+    ],
+    "gemma3-270m": [
+        ("\n\n   1. Definitions.", [108, 139, 236770, 236761, 80836, 236761]),
+        (" " * 33 + "x", [167, 138, 236781]),
+        ("a  b\t\tc\n\n\nd", [236746, 138, 236763, 255969, 236755, 109, 236753]),
+        ("x = [1,  2,   3]\n\tif x:\n\t\treturn   None\r\n",
+         [236781, 578, 870, 236770, 236764, 138, 236778, 236764, 139, 236800, 236842, 107, 255968, 584, 1123, 236787,
+          107, 255969, 2060, 139, 9336, 251, 107]),
+        ("  leading\u00a0nbsp 🙂🙂  中文  ", [138, 26016, 432, 398, 11539, 57235, 240731, 138, 55041, 138]),
+        ("I'm you're WE'LL 12345678",
+         [236777, 236789, 236757, 611, 236789, 500, 19716, 236789, 2182, 236743, 236770, 236778, 236800, 236812,
+          236810, 236825, 236832, 236828]),
+        # user-defined tokens such as <h1> are whole tokens even in plain text, as in llama.cpp
+        ("<|im_start|>user\n<start_of_turn>model\n<h1>Hi</h1>",
+         [236820, 236909, 548, 236779, 3041, 111038, 2364, 107, 236820, 3041, 236779, 1340, 236779, 887, 236813, 4368,
+          107, 184, 10979, 191]),
+    ],
+}
+# llama.cpp's ids for tests/data/english.txt: (count, sha256 of the JSON list)
+LLAMA_CPP_ENGLISH = {
+    "smollm2-135m": (364, "68f557b42ab6ad559fd3d15916297075d156d96403af0b3fb7e0e474a0359191"),
+    "gemma3-270m": (360, "61554c88efe3b64bf0625f66b1728b267d709b4868407156ec40cd6731d22db0"),
+}
 
 ROUND_TRIPS = [
     "The capital of France is Paris.",
@@ -44,6 +87,11 @@ def any_tokenizer(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.fixture(scope="module")
+def by_name(smollm2, gemma3):
+    return {"smollm2-135m": smollm2, "gemma3-270m": gemma3}
+
+
 # ---- llama.cpp's ids for the real models ---------------------------------------------------------
 def test_smollm2_capital_of_france(smollm2):
     assert smollm2.encode("The capital of France is") == [504, 3575, 282, 4649, 314]
@@ -52,6 +100,15 @@ def test_smollm2_capital_of_france(smollm2):
 def test_gemma3_capital_of_france_starts_with_bos(gemma3):
     assert gemma3.encode("The capital of France is") == [2, 818, 5279, 529, 7001, 563]
     assert gemma3.encode("The capital of France is", add_special=False) == [818, 5279, 529, 7001, 563]
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CPP_IDS))
+def test_ids_from_llama_cpp(by_name, name):
+    tokenizer = by_name[name]
+    for text, ids in LLAMA_CPP_IDS[name]:
+        assert tokenizer.encode(text, add_special=False) == ids, repr(text)
+    ids = tokenizer.encode(ENGLISH.read_text(), add_special=False)
+    assert (len(ids), hashlib.sha256(json.dumps(ids).encode()).hexdigest()) == LLAMA_CPP_ENGLISH[name]
 
 
 def test_flags_and_ids(smollm2, gemma3):
@@ -75,14 +132,19 @@ def test_round_trip(any_tokenizer, text):
         == text.encode("utf-8")
 
 
-def test_round_trip_license_text(any_tokenizer):
-    text = APACHE.read_text()
-    assert any_tokenizer.decode(any_tokenizer.encode(text, add_special=False)) == text
+def test_round_trip_long_texts(any_tokenizer):
+    # a literal "▁" comes back as a space from a SentencePiece vocabulary (llama.cpp alike), so not here
+    for text in (ENGLISH.read_text(), CODE.read_text().replace("\u2581", "_")):
+        assert any_tokenizer.decode(any_tokenizer.encode(text, add_special=False)) == text
+
+
+def test_literal_space_mark_decodes_as_space(gemma3):
+    assert gemma3.decode(gemma3.encode("a\u2581b", add_special=False)) == "a b"
 
 
 # ---- Gemma against llama.cpp's algorithm (reference_spm_encode) -------------------------------------
-def test_gemma3_matches_reference_on_license_text(gemma3):
-    for paragraph in APACHE.read_text().split("\n\n"):
+def test_gemma3_matches_reference_on_code(gemma3):
+    for paragraph in CODE.read_text().split("\n\n"):
         assert gemma3.encode(paragraph, add_special=False) == reference_spm_encode(gemma3.vocab, paragraph)
 
 
