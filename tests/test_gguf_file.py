@@ -164,7 +164,7 @@ class Mutator:
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             op = rng.choice((self.flip_byte, self.flip_bit, self.huge_value, self.change_type,
                              self.move_offset, self.duplicate_name, self.bad_alignment, self.change_dim,
-                             self.odd_value, self.truncate))
+                             self.odd_value, self.splice, self.truncate))
             done.append(op(rng, data))
         return bytes(data), done
 
@@ -224,6 +224,16 @@ class Mutator:
         odd = {4: [0x7FC00000, 0x7F800000, 0xFF800000, 0x80000000, 0xFFFFFFFF, 0x4F800000],
                8: [0x7FF8000000000000, 0x7FF0000000000000, 1 << 63, (1 << 64) - 1, 1 << 40]}
         return self.put(data, slot, rng.choice(odd.get(slot.width, [0]) + [0, 1, rng.getrandbits(8 * slot.width)]))
+
+    def splice(self, rng, data):
+        """Delete or insert a few bytes inside the header, shifting everything after them."""
+        pos = rng.randrange(min(len(data), self.data_offset))
+        n = rng.choice((1, 4, 8, rng.randrange(1, 64)))
+        if rng.random() < 0.5:
+            del data[pos:pos + n]
+            return f"delete@{pos}+{n}"
+        data[pos:pos] = bytes(rng.randrange(256) for _ in range(n))
+        return f"insert@{pos}+{n}"
 
     def truncate(self, rng, data):
         keep = rng.randrange(len(data))
