@@ -9,8 +9,8 @@ The engine knows nothing of HTTP and nothing of shaders: it drives any Backend t
 
 Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
 a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token). Tokens count as completion tokens when sampled, the one that
-stopped generation included; its text is never shown.
+it is asked before every token). Every sampled token counts as a completion token, the one that
+stopped generation included; neither an end-of-generation token nor a stop string is ever shown.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .models import KNOWN_MODELS, resolve_model
 from .sampling import History, Sampler, SamplingParams, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
+
 
 @dataclass
 class GenerationParams:
