@@ -276,7 +276,7 @@ def test_reference_stream_equals_generate_and_does_not_leak_between_requests(smo
     engine = smollm2_reference
     params = GenerationParams(max_tokens=4, sampling=SamplingParams(seed=11, temperature=0.9))
     first, finish, _ = engine.generate("The sky is", params)
-    engine.generate("Something else entirely, and longer:", GenerationParams(max_tokens=2))
+    engine.generate("Something else entirely, and longer:", GenerationParams(max_tokens=1))
     streamed = [i for i in engine.stream("The sky is", params)]
     assert "".join(i.text for i in streamed[:-1]) == first
     assert streamed[-1].completion_tokens == finish.completion_tokens
@@ -284,8 +284,8 @@ def test_reference_stream_equals_generate_and_does_not_leak_between_requests(smo
 
 
 def test_gemma3_reference_end_to_end():
-    engine = Engine.load("gemma3-270m", backend="reference", n_ctx=64, progress=False)
-    params = GenerationParams(max_tokens=3, sampling=SamplingParams(seed=3))
+    engine = Engine.load("gemma3-270m", backend="reference", n_ctx=32, progress=False)
+    params = GenerationParams(max_tokens=2, sampling=SamplingParams(seed=3))
     text, finish, _ = engine.generate([{"role": "user", "content": "Say hi."}], params)
     streamed = list(engine.stream([{"role": "user", "content": "Say hi."}], params))
     assert "".join(i.text for i in streamed[:-1]) == text
