@@ -1,0 +1,289 @@
+"""Benchmark the CUDA megakernel, and PyTorch on the same shapes when it is installed.
+
+What is reported (docs/BENCHMARKS.md, "CUDA megakernel"):
+  - ms per token at contexts 1, 512 and 4096, the logits and the greedy token ready: one
+    64-step cooperative launch from that context, timed with CUDA events, divided by 64 (median
+    of several launches); also a 1-step launch, which adds the launch and host round trip;
+  - tokens/s generating 64 tokens from an 8-token prompt (host wall clock, one launch);
+  - the floor: the bytes one token streams (every matrix once, the K/V cache up to the context)
+    over the streaming-read bandwidth measured in the same run, and floor / time;
+  - a trace of one token (per-task globaltimer stamps) as JSON, a timeline picture, and the time
+    split by wave kind, barrier waits included;
+  - PyTorch + transformers on the same config with random BF16 weights, eager attention: eager
+    decode steps, and a CUDA-graph replay of a static-cache decode step (logits and argmax).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .pictures import TRACE_FORMAT
+from .planner import wave_bytes
+
+CONTEXTS = (1, 512, 4096)
+STEPS = 64
+REPEATS = 5
+
+
+# ---- the floor ------------------------------------------------------------------------------------
+def weight_bytes_per_token(plan) -> int:
+    """Bytes of weights one token streams: every BF16 matrix once (a tied embedding once, as the LM
+    head) and the F32 norm vectors; the RoPE tables are read one row per token and left out."""
+    return sum(s.n_bytes for name, s in plan.tensors.items() if not name.startswith("rope_"))
+
+
+def kv_bytes(k: dict, context: int) -> int:
+    return k["n_layers"] * k["n_head_kv"] * context * (k["head_dim"] + k["head_dim_v"]) * 4
+
+
+def floor_ms(plan, context: int, gbs: float) -> float:
+    return (weight_bytes_per_token(plan) + kv_bytes(plan.consts, context)) / (gbs * 1e9) * 1e3
+
+
+# ---- the megakernel -------------------------------------------------------------------------------
+def random_kv(runtime, context: int, seed: int = 1) -> None:
+    k = runtime.k
+    shape = (k["n_layers"], k["n_head_kv"], k["ctx"])
+    rng = np.random.default_rng(seed)
+    kc = np.zeros((*shape, k["head_dim"]), np.float32)
+    vc = np.zeros((*shape, k["head_dim_v"]), np.float32)
+    kc[:, :, :context] = rng.standard_normal((*shape[:2], context, k["head_dim"]), dtype=np.float32)
+    vc[:, :, :context] = rng.standard_normal((*shape[:2], context, k["head_dim_v"]), dtype=np.float32)
+    runtime.set_kv(kc, vc)
+
+
+def time_context(runtime, context: int, steps: int = STEPS, repeats: int = REPEATS) -> dict:
+    """ms/token from `context` in one launch of `steps` forced tokens, and a 1-step launch."""
+    pos0 = context - 1
+    steps = min(steps, runtime.k["ctx"] - pos0)
+    tokens = [(17 + 31 * i) % runtime.k["vocab"] for i in range(steps)]
+    runtime.launch(tokens, pos0)  # warm-up
+    many = [runtime.launch(tokens, pos0, timed=True).ms for _ in range(repeats)]
+    single = [runtime.launch(tokens[:1], pos0, timed=True).ms for _ in range(4 * repeats)]
+    return {"context": context, "steps": steps, "ms_per_token": float(np.median(many)) / steps,
+            "ms_per_token_all": [m / steps for m in many], "ms_single_launch": float(np.median(single))}
+
+
+def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 3) -> dict:
+    prompt = [(5 + 7 * i) % runtime.k["vocab"] for i in range(prompt_len)]
+    walls, tokens = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = runtime.launch(prompt, 0, n_steps=min(64, prompt_len + new - 1))
+        walls.append(time.perf_counter() - start)
+        tokens = result.tokens[prompt_len - 1:]
+    wall = float(np.median(walls))
+    return {"prompt": prompt_len, "generated": len(tokens), "seconds": wall, "tokens_per_s": len(tokens) / wall,
+            "note": "one launch: prompt steps and generated steps together, host wall clock"}
+
+
+def prefetch_sweep(runtime, sizes=(0, 32 << 10, 96 << 10, 256 << 10), context: int = 1) -> list[dict]:
+    keep = runtime.knobs.prefetch_bytes
+    out = []
+    try:
+        for size in sizes:
+            runtime.knobs.prefetch_bytes = size
+            out.append({"prefetch_bytes": size, **time_context(runtime, context, repeats=3)})
+    finally:
+        runtime.knobs.prefetch_bytes = keep
+    return out
+
+
+# ---- trace ----------------------------------------------------------------------------------------
+def trace_token(runtime, context: int) -> dict:
+    """The second step of a launch at `context`, traced: part 1's trace JSON (pictures.py) plus the
+    time each worker left each wave's barrier ("wave_release_ns"), all ns from the first task start."""
+    result = runtime.launch([17, 42], context - 1, trace_step=1)
+    raw, plan = result.trace, runtime.plan
+    stamps = raw["tasks"].astype(np.int64)
+    t0 = int(stamps[:, 0].min())
+    tasks = [[i, int(start - t0), int(end - t0)] for i, (start, end) in enumerate(stamps)]
+    return {"format": TRACE_FORMAT, "version": 1, "fingerprint": plan.fingerprint.get("fingerprint"),
+            "position": context, "time_unit": "ns", "tasks": tasks,
+            "wave_release_ns": (raw["waves"].astype(np.int64) - t0).tolist(), "workers": runtime.workers}
+
+
+def wave_ideal_ns(plan, position: int, gbs: float) -> np.ndarray:
+    """Each wave's weight and K/V bytes at `gbs`, in ns."""
+    return wave_bytes(plan, position).sum(axis=1) / gbs
+
+
+def breakdown(trace: dict, plan, gbs: float) -> dict:
+    """Where one token's time goes, per wave kind: wall time, time at full streaming speed, and
+    the time between the wave's last task end and its barrier release (waiting and the barrier)."""
+    release = np.array(trace["wave_release_ns"], dtype=np.float64)  # (waves, workers)
+    ends = release.max(axis=1)
+    starts = np.concatenate([[0.0], ends[:-1]])
+    last_task = np.zeros(len(ends))
+    for index, _, end in trace["tasks"]:
+        w = int(plan.tasks[int(index)]["wave"])
+        last_task[w] = max(last_task[w], end)
+    ideal = wave_ideal_ns(plan, trace["position"], gbs)
+    kinds: dict[str, dict] = {}
+    for w, info in enumerate(plan.waves):
+        d = kinds.setdefault(info["name"].split(".")[-1], {"waves": 0, "wall_us": 0.0, "ideal_us": 0.0,
+                                                           "after_last_task_us": 0.0})
+        d["waves"] += 1
+        d["wall_us"] += (ends[w] - starts[w]) / 1e3
+        d["ideal_us"] += ideal[w] / 1e3
+        d["after_last_task_us"] += max(0.0, ends[w] - last_task[w]) / 1e3
+    return {"token_us": float(ends[-1]) / 1e3, "ideal_us": float(ideal.sum()) / 1e3, "by_kind": kinds,
+            "barrier_after_last_task_us": sum(d["after_last_task_us"] for d in kinds.values())}
+
+
+def write_trace(trace: dict, plan, out: Path, name: str) -> list[Path]:
+    """The trace JSON and part 1's timeline picture of it."""
+    from .pictures import draw_timeline, read_trace
+
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(trace))
+    return [path, draw_timeline(plan, read_trace(path, plan), out / f"{name}.png")]
+
+
+# ---- PyTorch + transformers -----------------------------------------------------------------------
+def torch_model(config):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.n_ff,
+                      num_hidden_layers=config.n_layers, num_attention_heads=config.n_head,
+                      num_key_value_heads=config.n_head_kv, head_dim=config.head_dim,
+                      max_position_embeddings=8192, rope_theta=config.rope_base, rms_norm_eps=config.rms_eps,
+                      tie_word_embeddings=config.tied_embeddings)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model, cfg
+
+
+def static_cache(cfg, length: int, device):
+    import torch
+    from transformers import StaticCache
+
+    try:
+        return StaticCache(config=cfg, max_batch_size=1, max_cache_len=length, device=device, dtype=torch.bfloat16)
+    except TypeError:
+        return StaticCache(config=cfg, max_cache_len=length)
+
+
+def torch_decode(model, cfg, context: int, steps: int = 16, graph: bool = False) -> float:
+    """Median ms of one static-cache decode step at `context` (eager, or a replayed CUDA graph)."""
+    import torch
+
+    device = next(model.parameters()).device
+    # room for every call below: some transformers versions advance the position per call
+    cache = static_cache(cfg, context + steps + 64, device)
+    ids = torch.full((1, 1), 17, dtype=torch.long, device=device)
+    pos = torch.full((1,), context - 1, dtype=torch.long, device=device)
+
+    def step():
+        out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+        return out.logits[:, -1].argmax(-1)
+
+    with torch.inference_mode():
+        for _ in range(3):
+            step()
+        run = step
+        if graph and device.type == "cuda":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            run = g.replay
+        times = []
+        for i in range(steps):
+            pos.fill_(context - 1 + i % 2)
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                run()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t = time.perf_counter()
+                run()
+                times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def torch_baselines(config, contexts=CONTEXTS) -> dict:
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        return {"skipped": f"PyTorch/transformers not installed ({e})"}
+    model, cfg = torch_model(config)
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "attention": "eager"}
+    for mode in ("eager", "graph"):
+        out[mode] = {}
+        for c in contexts:
+            try:
+                out[mode][c] = torch_decode(model, cfg, c, graph=mode == "graph")
+            except Exception as e:  # report, do not stop the other measurements
+                out[mode][c] = f"{type(e).__name__}: {e}"[:300]
+    del model
+    return out
+
+
+# ---- everything -----------------------------------------------------------------------------------
+def benchmark(runtime, worker, out: Path | None = None, model_path=None, torch_side: bool = True) -> dict:
+    plan = runtime.plan
+    gbs = worker.stream_read_gbs()
+    result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
+              "workers": runtime.workers, "prefetch_bytes": runtime.knobs.prefetch_bytes, "contexts": []}
+    random_kv(runtime, max(CONTEXTS) + STEPS - 1 if max(CONTEXTS) + STEPS - 1 <= runtime.k["ctx"] else runtime.k["ctx"])
+    for c in CONTEXTS:
+        row = time_context(runtime, c)
+        row["floor_ms"] = floor_ms(plan, c, gbs)
+        row["floor_share"] = row["floor_ms"] / row["ms_per_token"]
+        result["contexts"].append(row)
+        print(f"context {c}: {row['ms_per_token']:.4f} ms/token, floor {row['floor_ms']:.4f} ms "
+              f"({100 * row['floor_share']:.1f}%), 1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
+    result["generation"] = generation_rate(runtime)
+    result["prefetch_sweep"] = prefetch_sweep(runtime)
+    for c in (1, 4096):
+        trace = trace_token(runtime, c)
+        result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)
+        if out is not None:
+            write_trace(trace, plan, out, f"trace_ctx{c}")
+    if torch_side:
+        result["torch"] = torch_baselines(plan.config)
+    return result
+
+
+def main(argv=None) -> int:
+    """`airframe bench --backend cuda MODEL` lands here."""
+    import argparse
+
+    from ..models import resolve_model
+    from .backend import CudaBackend
+
+    parser = argparse.ArgumentParser(description="benchmark the CUDA megakernel")
+    parser.add_argument("model")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the trace JSON and timelines")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    return run(resolve_model(args.model), args.out, not args.no_torch)
+
+
+def run(model_path, out: Path | None = None, torch_side: bool = True) -> int:
+    from .backend import CudaBackend
+
+    backend = CudaBackend.load(model_path, n_ctx=max(CONTEXTS) + STEPS)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    result = benchmark(backend.runtime, backend.runtime.worker, out, model_path, torch_side)
+    print(json.dumps(result, indent=1, default=str))
+    return 0

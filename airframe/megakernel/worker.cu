@@ -1,0 +1,676 @@
+// worker.cu: the persistent megakernel worker. One block per SM runs its tasks of the plan
+// wave by wave, with a grid barrier after every wave, for up to AF_MAX_STEPS tokens per
+// cooperative launch. It makes no scheduling decision: the plan (tasks.bin, sorted by wave and
+// worker) says what each block does. Layout and opcodes come from plan_format.h, which
+// airframe/megakernel/opcodes.py generates.
+//
+// Reduction orders are fixed, so every launch gives the same bits:
+//  - weight dot products follow the numpy VM exactly (lane l of a warp owns the 8-element
+//    vectors j with j % 32 == l, multiply and add rounded separately, lanes folded in halves);
+//  - RMSNorm, RoPE, embedding and residual adds also follow the VM exactly;
+//  - attention sums, the FFN down projection and the FFN reduce use fixed trees of their own
+//    (documented beside each), and exp is CUDA's expf: these are where we differ from the VM.
+#include "plan_format.h"
+
+#define AF_THREADS 1024
+#define AF_WARPS (AF_THREADS / 32)
+#define AF_MAX_STEPS 64
+#define AF_MAX_EOS 8
+#define AF_MAX_GROUP 8  // query heads per K/V head
+#define AF_UNROLL 8     // 16-byte weight loads in flight per lane
+
+// What the host sets before a launch and reads after it; all 32-bit words.
+struct af_control {
+    uint32_t n_steps;         // tokens to run in this launch (<= AF_MAX_STEPS)
+    uint32_t pos0;            // position of the first one
+    uint32_t n_forced;        // steps < n_forced take tokens_in[step]; later ones the greedy token
+    uint32_t n_eos;           // end-of-generation ids in eos[]
+    uint32_t eos[AF_MAX_EOS];
+    uint32_t trace_step;      // the step whose tasks are timed when trace is set
+    uint32_t prefetch_bytes;  // L2 prefetch of each next-wave weight range, bytes (0: off)
+    uint32_t reserved[2];
+    uint32_t tokens_in[AF_MAX_STEPS];
+    uint32_t steps_done;      // outputs from here on
+    uint32_t error;           // bit 0: a non-finite logit
+    uint32_t stopped;         // 1 when an end-of-generation token ended the launch
+    uint32_t error_step;
+    uint32_t tokens_out[AF_MAX_STEPS];  // greedy token after each step
+};
+static_assert(sizeof(af_control) == 4 * (16 + 2 * AF_MAX_STEPS + 4), "control layout");
+
+struct af_args {
+    af_plan_consts c;
+    const af_task* tasks;
+    const uint32_t* cells;          // task index of (wave, worker): cells[wave * workers + worker]
+    const uint8_t* weights;
+    float* act;
+    float* kcache;                  // (layer, kv head, ctx, head_dim) F32
+    float* vcache;                  // (layer, kv head, ctx, head_dim_v) F32
+    af_control* ctl;
+    uint32_t* barrier;              // arrivals, zero at launch
+    float* logits_all;              // (n_steps, vocab) or null
+    unsigned long long* trace;      // (n_tasks, 2) globaltimer ns or null
+    unsigned long long* trace_waves;  // (n_waves, workers) barrier release ns or null
+    uint32_t ffn_max_rows;
+    uint32_t shared_floats;
+};
+
+// ---- memory access ------------------------------------------------------------------------
+// Weights never change during a launch: read-only path, not kept in L1.
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Activations and the K/V cache are written by other blocks in this launch: read them in L2.
+__device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
+// until k * blocks arrivals; the host zeroes the counter before each launch.
+__device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
+    target += gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
+        while (ld_acquire(counter) < target) {
+        }
+    }
+    __syncthreads();
+}
+
+// ---- arithmetic in the VM's order ---------------------------------------------------------
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ float madd(float acc, float a, float b) {
+    return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
+}
+
+// acc += w . x over 8 consecutive elements, in element order; x is 8 floats in shared memory.
+__device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
+    const float4 a = *reinterpret_cast<const float4*>(x);
+    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+    acc = madd(acc, bf16_lo(w.x), a.x);
+    acc = madd(acc, bf16_hi(w.x), a.y);
+    acc = madd(acc, bf16_lo(w.y), a.z);
+    acc = madd(acc, bf16_hi(w.y), a.w);
+    acc = madd(acc, bf16_lo(w.z), b.x);
+    acc = madd(acc, bf16_hi(w.z), b.y);
+    acc = madd(acc, bf16_lo(w.w), b.z);
+    acc = madd(acc, bf16_hi(w.w), b.w);
+    return acc;
+}
+
+// Fold 32 lane values in halves (l + 16, + 8, + 4, + 2, + 1); every lane gets the total.
+__device__ __forceinline__ float warp_fold(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// One BF16 row (kvec 8-element vectors) . xs (shared), by one warp, in the VM's lane order.
+__device__ __forceinline__ float warp_dot_bf16(const uint8_t* row, const float* xs, uint32_t kvec, uint32_t lane) {
+    const uint4* w = reinterpret_cast<const uint4*>(row);
+    float acc = 0.0f;
+    for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
+        uint4 v[AF_UNROLL];
+#pragma unroll
+        for (int u = 0; u < AF_UNROLL; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < AF_UNROLL; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+        }
+    }
+    return warp_fold(acc);
+}
+
+// Copy n floats of the arena into shared memory.
+__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) dst[i] = ld_act(src + i);
+}
+
+// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
+// y = (x * inv) * w. `red` is shared scratch of at least one float.
+__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red) {
+    load_shared(xs, x, n);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const uint32_t lane = threadIdx.x, kvec = n / 8;
+        float acc = 0.0f;
+        for (uint32_t j = lane; j < kvec; j += 32) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc = madd(acc, xs[8 * j + e], xs[8 * j + e]);
+        }
+        acc = warp_fold(acc);
+        if (lane == 0) {
+            const float mean = __fdiv_rn(acc, (float)n);
+            red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+        }
+    }
+    __syncthreads();
+    const float inv = red[0];
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), __ldg(w + i));
+    __syncthreads();
+}
+
+__device__ __forceinline__ const float* f32_at(const af_args& a, uint64_t offset) {
+    return reinterpret_cast<const float*>(a.weights + offset);
+}
+
+// x[l]: the residual stream entering layer l (x[n_layers] leaves the last layer).
+__device__ __forceinline__ float* x_at(const af_args& a, uint32_t l) {
+    return a.act + a.c.act_x + (size_t)l * a.c.act_x_stride;
+}
+
+// Layer l's block of the arena; add lay_qkv, lay_attn, lay_h or lay_ffn.
+__device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_t region) {
+    return a.act + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
+}
+
+// ---- opcodes ------------------------------------------------------------------------------
+__device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
+    const af_plan_consts& c = a.c;
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(a.weights + t.weight0) + (size_t)token * c.n_embd;
+    float* out = x_at(a, 0);
+    for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS) {
+        const float v = __uint_as_float((uint32_t)__ldg(row + r) << 16);
+        out[r] = c.embed_scale == 1.0f ? v : __fmul_rn(v, c.embed_scale);
+    }
+}
+
+// Rows [row_start, +row_count) of a BF16 matrix with `k` columns . xs, one warp per row.
+// `emit(row, value)` is called by lane 0 of the warp that computed the row.
+template <class Emit>
+__device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k,
+                                          uint32_t row_start, uint32_t row_count, Emit emit) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (uint32_t i = warp; i < row_count; i += AF_WARPS) {
+        const uint32_t r = row_start + i;
+        const float v = warp_dot_bf16(matrix + (size_t)r * k * 2, xs, k / 8, lane);
+        if (lane == 0) emit(r, v);
+    }
+}
+
+__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* red) {
+    const af_plan_consts& c = a.c;
+    rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    const uint32_t v_first = (c.n_head + c.n_head_kv) * c.head_dim;
+    float* out = layer_at(a, t.layer, c.lay_qkv);
+    float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, [&](uint32_t r, float v) {
+        out[r] = v;
+        if (r >= v_first) {
+            const uint32_t vr = r - v_first, h = vr / c.head_dim_v, d = vr % c.head_dim_v;
+            vcache[((size_t)h * c.ctx + pos) * c.head_dim_v + d] = v;
+        }
+    });
+}
+
+// RoPE of one head (hd floats at src) into dst, with the package's tables at `pos`.
+__device__ void rope_head(float* dst, const float* src, const af_args& a, uint32_t pos, uint32_t first_thread) {
+    const af_plan_consts& c = a.c;
+    const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
+    if (i >= c.head_dim) return;
+    const float x = ld_act(src + i);
+    float y = x;
+    const bool neox = c.rope_neox != 0;
+    const uint32_t pair = neox ? (i < half ? i : i - half) : i / 2;
+    const bool first = neox ? i < half : (i % 2) == 0;
+    if (i < c.rope_dim) {
+        const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
+        const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
+        const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
+        const float o = ld_act(src + other);
+        // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
+        y = first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
+    }
+    dst[i] = y;
+}
+
+// One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
+// Scores: head_dim/8 lanes per position, each an 8-element run, folded as the VM folds.
+// l: lane-strided partials over positions, folded in halves. o: 1024/hdv position groups
+// (position p in group p % groups), each in increasing p, then summed in group order.
+__device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
+    const af_plan_consts& c = a.c;
+    if (t.row_start > pos) return;  // chunk not active yet
+    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = c.n_head / c.n_head_kv;
+    const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
+    const float* qkv = layer_at(a, t.layer, c.lay_qkv);
+    float* q = sm;                       // (g, hd), roped
+    float* knew = q + g * hd;            // (hd), roped
+    float* s = knew + hd;                // (g, attn_chunk) scores, then exp
+    const uint32_t groups = AF_THREADS / hdv;
+    float* opart = s + g * c.attn_chunk;  // (groups, g, hdv)
+    float* lsum = opart + groups * g * hdv;  // (g)
+    float* mmax = lsum + g;                  // (g)
+    const uint32_t lh = t.layer * c.n_head_kv + t.head;
+    const uint32_t t_id = threadIdx.x;
+    for (uint32_t j = 0; j < g; ++j) {
+        if (t_id >= j * hd && t_id < (j + 1) * hd)
+            rope_head(q + j * hd, qkv + (t.head * g + j) * hd, a, pos, j * hd);
+    }
+    if (t_id >= g * hd && t_id < (g + 1) * hd) rope_head(knew, qkv + c.n_head * hd + t.head * hd, a, pos, g * hd);
+    __syncthreads();
+    float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
+    const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
+    if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
+
+    // scores: lanes per position = hd / 8 (a power of two <= 32)
+    const uint32_t lpp = hd / 8, per_warp = 32 / lpp;
+    const uint32_t lane = t_id % 32, warp = t_id / 32, sub = lane / lpp, vl = lane % lpp;
+    for (uint32_t p0 = warp * per_warp; p0 < n; p0 += AF_WARPS * per_warp) {
+        const uint32_t p = p0 + sub;
+        const bool live = p < n;
+        const uint32_t abs_p = first + (live ? p : 0);
+        float k8[8];
+        if (abs_p == pos) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) k8[e] = knew[vl * 8 + e];
+        } else {
+            const float4 k0 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8);
+            const float4 k1 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8 + 4);
+            k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
+            k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
+        }
+        for (uint32_t j = 0; j < g; ++j) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc = madd(acc, k8[e], q[j * hd + vl * 8 + e]);
+            for (uint32_t off = lpp / 2; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+            if (live && vl == 0) s[j * c.attn_chunk + p] = __fmul_rn(acc, c.attn_scale);
+        }
+    }
+    __syncthreads();
+    // max and exp-sum per query head: warp j
+    if (warp < g) {
+        float m = -INFINITY;
+        for (uint32_t p = lane; p < n; p += 32) m = fmaxf(m, s[warp * c.attn_chunk + p]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (uint32_t p = lane; p < n; p += 32) {
+            const float e = expf(__fsub_rn(s[warp * c.attn_chunk + p], m));
+            s[warp * c.attn_chunk + p] = e;
+            l = __fadd_rn(l, e);
+        }
+        l = warp_fold(l);
+        if (lane == 0) {
+            lsum[warp] = l;
+            mmax[warp] = m;
+        }
+    }
+    __syncthreads();
+    // weighted values: thread (group, d)
+    const uint32_t d = t_id % hdv, grp = t_id / hdv;
+    if (grp < groups) {
+        float acc[AF_MAX_GROUP];
+#pragma unroll
+        for (int j = 0; j < AF_MAX_GROUP; ++j) acc[j] = 0.0f;
+        for (uint32_t p = grp; p < n; p += groups) {
+            const float v = ld_act(vbase + (size_t)(first + p) * hdv + d);
+#pragma unroll
+            for (int j = 0; j < AF_MAX_GROUP; ++j)
+                if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v);
+        }
+#pragma unroll
+        for (int j = 0; j < AF_MAX_GROUP; ++j)
+            if (j < (int)g) opart[(grp * g + j) * hdv + d] = acc[j];
+    }
+    __syncthreads();
+    const uint32_t rec = hdv + 2;
+    float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
+    for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
+        const uint32_t j = i / hdv, dd = i % hdv;
+        float o = 0.0f;
+        for (uint32_t k = 0; k < groups; ++k) o = __fadd_rn(o, opart[(k * g + j) * hdv + dd]);
+        out[j * rec + 2 + dd] = o;
+    }
+    if (t_id < g) {
+        out[t_id * rec] = mmax[t_id];
+        out[t_id * rec + 1] = lsum[t_id];
+    }
+}
+
+// Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM.
+__device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+    const af_plan_consts& c = a.c;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
+    const float* parts = layer_at(a, layer, c.lay_attn);
+    for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
+        const uint32_t h = i / hdv, d = i % hdv;
+        float m = -INFINITY;
+        for (uint32_t ch = 0; ch < active; ++ch) m = fmaxf(m, ld_act(parts + (size_t)(ch * c.n_head + h) * rec));
+        float total = 0.0f, o = 0.0f;
+        for (uint32_t ch = 0; ch < active; ++ch) {
+            const float* r = parts + (size_t)(ch * c.n_head + h) * rec;
+            const float scale = expf(__fsub_rn(ld_act(r), m));
+            total = __fadd_rn(total, __fmul_rn(scale, ld_act(r + 1)));
+            o = __fadd_rn(o, __fmul_rn(scale, ld_act(r + 2 + d)));
+        }
+        xs[i] = __fdiv_rn(o, total);
+    }
+    __syncthreads();
+}
+
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs) {
+    const af_plan_consts& c = a.c;
+    merge_attention(a, t.layer, pos, xs);
+    const float* x = x_at(a, t.layer);
+    float* h = layer_at(a, t.layer, c.lay_h);
+    gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
+              [&](uint32_t r, float v) { h[r] = __fadd_rn(ld_act(x + r), v); });
+}
+
+// gate and up rows, silu(gate) * up into h; then this task's columns of ffn_down (stored
+// transposed, one row of n_embd per FFN row) times h. The down sum: `groups` row groups
+// (row i in group i % groups), each in increasing row order, then summed in group order.
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm) {
+    const af_plan_consts& c = a.c;
+    const uint32_t e = c.n_embd, cols = e / 8;
+    rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red);
+    float* h = sm;                    // (row_count)
+    float* part = sm + a.ffn_max_rows;  // (groups, n_embd)
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
+        const size_t r = t.row_start + i;
+        const float gate = warp_dot_bf16(a.weights + t.weight0 + r * e * 2, xs, cols, lane);
+        const float up = warp_dot_bf16(a.weights + t.weight1 + r * e * 2, xs, cols, lane);
+        if (lane == 0) h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up);
+    }
+    __syncthreads();
+    const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
+    const uint32_t grp = threadIdx.x / cols;
+    const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
+    if (grp < groups) {
+        for (uint32_t col = threadIdx.x % cols; col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
+            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            uint32_t i = grp;
+            for (; i + 3 * groups < t.row_count; i += 4 * groups) {
+                uint4 w[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float hv = h[i + u * groups];
+                    acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
+                    acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
+                    acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
+                    acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
+                    acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
+                    acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
+                    acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
+                    acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
+                }
+            }
+            for (; i < t.row_count; i += groups) {
+                const uint4 w = ld_weight16(down + (size_t)i * cols + col);
+                const float hv = h[i];
+                acc[0] = madd(acc[0], bf16_lo(w.x), hv);
+                acc[1] = madd(acc[1], bf16_hi(w.x), hv);
+                acc[2] = madd(acc[2], bf16_lo(w.y), hv);
+                acc[3] = madd(acc[3], bf16_hi(w.y), hv);
+                acc[4] = madd(acc[4], bf16_lo(w.z), hv);
+                acc[5] = madd(acc[5], bf16_hi(w.z), hv);
+                acc[6] = madd(acc[6], bf16_lo(w.w), hv);
+                acc[7] = madd(acc[7], bf16_hi(w.w), hv);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
+        }
+    }
+    __syncthreads();
+    float* out = layer_at(a, t.layer, c.lay_ffn) + (size_t)t.slot * e;
+    for (uint32_t i = threadIdx.x; i < e; i += AF_THREADS) {
+        float v = part[i];
+        for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
+        out[i] = v;
+    }
+}
+
+// x[layer + 1][rows] = h[rows] + the FFN partials: one warp per row, lane l sums slots l, l + 32, ...
+// in increasing order, lanes folded in halves.
+__device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
+    const af_plan_consts& c = a.c;
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float* parts = layer_at(a, t.layer, c.lay_ffn);
+    const float* h = layer_at(a, t.layer, c.lay_h);
+    float* x = x_at(a, t.layer + 1);
+    for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
+        const uint32_t r = t.row_start + i;
+        float acc = 0.0f;
+        for (uint32_t k = lane; k < c.ffn_parts; k += 32) acc = __fadd_rn(acc, ld_act(parts + (size_t)k * c.n_embd + r));
+        acc = warp_fold(acc);
+        if (lane == 0) x[r] = __fadd_rn(ld_act(h + r), acc);
+    }
+}
+
+__device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
+    const af_plan_consts& c = a.c;
+    rmsnorm_shared(xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
+        a.act[c.act_xn + r] = xs[r];
+}
+
+// Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
+// A non-finite logit sets bit 0 of the error word.
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
+    const af_plan_consts& c = a.c;
+    load_shared(xs, a.act + c.act_xn, c.n_embd);
+    __syncthreads();
+    float* best_v = sm;  // (warps)
+    uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
+    float* logits = a.act + c.act_logits;
+    float* all = a.logits_all ? a.logits_all + (size_t)step * c.vocab : nullptr;
+    float bv = -INFINITY;
+    uint32_t bi = 0xffffffffu;
+    bool bad = false;
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, [&](uint32_t r, float v) {
+        logits[r] = v;
+        if (all) all[r] = v;
+        if (!isfinite(v)) bad = true;
+        if (v > bv || bi == 0xffffffffu) {  // rows come in increasing order per warp
+            bv = v;
+            bi = r;
+        }
+    });
+    if (bad) atomicOr(&a.ctl->error, 1u);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = -INFINITY;
+        uint32_t id = 0xffffffffu;
+        for (uint32_t w = 0; w < AF_WARPS; ++w) {
+            if (best_i[w] == 0xffffffffu) continue;
+            if (id == 0xffffffffu || best_v[w] > v || (best_v[w] == v && best_i[w] < id)) {
+                v = best_v[w];
+                id = best_i[w];
+            }
+        }
+        float* cand = a.act + c.act_cand + 2 * t.slot;
+        cand[0] = v;
+        cand[1] = __uint_as_float(id);
+    }
+}
+
+// ---- the worker ---------------------------------------------------------------------------
+__device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
+                         float* xs, float* red, float* sm) {
+    switch (t.opcode) {
+        case AF_OP_EMBED: op_embed(a, t, token); break;
+        case AF_OP_QKV: op_qkv(a, t, pos, xs, red); break;
+        case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs); break;
+        case AF_OP_FFN: op_ffn(a, t, xs, red, sm); break;
+        case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t); break;
+        case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
+        default: break;
+    }
+    __syncthreads();  // the next task reuses shared memory
+}
+
+// L2 prefetch of the first `bytes` of each weight range the task will stream.
+__device__ void prefetch_task(const af_args& a, const af_task& t, uint32_t bytes) {
+    const af_plan_consts& c = a.c;
+    uint64_t base[3] = {0, 0, 0};
+    uint64_t len = 0;
+    uint32_t ranges = 0;
+    if (t.opcode == AF_OP_QKV || t.opcode == AF_OP_LM_HEAD) {
+        base[0] = t.weight0 + (uint64_t)t.row_start * c.n_embd * 2;
+        len = (uint64_t)t.row_count * c.n_embd * 2;
+        ranges = 1;
+    } else if (t.opcode == AF_OP_WO) {
+        const uint64_t k = (uint64_t)c.n_head * c.head_dim_v;
+        base[0] = t.weight0 + (uint64_t)t.row_start * k * 2;
+        len = (uint64_t)t.row_count * k * 2;
+        ranges = 1;
+    } else if (t.opcode == AF_OP_FFN) {
+        const uint64_t off = (uint64_t)t.row_start * c.n_embd * 2;
+        base[0] = t.weight0 + off;
+        base[1] = t.weight1 + off;
+        base[2] = t.weight2 + off;
+        len = (uint64_t)t.row_count * c.n_embd * 2;
+        ranges = 3;
+    }
+    if (len > bytes) len = bytes;
+    for (uint32_t k = 0; k < ranges; ++k)
+        for (uint64_t off = (uint64_t)threadIdx.x * 128; off < len; off += (uint64_t)AF_THREADS * 128)
+            prefetch_l2(a.weights + base[k] + off);
+}
+
+// Combine the candidate slots of the step just finished: every block reads the same slots and
+// reaches the same token and the same decision to stop.
+__device__ uint32_t greedy_token(const af_args& a) {
+    const af_plan_consts& c = a.c;
+    const float* cand = a.act + c.act_cand;
+    float v = ld_act(cand);
+    uint32_t id = __float_as_uint(ld_act(cand + 1));
+    for (uint32_t s = 1; s < c.lm_parts; ++s) {
+        const float sv = ld_act(cand + 2 * s);
+        const uint32_t si = __float_as_uint(ld_act(cand + 2 * s + 1));
+        if (sv > v || (sv == v && si < id)) {
+            v = sv;
+            id = si;
+        }
+    }
+    return id;
+}
+
+// After step `done` finished: record its token; return true when the launch must stop.
+__device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_token) {
+    af_control* ctl = a.ctl;
+    const uint32_t token = greedy_token(a);
+    const uint32_t error = ld_acquire(&ctl->error);
+    bool eos = false;
+    for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= token == ctl->eos[i];
+    eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        ctl->tokens_out[done] = token;
+        ctl->steps_done = done + 1;
+        if (error) ctl->error_step = done;
+        if (eos) ctl->stopped = 1;
+    }
+    next_token = token;
+    return error != 0 || eos;
+}
+
+extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    const af_plan_consts& c = a.c;
+    const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
+    float* red = xs + ((x_len + 3) / 4) * 4;
+    float* sm = red + 64;
+    af_control* ctl = a.ctl;
+    const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
+    const uint32_t workers = gridDim.x, me = blockIdx.x;
+    uint32_t target = 0, token = 0;
+    for (uint32_t step = 0; step < n_steps; ++step) {
+        if (step > 0 && finish_step(a, step - 1, token)) return;
+        if (step < ctl->n_forced) token = ctl->tokens_in[step];
+        const uint32_t pos = ctl->pos0 + step;
+        const bool traced = a.trace && step == ctl->trace_step;
+        for (uint32_t w = 0; w < c.n_waves; ++w) {
+            const uint32_t lo = a.cells[w * workers + me], hi = a.cells[w * workers + me + 1];
+            for (uint32_t i = lo; i < hi; ++i) {
+                const af_task t = a.tasks[i];
+                const unsigned long long t0 = traced ? global_ns() : 0;
+                run_task(a, t, step, pos, token, xs, red, sm);
+                if (traced && threadIdx.x == 0) {
+                    a.trace[2 * i] = t0;
+                    a.trace[2 * i + 1] = global_ns();
+                }
+            }
+            if (ctl->prefetch_bytes && w + 1 < c.n_waves) {
+                const uint32_t nlo = a.cells[(w + 1) * workers + me], nhi = a.cells[(w + 1) * workers + me + 1];
+                for (uint32_t i = nlo; i < nhi; ++i) prefetch_task(a, a.tasks[i], ctl->prefetch_bytes);
+            }
+            grid_sync(a.barrier, target);
+            if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * workers + me] = global_ns();
+        }
+    }
+    if (n_steps > 0) finish_step(a, n_steps - 1, token);
+}
+
+// The host checks its picture of af_args and af_control against the compiled one.
+extern "C" __global__ void af_layout(uint32_t* out) {
+    out[0] = sizeof(af_args);
+    out[1] = sizeof(af_plan_consts);
+    out[2] = offsetof(af_args, tasks);
+    out[3] = offsetof(af_args, ffn_max_rows);
+    out[4] = offsetof(af_plan_consts, rope_cos);
+    out[5] = sizeof(af_control);
+    out[6] = offsetof(af_control, steps_done);
+    out[7] = AF_THREADS;
+}
+
+// Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.
+extern "C" __global__ void af_stream_read(const uint4* data, unsigned long long n16, uint32_t* sink) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    uint32_t x = 0;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        const uint4 a = ld_weight16(data + i), b = ld_weight16(data + i + stride);
+        const uint4 c = ld_weight16(data + i + 2 * stride), d = ld_weight16(data + i + 3 * stride);
+        x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 a = ld_weight16(data + i);
+        x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (x == 0x9e3779b9u) sink[0] = x;  // never true in practice; keeps the loads alive
+}

@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""The CUDA megakernel's checks and measurements, in one run on the GPU machine.
+
+Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares against: a
+tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
+for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 384, 385 and 4096,
+with the K/V cache before the context filled from a seeded generator. The VM is slow in Python,
+so it runs where time is cheap; the GPU run checks that its weights and K/V fill hash the same.
+
+On the GPU machine, `--ref DIR --out DIR` builds and probes the worker, makes both synthetic
+models and their packages, and then: CUDA logits against the VM's (tolerance, top-1 at every
+step), three runs bit for bit, a plan for 20 workers run with 20 blocks (same tokens), corrupted
+packages refused before launch, a planted non-finite weight giving the error, and the speed
+benchmark with a trace of one token. Everything lands in DIR/check.json and a log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from airframe.errors import AirframeError
+
+CONTEXTS = (1, 384, 385, 4096)
+STEPS = 2  # decode steps from each context, each compared
+CTX = 4160  # the package's K/V capacity: 4096 plus a 64-token launch
+TOKEN0 = 17
+SHAPES = {"smollm2": "smollm2-135m", "llama1b": "llama3.2-1b"}
+TOLERANCE = 1e-3  # max |cuda - vm| over max |vm|, per step
+
+
+# ---- shared by both modes -------------------------------------------------------------------------
+def fill_kv(k: dict, context: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """K/V caches (layer, kv head, ctx, head_dim) with positions < context - 1 drawn N(0, 1)."""
+    shape = (k["n_layers"], k["n_head_kv"], k["ctx"])
+    kc = np.zeros((*shape, k["head_dim"]), np.float32)
+    vc = np.zeros((*shape, k["head_dim_v"]), np.float32)
+    past = context - 1
+    if past:
+        rng = np.random.default_rng(seed + context)
+        kc[:, :, :past] = rng.standard_normal((*shape[:2], past, k["head_dim"]), dtype=np.float32)
+        vc[:, :, :past] = rng.standard_normal((*shape[:2], past, k["head_dim_v"]), dtype=np.float32)
+    return kc, vc
+
+
+def digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).view(np.uint8).data)
+    return h.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(64 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def make_model(shape: str, out: Path, tokenizer: str) -> Path:
+    from airframe.synthetic import write_synthetic_gguf
+
+    if not out.is_file():
+        write_synthetic_gguf(out, "llama", shape, "BF16", seed=0, fast=True, tokenizer=tokenizer, progress=True)
+    return out
+
+
+def vm_reference(package, contexts=CONTEXTS, steps: int = STEPS) -> dict:
+    from airframe.megakernel.vm import VM
+
+    out = {}
+    for c in contexts:
+        vm = VM(package.plan, package.weights)
+        kc, vc = fill_kv(package.plan.consts, c)
+        vm.kcache[:], vm.vcache[:] = kc, vc
+        token, logits, tokens = TOKEN0, [], []
+        for s in range(steps):
+            row, token = vm.step(token, c - 1 + s)
+            logits.append(row)
+            tokens.append(token)
+        out[c] = {"logits": np.stack(logits), "tokens": np.array(tokens), "kv": digest(kc, vc)}
+        print(f"  vm context {c}: tokens {tokens}", flush=True)
+    return out
+
+
+# ---- reference mode (CPU) -------------------------------------------------------------------------
+def write_tokenizer_gguf(out: Path) -> Path:
+    from gguf import GGUFWriter
+
+    from airframe.synthetic import _add_value, _source_tokenizer
+
+    writer = GGUFWriter(out, "llama")
+    for key, value in _source_tokenizer("smollm2-135m").items():
+        _add_value(writer, key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    return out
+
+
+def make_reference(ref: Path, work: Path, models: list[str]) -> None:
+    from airframe.megakernel.package import write_package
+    from airframe.megakernel.target import NAMED_TARGETS
+
+    ref.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    tok = write_tokenizer_gguf(ref / "tokenizer.gguf")
+    for name in models:
+        start = time.time()
+        gguf = make_model(SHAPES[name], work / f"{name}.gguf", str(tok))
+        package = write_package(gguf, NAMED_TARGETS["h200"], work / f"{name}.pkg", ctx=CTX)
+        data = vm_reference(package)
+        arrays = {f"logits_{c}": d["logits"] for c, d in data.items()}
+        arrays.update({f"tokens_{c}": d["tokens"] for c, d in data.items()})
+        np.savez_compressed(ref / f"ref_{name}.npz", **arrays)
+        meta = {"weights_sha256": file_digest(work / f"{name}.pkg" / "weights.bin"),
+                "kv_sha256": {str(c): d["kv"] for c, d in data.items()}, "token0": TOKEN0, "steps": STEPS}
+        (ref / f"ref_{name}.json").write_text(json.dumps(meta, indent=1))
+        print(f"{name}: reference in {time.time() - start:.0f} s", flush=True)
+
+
+# ---- device mode ----------------------------------------------------------------------------------
+class Report:
+    def __init__(self, out: Path):
+        self.out, self.data = out, {}
+
+    def section(self, name: str, fn, *args):
+        start = time.time()
+        print(f"== {name}", flush=True)
+        try:
+            result = fn(*args)
+            self.data[name] = {"ok": True, "seconds": round(time.time() - start, 1), "result": result}
+        except Exception as e:  # every check reports, the run goes on
+            traceback.print_exc()
+            self.data[name] = {"ok": False, "seconds": round(time.time() - start, 1),
+                               "error": f"{type(e).__name__}: {e}"[:2000]}
+            result = None
+        print(json.dumps(self.data[name], default=str)[:3000], flush=True)
+        self.save()
+        return result
+
+    def save(self):
+        (self.out / "check.json").write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def compare(runtime, ref: dict, context: int) -> dict:
+    """CUDA steps from `context` against the VM's logits and tokens."""
+    kc, vc = fill_kv(runtime.k, context)
+    runtime.set_kv(kc, vc)
+    want = ref[f"logits_{context}"]
+    result = runtime.launch([TOKEN0], context - 1, n_steps=len(want), all_logits=True)
+    got = runtime.all_logits(result.steps_done)
+    rows = []
+    for s in range(len(want)):
+        err = float(np.abs(got[s] - want[s]).max() / np.abs(want[s]).max())
+        top = np.sort(want[s])[-2:]
+        rows.append({"rel_max_err": err, "top1_cuda": int(np.argmax(got[s])), "top1_vm": int(np.argmax(want[s])),
+                     "vm_top2_gap": float(top[1] - top[0]), "bit_equal": bool(np.array_equal(got[s], want[s]))})
+    ok = all(r["rel_max_err"] <= TOLERANCE and r["top1_cuda"] == r["top1_vm"] for r in rows)
+    return {"context": context, "ok": ok, "tokens_cuda": result.tokens, "tokens_vm": ref[f"tokens_{context}"].tolist(),
+            "steps": rows}
+
+
+def reproducible(runtime, context: int = 385, runs: int = 3) -> dict:
+    kc, vc = fill_kv(runtime.k, context)
+    outs = []
+    for _ in range(runs):
+        runtime.set_kv(kc, vc)
+        runtime.launch([TOKEN0], context - 1, n_steps=4, all_logits=True)
+        outs.append(runtime.all_logits(4).copy())
+    same = all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs)
+    return {"runs": runs, "context": context, "identical_bits": same, "digests": [digest(o) for o in outs]}
+
+
+def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
+    runtime.clear_kv()
+    result = runtime.launch(prompt, 0, n_steps=min(64, len(prompt) + n - 1))
+    return result.tokens[len(prompt) - 1:]
+
+
+def twenty_workers(session, package, folder: Path) -> dict:
+    from airframe.megakernel.cuda_runtime import Runtime
+    from airframe.megakernel.package import Package, write_plan
+    from airframe.megakernel.planner import make_plan
+    from airframe.megakernel.probe import with_workers
+
+    plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX)
+    plan.model["source"] = package.plan.model.get("source")
+    if folder.exists():
+        shutil.rmtree(folder)
+    write_plan(plan, folder)
+    os.symlink((package.path / "weights.bin").resolve(), folder / "weights.bin")
+    small = Runtime(Package.load(folder), session.worker, progress=False)
+    try:
+        prompt = [TOKEN0, 5, 300, 42, 7, 1000]
+        t20 = greedy_tokens(small, prompt, 32)
+        t_all = greedy_tokens(session.runtime, prompt, 32)
+        return {"workers": small.workers, "grid": small.workers, "tokens_20": t20, "tokens_full": t_all,
+                "same_tokens": t20 == t_all}
+    finally:
+        small.close()
+
+
+def corrupted(session, package, work: Path) -> dict:
+    """Each corruption must raise before any launch."""
+    from dataclasses import replace
+
+    from airframe.megakernel.cuda_runtime import Runtime
+    from airframe.megakernel.package import Package, write_plan
+    from airframe.megakernel.planner import make_plan
+
+    out = {}
+
+    def folder(name):
+        f = work / f"bad_{name}"
+        if f.exists():
+            shutil.rmtree(f)
+        write_plan(package.plan, f)
+        return f
+
+    f = folder("task")
+    raw = bytearray((f / "tasks.bin").read_bytes())
+    raw[64 * 100 + 16:64 * 100 + 20] = (10 ** 9).to_bytes(4, "little")  # task 100: row_start far out of range
+    (f / "tasks.bin").write_bytes(bytes(raw))
+    os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
+    out["task_row_out_of_range"] = _refused(lambda: Package.load(f))
+    f = folder("weights")
+    with open(f / "weights.bin", "wb") as w:
+        w.truncate(package.plan.consts["weights_size"] - 4096)
+    out["weights_truncated"] = _refused(lambda: Package.load(f))
+    f = work / "bad_binary"
+    if f.exists():
+        shutil.rmtree(f)
+    other = replace(package.plan.target, binary_sha256="0" * 64)
+    write_plan(make_plan(package.plan.config, other, CTX), f)
+    os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
+    out["other_worker_binary"] = _refused(lambda: Runtime(Package.load(f), session.worker, progress=False))
+    out["ok"] = all(v["refused"] for v in out.values())
+    return out
+
+
+def _refused(fn) -> dict:
+    try:
+        fn()
+    except AirframeError as e:
+        return {"refused": True, "error": f"{type(e).__name__}: {e}"[:400]}
+    return {"refused": False}
+
+
+def non_finite(runtime, package) -> dict:
+    from airframe.megakernel.cuda_runtime import NonFiniteLogitError
+
+    plan = package.plan
+    name = "output.weight" if "output.weight" in plan.tensors else "token_embd.weight"
+    offset = plan.tensors[name].offset + 7 * plan.consts["n_embd"] * 2 + 6  # row 7, element 3
+    original = bytes(package.weights[offset:offset + 2])
+    runtime.poke_weights(offset, b"\x80\x7f")  # BF16 +inf
+    try:
+        runtime.launch([TOKEN0], 0, n_steps=3)
+        outcome = {"raised": False}
+    except NonFiniteLogitError as e:
+        outcome = {"raised": True, "error": str(e)}
+    finally:
+        runtime.poke_weights(offset, original)
+    after = runtime.launch([TOKEN0], 0, n_steps=3)
+    outcome["clean_after_restore"] = after.steps_done == 3
+    return outcome
+
+
+def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool) -> Report:
+    from airframe.megakernel import cuda_bench
+    from airframe.megakernel.build import build_worker
+    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
+    from airframe.megakernel.package import write_package
+    from airframe.megakernel.probe import probe
+    from airframe.megakernel.target import target_to_dict
+
+    report = Report(out)
+    work.mkdir(parents=True, exist_ok=True)
+    report.section("builds", lambda: {a: build_worker(a).summary() for a in ("sm_86", "sm_90")})
+    device = Device()
+    worker = Worker(device)
+    target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
+    (out / "target.json").write_text(json.dumps(target, indent=1))
+    from airframe.megakernel.target import target_from_dict
+
+    target = target_from_dict(target)
+    tok = str(ref / "tokenizer.gguf")
+    for name in models:
+        gguf = report.section(f"{name}.model", lambda: str(make_model(SHAPES[name], work / f"{name}.gguf", tok)))
+        package = report.section(f"{name}.package", lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX))
+        if package is None:
+            continue
+        meta = json.loads((ref / f"ref_{name}.json").read_text())
+        refs = dict(np.load(ref / f"ref_{name}.npz"))
+        report.section(f"{name}.same_inputs_as_reference", lambda: {
+            "weights": file_digest(package.path / "weights.bin") == meta["weights_sha256"],
+            "kv": all(digest(*fill_kv(package.plan.consts, int(c))) == h for c, h in meta["kv_sha256"].items())})
+        runtime = report.section(f"{name}.upload", lambda: Runtime(package, worker))
+        if runtime is None:
+            continue
+        session = type("S", (), {"worker": worker, "runtime": runtime})
+        for c in CONTEXTS:
+            report.section(f"{name}.vs_vm.ctx{c}", compare, runtime, refs, c)
+        report.section(f"{name}.reproducible", reproducible, runtime)
+        report.section(f"{name}.twenty_workers", twenty_workers, session, package, work / f"{name}.w20")
+        report.section(f"{name}.corrupted", corrupted, session, package, work)
+        report.section(f"{name}.non_finite", non_finite, runtime, package)
+        if bench and name == "llama1b":
+            report.section("bench", cuda_bench.benchmark, runtime, worker, out, gguf)
+        runtime.close()
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=Path, help="CPU mode: write the VM reference into this folder")
+    parser.add_argument("--ref", type=Path, default=Path(".mkref"), help="GPU mode: the reference folder")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "mk_out")))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mk_work"))
+    parser.add_argument("--models", default="smollm2,llama1b")
+    parser.add_argument("--no-bench", action="store_true")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    if args.reference:
+        make_reference(args.reference, args.work, models)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = run_device(args.ref, args.out, args.work, models, not args.no_bench)
+    failed = [k for k, v in report.data.items() if not v["ok"]]
+    print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""The CUDA megakernel on a machine without a GPU: the worker compiles for sm_86 and sm_90, the
+host's picture of its argument structs matches the compiled one, the runtime's host logic (task
+cells, shared memory, the greedy launch loop) works on a scripted stand-in for the GPU, and
+opening the backend without a CUDA GPU gives a clear error. On-GPU checks are in
+scripts/megakernel_device_check.py (docs/MEGAKERNEL.md, "CUDA worker")."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from airframe.errors import ContextOverflowError, GPUError, ParameterError, UnsupportedError
+from airframe.family import ModelConfig
+from airframe.megakernel import build, cuda_bench, cuda_runtime
+from airframe.megakernel.backend import CudaBackend, check_greedy
+from airframe.megakernel.opcodes import HEADER_PATH, Op
+from airframe.megakernel.planner import make_plan
+from airframe.megakernel.target import NAMED_TARGETS
+from airframe.sampling import SamplingParams
+
+NVCC = build.find_nvcc()
+LLAMA_1B = ModelConfig(family="llama", architecture="llama", n_layers=16, n_embd=2048, n_ff=8192, n_head=32,
+                       n_head_kv=8, head_dim=64, head_dim_v=64, rope_dim=64, rope_base=500000.0, rms_eps=1e-5,
+                       ctx_train=131072, vocab_size=128256, tied_embeddings=True)
+SMOL = replace(LLAMA_1B, n_layers=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, vocab_size=49152)
+
+
+def gpu_present() -> bool:
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+# ---- compiling ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_worker_compiles_with_nvcc(arch, tmp_path):
+    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
+    out = tmp_path / f"worker_{arch}.o"
+    done = subprocess.run(build.nvcc_command(NVCC, arch, build.SOURCE_PATH, out, kind="-c"),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = build.parse_ptxas(done.stdout + done.stderr)
+    assert 0 < report["registers"] <= 64  # __launch_bounds__(1024, 1): one 1024-thread block per SM
+    assert out.stat().st_size > 10_000
+
+
+def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFRAME_CACHE", str(tmp_path))
+    first = build.build_worker("sm_90")
+    cubin = Path(first.path)
+    stamp = cubin.stat().st_mtime_ns
+    again = build.build_worker("sm_90")
+    assert again == first and cubin.stat().st_mtime_ns == stamp  # from the cache, not rebuilt
+    assert len(first.sha256) == 64 and first.registers <= 64
+    assert "registers" in first.summary() and "spill" in first.summary()
+
+
+def test_bad_arch_is_refused():
+    with pytest.raises(ParameterError, match="sm_86"):
+        build.build_worker("compute_90; rm -rf /")
+
+
+def test_parse_ptxas_names_the_missing_kernel():
+    with pytest.raises(GPUError, match="af_worker"):
+        build.parse_ptxas("ptxas info : Compiling entry function 'other' for 'sm_90'")
+
+
+LAYOUT_MAIN = r"""
+#include <cstdio>
+#include <cstddef>
+#include "worker.cu"
+int main() {
+    printf("%zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
+           offsetof(af_args, ffn_max_rows), offsetof(af_plan_consts, rope_cos), sizeof(af_control),
+           offsetof(af_control, steps_done));
+    return 0;
+}
+"""
+
+
+def test_host_layout_matches_the_compiled_structs(tmp_path):
+    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
+    src = tmp_path / "layout.cu"
+    src.write_text(LAYOUT_MAIN)
+    exe = tmp_path / "layout"
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-I", str(build.SOURCE_PATH.parent), "-I", str(HEADER_PATH.parent),
+           str(src), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    found = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    rt = cuda_runtime
+    assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
+                     rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
+                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"]]
+
+
+# ---- no GPU here ----------------------------------------------------------------------------------
+@pytest.mark.skipif(gpu_present(), reason="this machine has a CUDA GPU: the no-GPU error cannot happen")
+def test_no_cuda_gpu_is_a_clear_error(tmp_path):
+    with pytest.raises(GPUError, match="CUDA"):
+        CudaBackend.load(tmp_path / "model.gguf")
+
+
+def test_missing_cuda_bindings_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    with pytest.raises(GPUError, match="cuda-bindings"):
+        cuda_runtime.driver()
+
+
+def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, tmp_path):
+    from airframe.backend import open_backend
+
+    seen = {}
+    monkeypatch.setattr(CudaBackend, "load", classmethod(lambda cls, path, n_ctx=None, **o: seen.update(path=path)))
+    open_backend("cuda", tmp_path / "m.gguf")
+    assert seen["path"] == tmp_path / "m.gguf"
+
+
+def test_sampling_options_the_kernel_cannot_honour():
+    check_greedy(SamplingParams(temperature=0.0))
+    assert CudaBackend.supports_sampling is False
+    with pytest.raises(ParameterError, match="temperature"):
+        check_greedy(SamplingParams(temperature=0.7))
+    with pytest.raises(ParameterError, match="repeat_penalty"):
+        check_greedy(SamplingParams(temperature=0.0, repeat_penalty=1.1))
+    with pytest.raises(ParameterError, match="logit_bias"):
+        check_greedy(SamplingParams(temperature=0.0, logit_bias={3: 1.0}))
+
+
+# ---- host logic -----------------------------------------------------------------------------------
+def test_task_cells_index_every_wave_and_worker():
+    plan = make_plan(SMOL, replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=512)
+    k, tasks = plan.consts, plan.tasks
+    cells = cuda_runtime.task_cells(tasks, k["n_waves"], 20)
+    assert cells[0] == 0 and cells[-1] == len(tasks) and np.all(np.diff(cells.astype(np.int64)) >= 0)
+    for w in (0, 2, k["n_waves"] - 1):
+        for worker in (0, 7, 19):
+            got = tasks[cells[w * 20 + worker]:cells[w * 20 + worker + 1]]
+            assert np.all(got["wave"] == w) and np.all(got["worker"] == worker)
+    with pytest.raises(cuda_runtime.PlanError, match="sorted"):
+        cuda_runtime.task_cells(tasks[::-1], k["n_waves"], 20)
+
+
+@pytest.mark.parametrize("workers", [20, 132])
+def test_shared_memory_fits_both_gpus(workers):
+    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], workers=workers), ctx=4160)
+    ffn = plan.tasks[plan.tasks["opcode"] == Op.FFN]
+    need = 4 * cuda_runtime.shared_floats(plan.consts, int(ffn["row_count"].max()))
+    scores = 4 * plan.consts["attn_chunk"] * 4  # four query heads' scores over one chunk
+    assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
+
+
+def test_unsupported_shapes_are_named():
+    k = make_plan(SMOL, NAMED_TARGETS["h200"], ctx=256).consts
+    cuda_runtime.check_model_limits(k)
+    with pytest.raises(UnsupportedError, match="head_dim = 80"):
+        cuda_runtime.check_model_limits(dict(k, head_dim=80))
+    with pytest.raises(UnsupportedError, match="query heads per K/V head"):
+        cuda_runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
+
+
+def test_floor_of_llama_1b_bf16():
+    plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
+    norms = 33 * 2048  # 2 per layer and the output norm: BF16 in the checkpoint, F32 in the package
+    assert cuda_bench.weight_bytes_per_token(plan) == 2_471_628_800 + 2 * norms  # Llama 3.2 1B in BF16
+    assert cuda_bench.kv_bytes(plan.consts, 4096) == 268_435_456  # F32 K/V, 64 KiB per position
+    assert cuda_bench.floor_ms(plan, 1, 4530.0) == pytest.approx(0.5456, abs=1e-3)
+    ideal = cuda_bench.wave_ideal_ns(plan, 0, 4530.0)  # ns per wave: part 1 counts each task's norm read too
+    assert 2_471_628_800 < ideal.sum() * 4530.0 < 1.02 * 2_471_628_800
+
+
+class ScriptedRuntime:
+    """Stands in for Runtime: token t is followed by (3 t + 1) % vocab; logits one-hot."""
+
+    def __init__(self, ctx=300, vocab=50):
+        self.k = {"ctx": ctx, "vocab": vocab}
+        self.launches = []
+        self.last = None
+
+    def successor(self, t):
+        return (3 * t + 1) % self.k["vocab"]
+
+    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None, timed=False):
+        n_steps = len(tokens) if n_steps is None else n_steps
+        assert 1 <= n_steps <= 64 and len(tokens) <= n_steps and pos0 + n_steps <= self.k["ctx"]
+        self.launches.append((list(tokens), pos0, n_steps))
+        out, feed = [], list(tokens)
+        for step in range(n_steps):
+            token = feed[step] if step < len(tokens) else out[-1]
+            out.append(self.successor(token))
+            self.last = out[-1]
+            if step + 1 >= len(tokens) and out[-1] in eos:
+                return cuda_runtime.LaunchResult(step + 1, out, True)
+        self.rows = np.eye(self.k["vocab"], dtype=np.float32)[out]
+        return cuda_runtime.LaunchResult(n_steps, out, False)
+
+    def logits(self):
+        return np.eye(self.k["vocab"], dtype=np.float32)[self.last]
+
+    def all_logits(self, steps):
+        return self.rows[:steps]
+
+
+def scripted_backend(ctx=300) -> CudaBackend:
+    return CudaBackend(ScriptedRuntime(ctx), SMOL)
+
+
+def expected_chain(start, n, vocab=50):
+    out, t = [], start
+    for _ in range(n):
+        t = (3 * t + 1) % vocab
+        out.append(t)
+    return out
+
+
+def test_generate_greedy_spans_launches_and_positions():
+    backend = scripted_backend()
+    prompt = list(range(5, 75))  # 70 tokens: one prompt-only launch of 64, then the rest
+    tokens, reason = backend.generate_greedy(prompt, 100)
+    assert reason == "length" and tokens == expected_chain(prompt[-1], 100)
+    launches = backend.runtime.launches
+    assert launches[0] == (prompt[:64], 0, 64)
+    assert [(pos, n) for _, pos, n in launches] == [(0, 64), (64, 64), (128, 41)]
+    assert backend.n_past == 70 + 100 - 1  # the last token is never fed
+
+
+def test_generate_greedy_stops_at_eos_inside_the_launch():
+    backend = scripted_backend()
+    chain = expected_chain(4, 20)
+    tokens, reason = backend.generate_greedy([4], 50, eos=[chain[6]])
+    assert reason == "stop" and tokens == chain[:6]
+    assert len(backend.runtime.launches) == 1
+
+
+def test_generate_greedy_ends_at_the_context():
+    backend = scripted_backend(ctx=40)
+    tokens, reason = backend.generate_greedy([1, 2, 3], 100)
+    assert reason == "length" and len(tokens) == 40 - 3 + 1 and backend.n_past == 40
+
+
+def test_forward_in_launches_of_64():
+    backend = scripted_backend()
+    rows = backend.forward(list(range(100)) + [3], all_logits=True)
+    assert rows.shape == (101, 50) and backend.n_past == 101
+    assert int(np.argmax(rows[-1])) == 10  # successor of 3
+    assert [n for _, _, n in backend.runtime.launches] == [64, 37]
+    last = backend.forward([7])
+    assert int(np.argmax(last)) == 22 and backend.n_past == 102
+    with pytest.raises(ContextOverflowError, match="300"):
+        backend.forward([1] * 199)
+    backend.reset()
+    assert backend.n_past == 0
+
+
+# ---- trace ----------------------------------------------------------------------------------------
+def fake_trace(plan, workers: int) -> dict:
+    """Every task 1 us long, 0.1 us after the last barrier; each barrier releases 0.5 us after it."""
+    tasks = []
+    release = np.zeros((plan.consts["n_waves"], workers), dtype=np.int64)
+    for i, task in enumerate(plan.tasks):
+        w = int(task["wave"])
+        start = int(release[w - 1].max()) + 100 if w else 0
+        tasks.append([i, start, start + 1000])
+        release[w] = start + 1500
+    return {"format": "airframe-megakernel-trace", "version": 1, "fingerprint": plan.fingerprint["fingerprint"],
+            "position": 1, "time_unit": "ns", "tasks": tasks, "wave_release_ns": release.tolist()}
+
+
+def test_trace_breakdown_and_timeline(tmp_path):
+    plan = make_plan(SMOL, replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
+    trace = fake_trace(plan, 20)
+    parts = cuda_bench.breakdown(trace, plan, 200.0)
+    n_waves = plan.consts["n_waves"]
+    assert parts["token_us"] == pytest.approx(n_waves * 1.6 - 0.1)
+    assert sum(d["waves"] for d in parts["by_kind"].values()) == n_waves
+    assert parts["barrier_after_last_task_us"] == pytest.approx(n_waves * 0.5)
+    assert set(parts["by_kind"]) == {"embed", "qkv", "attn", "wo", "ffn", "ffn_reduce", "final_norm", "lm_head"}
+    assert parts["ideal_us"] == pytest.approx(cuda_bench.wave_ideal_ns(plan, 1, 200.0).sum() / 1e3)
+    written = cuda_bench.write_trace(trace, plan, tmp_path, "trace")
+    assert json.loads(written[0].read_text())["tasks"][0] == [0, 0, 1000]
+    assert written[1].read_bytes()[:4] == b"\x89PNG"
