@@ -1,6 +1,6 @@
-// Y = X W^T with one weight row per invocation and TOKENS tokens at once, no workgroup memory in the
-// inner loop: the variant for CPU adapters (lavapipe), where barriers and workgroup-memory gathers
-// cost more than the arithmetic. Same Params, Step, bindings and P.mode fusions as gemv.wgsl.
+// Y = X W^T with ROWS weight rows x TOKENS tokens per invocation and no workgroup memory in the inner
+// loop: the variant for CPU adapters (lavapipe), which run invocations as SIMD lanes, so every load
+// is a gather; decoded weights and loaded inputs are each reused ROWS x TOKENS / (ROWS + TOKENS) times. Same Params, Step, bindings and P.mode fusions as gemv.wgsl.
 // With MODE_NORM the norm weight is folded into the weights and 1/rms applied to the sums.
 
 struct Params {
@@ -38,6 +38,7 @@ struct Step {
 
 const WG: u32 = 64u;
 const TOKENS: u32 = 8u;
+const ROWS: u32 = 4u;
 
 var<workgroup> inv_rms: array<f32, TOKENS>;
 
@@ -85,43 +86,62 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         inv_rms[lid] = inv;
     }
     workgroupBarrier();
-    let row = wid.x * WG + lid;
-    if (row >= P.rows) {
+    let row0 = (wid.x * WG + lid) * ROWS;
+    if (row0 >= P.rows) {
         return;
     }
-    let base_a = row_base(row);
-    let base_b = P.w1 + row * P.row_words;
+    var base_a: array<u32, ROWS>;
+    var base_b: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        let row = min(row0 + r, P.rows - 1u);
+        base_a[r] = row_base(row);
+        base_b[r] = P.w1 + row * P.row_words;
+    }
+    var x_rows: array<u32, TOKENS>;
+    for (var t = 0u; t < TOKENS; t++) {
+        x_rows[t] = (x_first + tok0 + min(t, n_tokens - 1u)) * P.x_stride;
+    }
     let per_block = QK / 4u;
-    var acc_a: array<f32, TOKENS>;
-    var acc_b: array<f32, TOKENS>;
+    var acc_a: array<vec4<f32>, TOKENS>;  // (token) x 4 rows
+    var acc_b: array<vec4<f32>, TOKENS>;
     for (var i = 0u; i < P.cols / 4u; i++) {
         let blk = (i / per_block) * BLOCK_WORDS;
-        var wa = dq4(base_a + blk, i % per_block);
-        var wb = vec4<f32>(0.0);
-        if (is_gated) {
-            wb = dq4(base_b + blk, i % per_block);
-        }
+        let sub = i % per_block;
+        var nw = vec4<f32>(1.0);
         if (use_norm) {
-            let nw = norm_weight(i);
-            wa *= nw;
-            wb *= nw;
+            nw = norm_weight(i);
         }
-        for (var t = 0u; t < n_tokens; t++) {
-            let xv = load_x((x_first + tok0 + t) * P.x_stride, i);
-            acc_a[t] += dot(wa, xv);
-            acc_b[t] += dot(wb, xv);
+        var wa: array<vec4<f32>, ROWS>;
+        var wb: array<vec4<f32>, ROWS>;
+        for (var r = 0u; r < ROWS; r++) {
+            wa[r] = dq4(base_a[r] + blk, sub) * nw;
+            if (is_gated) {
+                wb[r] = dq4(base_b[r] + blk, sub) * nw;
+            }
+        }
+        for (var t = 0u; t < TOKENS; t++) {  // constant trip counts keep the sums in registers
+            let xv = load_x(x_rows[t], i);
+            acc_a[t] += vec4<f32>(dot(wa[0], xv), dot(wa[1], xv), dot(wa[2], xv), dot(wa[3], xv));
+            if (is_gated) {
+                acc_b[t] += vec4<f32>(dot(wb[0], xv), dot(wb[1], xv), dot(wb[2], xv), dot(wb[3], xv));
+            }
         }
     }
     for (var t = 0u; t < n_tokens; t++) {
-        var y = acc_a[t] * inv_rms[t];
-        if (is_gated) {
-            y = gated(P.mode, y, acc_b[t] * inv_rms[t]);
-        }
-        let at = (tok0 + t) * P.y_stride + P.y_off + row;
-        if ((P.mode & MODE_ACCUMULATE) != 0u) {
-            Y[at] = Y[at] + y;
-        } else {
-            Y[at] = y;
+        for (var r = 0u; r < ROWS; r++) {
+            let row = row0 + r;
+            if (row < P.rows) {
+                var y = acc_a[t][r] * inv_rms[t];
+                if (is_gated) {
+                    y = gated(P.mode, y, acc_b[t][r] * inv_rms[t]);
+                }
+                let at = (tok0 + t) * P.y_stride + P.y_off + row;
+                if ((P.mode & MODE_ACCUMULATE) != 0u) {
+                    Y[at] = Y[at] + y;
+                } else {
+                    Y[at] = y;
+                }
+            }
         }
     }
 }

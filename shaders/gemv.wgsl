@@ -1,7 +1,7 @@
 // y = W x for batch-1 decode (also correct, if slow, for a few tokens: one token per workgroup row y).
 // W stays quantized: rows of re-laid blocks decoded 4 values at a time by dq4 from quant/{QUANT}.wgsl.
 // A workgroup makes ROWS output rows; its threads stride over the row in vec4 steps, keep ROWS partial
-// sums in registers and reduce them in workgroup memory. Optional fusions (P.mode bits, activation.wgsl):
+// sums in registers and reduce them (reduce_{REDUCE}.wgsl: subgroupAdd, else workgroup memory). Optional fusions (P.mode bits, activation.wgsl):
 // RMSNorm of the input (every workgroup recomputes the RMS of x), the gated activation, residual add.
 // Up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output vector.
 
@@ -35,14 +35,12 @@ struct Step {
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
 
-#include "quant/{QUANT}.wgsl"
-#include "activation.wgsl"
-
 const WG: u32 = 64u;
 const ROWS: u32 = 4u;
 
-var<workgroup> partial_a: array<vec4<f32>, WG>;
-var<workgroup> partial_b: array<vec4<f32>, WG>;
+#include "quant/{QUANT}.wgsl"
+#include "activation.wgsl"
+#include "reduce_{REDUCE}.wgsl"
 
 fn row_base(row: u32) -> u32 {
     if (row >= P.seg2) {
@@ -70,17 +68,8 @@ fn inverse_rms(base: u32, lid: u32) -> f32 {
         let v = load_x(base, i);
         sum += dot(v, v);
     }
-    partial_a[lid] = vec4<f32>(sum, 0.0, 0.0, 0.0);
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            partial_a[lid] += partial_a[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let mean_sq = partial_a[0].x / f32(P.cols);
-    workgroupBarrier();
-    return 1.0 / sqrt(mean_sq + P.eps);
+    reduce_pair(vec4<f32>(sum, 0.0, 0.0, 0.0), vec4<f32>(0.0), lid);
+    return 1.0 / sqrt(sum_a[0].x / f32(P.cols) + P.eps);
 }
 
 @compute @workgroup_size(64)
@@ -123,20 +112,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             }
         }
     }
-    partial_a[lid] = acc_a;
-    partial_b[lid] = acc_b;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            partial_a[lid] += partial_a[lid + stride];
-            partial_b[lid] += partial_b[lid + stride];
-        }
-        workgroupBarrier();
-    }
+    reduce_pair(acc_a, acc_b, lid);
     if (lid < ROWS && row0 + lid < P.rows) {
-        var y = partial_a[0][lid];
+        var y = sum_a[0][lid];
         if (is_gated) {
-            y = gated(P.mode, y, partial_b[0][lid]);
+            y = gated(P.mode, y, sum_b[0][lid]);
         }
         let at = token * P.y_stride + P.y_off + row0 + lid;
         if ((P.mode & MODE_ACCUMULATE) != 0u) {

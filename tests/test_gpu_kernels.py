@@ -23,6 +23,12 @@ def kernels():
     return K.Kernels(get_context())
 
 
+@pytest.fixture(scope="module")
+def shared_kernels():
+    """gemv.wgsl reducing through workgroup memory only (devices without subgroups)."""
+    return K.Kernels(get_context(), reduce="shared")
+
+
 def close(got, want, rtol=RTOL):
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale)
@@ -73,6 +79,16 @@ def test_matmul_every_quant_type(kernels, shader, n_tokens, qtype):
     words, dense = quantized(rng, rows, cols, qtype)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     got = run_matmul(kernels, shader, qtype, words, x, rows, cols, matmul_params(rows, cols, words.shape[1]))
+    close(got, x @ dense.T)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q6_K, Q.BF16], ids=lambda q: q.name)
+def test_gemv_without_subgroups(shared_kernels, qtype):
+    rng = np.random.default_rng(7)
+    rows, cols = 21, cols_for(qtype)
+    words, dense = quantized(rng, rows, cols, qtype)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    got = run_matmul(shared_kernels, "gemv", qtype, words, x, rows, cols, matmul_params(rows, cols, words.shape[1]))
     close(got, x @ dense.T)
 
 

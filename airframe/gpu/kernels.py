@@ -53,7 +53,7 @@ MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_ROWS = 4                      # rows per workgroup in gemv.wgsl
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 32, 16, 32  # tile of gemm.wgsl
-ROWS_WG, ROWS_TOKENS = 64, 8      # gemm_rows.wgsl: rows per workgroup, tokens per invocation
+ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
 
 
@@ -89,6 +89,8 @@ class Kernels:
     ctx: object
     # "rows" (gemm_rows.wgsl for every token count: CPU adapters) or "tiled" (gemv.wgsl / gemm.wgsl)
     matmul: str = ""
+    # "subgroup" or "shared": how gemv.wgsl reduces its partial sums (reduce_<name>.wgsl)
+    reduce: str = ""
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -96,6 +98,11 @@ class Kernels:
         if not self.matmul:
             cpu = self.ctx.adapter.info.get("adapter_type", "").upper() == "CPU"
             self.matmul = os.environ.get("AIRFRAME_MATMUL", "rows" if cpu else "tiled")
+        if not self.reduce:
+            default = "subgroup" if self.ctx.has_subgroups else "shared"
+            self.reduce = os.environ.get("AIRFRAME_REDUCE", default)
+        if self.reduce not in ("subgroup", "shared"):
+            raise ParameterError(f"AIRFRAME_REDUCE={self.reduce!r}, expected 'subgroup' or 'shared'")
         if self.matmul not in ("rows", "tiled"):
             raise ParameterError(f"AIRFRAME_MATMUL={self.matmul!r}, expected 'rows' or 'tiled'")
 
@@ -114,7 +121,9 @@ class Kernels:
     def pipeline(self, shader: str, quant: GpuQuant | None = None):
         key = (shader, quant.shader if quant else None)
         if key not in self._pipelines:
-            defines = {"QUANT": quant.shader.removesuffix(".wgsl")} if quant else {}
+            defines = {"REDUCE": self.reduce}
+            if quant:
+                defines["QUANT"] = quant.shader.removesuffix(".wgsl")
             source = load_wgsl(f"{shader}.wgsl", defines)
             module = self.device.create_shader_module(label=f"{shader}/{key[1]}", code=source)
             layout = self.device.create_pipeline_layout(bind_group_layouts=[self.layout(shader)])
