@@ -131,8 +131,11 @@ def _read_tokens(gf: GGUFFile) -> list[str]:
     if not isinstance(tokens, list) or not tokens or not isinstance(tokens[0], str):
         raise TokenizerError(f"{gf.path}: tokenizer.ggml.tokens = {type(tokens).__name__}, "
                              f"expected a non-empty array of strings")
-    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # llama.cpp's name for empty entries
-    if len(set(tokens)) != len(tokens):
+    unique = set(tokens)
+    if "" in unique:
+        tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # llama.cpp's name for empty entries
+        unique = set(tokens)
+    if len(unique) != len(tokens):
         seen: set[str] = set()
         duplicate = next(t for t in tokens if t in seen or seen.add(t))
         raise TokenizerError(f"{gf.path}: tokenizer.ggml.tokens holds {duplicate!r} twice, expected unique tokens")
@@ -318,7 +321,7 @@ def cache_key(vocab: GGUFVocab) -> str:
                             f"{vocab.bos_id} {vocab.eos_id} {vocab.unk_id} {vocab.eot_id} {vocab.eom_id} "
                             f"{vocab.add_bos} {vocab.add_eos} {vocab.add_space_prefix}".encode())
     for strings in (vocab.tokens, vocab.merges):
-        digest.update(np.array([len(s) for s in strings], dtype=np.int64).tobytes())
+        digest.update(np.fromiter(map(len, strings), dtype=np.int64, count=len(strings)).tobytes())
         digest.update("\0".join(strings).encode("utf-8", "surrogatepass"))
     digest.update(vocab.types.astype("<i4").tobytes())
     digest.update(vocab.scores.astype("<f4").tobytes())
@@ -331,32 +334,36 @@ def cache_paths(model_path: Path, key: str) -> list[Path]:
     return [model_path.with_name(model_path.name + ".tokenizer.json"), fallback]
 
 
-def _cache_header(key: str) -> str:
-    return f'{{"airframe_cache_key": "{key}", "tokenizer": '
+def _cache_header(key: str) -> bytes:
+    """The file is one JSON object: this key, then the tokenizer itself."""
+    return f'{{"airframe_cache_key": "{key}", "tokenizer": '.encode()
+
+
+_CACHE_TAIL = b"}\n"
 
 
 def _read_cache(path: Path, key: str) -> Tokenizer | None:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        content = path.read_bytes()
+    except OSError:
         return None
     header = _cache_header(key)
-    if not text.startswith(header):
-        return None  # another tokenizer's cache, or another format: rebuild
+    if not content.startswith(header) or not content.endswith(_CACHE_TAIL):
+        return None  # another tokenizer's cache, another format, or cut short: rebuild
     try:
-        return Tokenizer.from_str(text[len(header):].rstrip()[:-1])
+        return Tokenizer.from_buffer(content[len(header):-len(_CACHE_TAIL)])
     except Exception:  # a damaged file is rebuilt, whatever the parser says about it
         return None
 
 
 def _write_cache(paths: list[Path], key: str, hf: Tokenizer) -> Path | None:
-    content = _cache_header(key) + hf.to_str() + "}\n"
+    content = _cache_header(key) + hf.to_str().encode("utf-8") + _CACHE_TAIL
     for path in paths:
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(content)
             os.replace(tmp, path)
             return path
@@ -381,8 +388,9 @@ class GGUFTokenizer:
         self.cache_path = cache_path  # where the built tokenizer is stored (None: not stored)
         self.from_cache = from_cache  # True when this load read the cache instead of building
         special = vocab.ids_of_type(TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
-        self.special_tokens: dict[str, int] = {vocab.tokens[i]: i for i in special + _eog_text_ids(vocab)}
-        eog = set(_eog_text_ids(vocab)) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
+        eog_texts = _eog_text_ids(vocab)
+        self.special_tokens: dict[str, int] = {vocab.tokens[i]: i for i in special + eog_texts}
+        eog = set(eog_texts) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
         self.eog_ids: frozenset[int] = frozenset(i for i in eog if i is not None)
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared hf object
 
