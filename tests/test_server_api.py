@@ -394,6 +394,14 @@ def test_malformed_json_and_wrong_top_level_get_400(client):
     assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400)
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_that_is_not_sent_as_json_is_refused(client, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    body = json.dumps({"prompt": "hi"}).encode()
+    error = assert_openai_error(client.post("/v1/completions", content=body, headers=headers), 400)
+    assert error["code"] == "invalid_content_type" and "application/json" in error["message"]
+
+
 def test_prompt_longer_than_the_context_names_both_sizes(client, engine):
     prompt = "x" * 300
     error = assert_openai_error(client.post("/v1/completions", json={"prompt": prompt}), 400, "prompt")

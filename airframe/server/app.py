@@ -136,7 +136,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, exc: RequestValidationError):
-        return from_validation(exc).response()
+        return from_validation(exc, request.headers.get("content-type")).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):

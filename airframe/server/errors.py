@@ -73,12 +73,17 @@ def _param(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
-def from_validation(error: RequestValidationError) -> ApiError:
+def from_validation(error: RequestValidationError, content_type: str | None) -> ApiError:
     """FastAPI's 422 for a body that does not fit the schema, as OpenAI's 400."""
     first = error.errors()[0]
     param = _param(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")
+    if param is None and isinstance(first.get("input"), bytes):
+        # Only JSON content types are parsed: a page in a browser cannot post JSON here without
+        # a CORS preflight, which is what keeps other web sites off a server on localhost.
+        return ApiError(400, f"the request body must be JSON sent with 'Content-Type: application/json'; "
+                        f"found Content-Type {content_type!r}", code="invalid_content_type")
     where = f"'{param}'" if param else "the request body"
     found = f"; found {_found(first['input'])}" if "input" in first and param and first.get("type") != "missing" else ""
     extra = f" (and {len(error.errors()) - 1} more problems)" if len(error.errors()) > 1 else ""
