@@ -63,7 +63,7 @@ Step = Callable[[History, np.ndarray], np.ndarray]
 
 # ---- parameter checks ------------------------------------------------------------------------
 def _number(name: str, value, low: float, high: float, allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or math.isnan(value) \
             or not low <= value <= high:
         raise ParameterError(f"{name} = {value!r}, expected {allowed}")
     return float(value)
@@ -106,8 +106,8 @@ def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | 
 def repetition_penalty(penalty: float, last_n: int) -> Step | None:
     """Make tokens seen in the last `last_n` tokens (prompt included) less likely.
 
-    A positive logit is divided by the penalty and a negative one multiplied by it, so a seen
-    token always loses ground (llama.cpp and HF do the same; dividing a negative logit, as the
+    A positive logit is divided by the penalty and a negative one multiplied by it, so with a
+    penalty above 1 a seen token always loses ground (llama.cpp and HF do the same; dividing a negative logit, as the
     seed design says, would raise it).
     """
     allowed = "a finite number > 0 (1.0 = off)"

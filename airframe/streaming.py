@@ -7,7 +7,8 @@ incremental UTF-8 decoder that keeps an unfinished character until its last byte
 Stop strings are matched on the decoded text, so one may span several tokens. The assembler holds
 back the longest tail of the text that is still the beginning of some stop string; everything
 before it can never become part of a match and is released. When a stop string appears, the text
-before it is released and the rest (the stop string and anything after it) is dropped.
+before it is released and the rest (the stop string and anything after it) is dropped. Generation
+stops at the first stop string to be completed, as it would if the text came one character at a time.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ class TextAssembler:
         return text
 
     def _first_stop(self) -> int | None:
-        found = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
-        return min(found) if found else None
+        """Where the stop string that was completed first begins (the longer one on a tie).
+
+        Choosing by end, not start, makes the result the same however the text was cut into tokens.
+        """
+        found = [(i + len(s), i) for s, i in ((s, self.pending.find(s)) for s in self.stop) if i >= 0]
+        return min(found)[1] if found else None
 
     def _held_tail(self) -> int:
         """Length of the longest tail of `pending` that a stop string begins with."""

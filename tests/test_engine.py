@@ -3,6 +3,8 @@ backend and the real tokenizers, then end to end on the numpy reference backend.
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from airframe.chat_template import ChatTemplate
 from airframe.engine import Engine, Finish, GenerationParams, Piece
@@ -103,11 +105,34 @@ def test_assembler_finishes_an_unfinished_character_as_a_replacement():
     assert assembler.finish() == "\ufffd"
 
 
-def test_assembler_cuts_at_the_earliest_stop_string():
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="abé🦜 ", max_size=30), cuts=st.lists(st.integers(0, 200), max_size=12),
+       stops=st.lists(st.text(alphabet="abé🦜", min_size=1, max_size=3), max_size=3))
+def test_assembler_releases_exactly_the_text_before_the_first_stop(text, cuts, stops):
+    raw = text.encode()
+    bounds = sorted({0, len(raw), *(c % (len(raw) + 1) for c in cuts)})
+    chunks = [raw[a:b] for a, b in zip(bounds, bounds[1:])]
+    assembler = TextAssembler(chunks.__getitem__, stop=stops)
+    released = []
+    for i in range(len(chunks)):
+        released.append(assembler.push(i))
+        if assembler.stopped:
+            break
+    released.append(assembler.finish())
+    completed = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    assert "".join(released) == (text[:min(completed)[1]] if completed else text)
+    assert "\ufffd" not in "".join(released)  # never half a character
+
+
+def test_assembler_stops_at_the_first_stop_string_completed():
     assembler = TextAssembler(lambda t: [b"abc", b"XYdefXY"][t], stop=["def", "Y"])
     assert assembler.push(0) == "abc"
     assert assembler.push(1) == "X" and assembler.stopped
     assert assembler.finish() == ""
+    # "b" is complete before "abc" is, in one token or in two
+    for tokens in ([b"xabc"], [b"xa", b"bc"]):
+        assembler = TextAssembler(tokens.__getitem__, stop=["abc", "b"])
+        assert "".join(assembler.push(i) for i in range(len(tokens)) if not assembler.stopped) == "xa"
 
 
 # ---- stops ----------------------------------------------------------------------------------------
