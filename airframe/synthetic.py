@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
+from tqdm import tqdm
 
 from .errors import ParameterError
 from .gguf_file import GGUFFile
@@ -402,15 +403,34 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     shape's vocabulary size; the tokenizer (`tokenizer.*` keys of the model named or at the path
     `tokenizer`) is cut or padded to match.
     """
-    from tqdm import tqdm
-
     if not isinstance(seed, int) or seed < 0:
         raise ParameterError(f"seed = {seed!r}, expected a non-negative integer")
     dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
-    _, file_type = _type_chooser(qtype)
     plans = plan_tensors(family, dims, qtype, fast)
     path = Path(path)
-    writer = GGUFWriter(path, family_spec(family).architecture)
+    if not path.parent.is_dir():
+        raise ParameterError(f"output folder {path.parent} does not exist")
+    partial = path.with_name(path.name + ".partial")  # renamed when complete: no truncated files
+    writer = GGUFWriter(partial, family_spec(family).architecture)
+    try:
+        _write_header(writer, family, shape, qtype, seed, fast, alignment, dims, tokenizer, plans)
+        with tqdm(total=len(plans), desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
+            for data in _encoded_in_order(plans, seed, fast):
+                writer.write_tensor_data(data)
+                bar.update(1)
+        writer.close()
+    except BaseException:
+        writer.close()
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, path)
+    return path
+
+
+def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str, seed: int, fast: bool,
+                  alignment: int | None, dims: dict[str, Any], tokenizer: str, plans: list[TensorPlan]) -> None:
+    """Metadata and tensor infos: everything before the tensor data."""
+    _, file_type = _type_chooser(qtype)
     _add_general(writer, family, shape, qtype, seed, fast, file_type, alignment)
     for key, (value, vtype) in hparam_metadata(family, dims).items():
         writer.add_key_value(key, value, vtype)
@@ -423,12 +443,6 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    with tqdm(total=len(plans), desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
-        for data in _encoded_in_order(plans, seed, fast):
-            writer.write_tensor_data(data)
-            bar.update(1)
-    writer.close()
-    return path
 
 
 def _encoded_in_order(plans: list[TensorPlan], seed: int, fast: bool) -> Iterator[np.ndarray]:

@@ -200,6 +200,11 @@ def test_bad_requests_name_what_was_expected(tmp_path):
         resolve_shape("llama", {"n_head": 4, "n_head_kv": 3})
     with pytest.raises(ParameterError, match="Q3_K"):
         write_synthetic_gguf(tmp_path / "x.gguf", "llama", "tiny", "Q3_K")
+    with pytest.raises(ParameterError, match="does not exist"):
+        write_synthetic_gguf(tmp_path / "missing" / "x.gguf")
+    with pytest.raises(ParameterError, match="expected at least 3"):
+        write_synthetic_gguf(tmp_path / "x.gguf", vocab=2)
+    assert list(tmp_path.iterdir()) == [], "a failed write leaves no file behind"
     with pytest.raises(ParameterError, match="seed = -1"):
         write_synthetic_gguf(tmp_path / "x.gguf", "llama", "tiny", "Q8_0", seed=-1)
     with pytest.raises(ParameterError, match="expected at least 3"):
