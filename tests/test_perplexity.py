@@ -94,6 +94,8 @@ def test_command_on_smollm2_matches_a_direct_computation(capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     ppl, error = map(float, re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", out).groups())
+    running = re.search(r"^\[1\]([\d.]+),\[2\]([\d.]+)$", out, re.M)
+    assert float(running.group(2)) == ppl
 
     from airframe.tokenizer import load_tokenizer
 

@@ -54,5 +54,6 @@ def run(args) -> int:
     result = perplexity(backend, tokens, args.ctx, bos_id, progress=not args.quiet)
     print(f"{len(tokens)} tokens, {result.n_windows} windows of {args.ctx}, {result.n_scored} scored "
           f"({args.backend} backend)")
+    print(",".join(f"[{i + 1}]{ppl:.4f}" for i, ppl in enumerate(result.running_ppl)))  # llama.cpp's line
     print(f"PPL = {result.ppl:.4f} +/- {result.error:.5f}")
     return 0
