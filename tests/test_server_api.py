@@ -514,7 +514,7 @@ def test_queue_is_fifo_bounded_and_cancelling_a_waiting_job_frees_its_place():
     queue.submit(jobs[2])
     with pytest.raises(QueueFullError, match="--max-queue is 2"):
         queue.submit(jobs[3])
-    queue.cancel(jobs[1])
+    jobs[1].cancel()
     assert queue.depth == 1 and skipped == [jobs[1]]
     queue.submit(jobs[3])
     engine.gate.set()

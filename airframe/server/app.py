@@ -58,14 +58,14 @@ class ServerState:
         return self.options.model_id or self.engine.model_id
 
     def serve(self, engine) -> None:
-        self.engine = engine
-        self.open_queue()
+        self.open_queue(engine)
+        self.engine = engine  # only now do requests get past ready_engine
         self.loaded.set()
 
-    def open_queue(self) -> None:
-        if self.engine is not None and self.queue is None:
+    def open_queue(self, engine) -> None:
+        if engine is not None and self.queue is None:
             self.queue = RequestQueue(
-                self.engine, self.options.max_queue,
+                engine, self.options.max_queue,
                 on_finish=self.metrics.observe_finish,
                 on_skip=lambda job: self.metrics.cancelled.inc(),
             )
@@ -78,6 +78,8 @@ class ServerState:
         """The engine, or a 503 while it loads (or after it failed to load)."""
         if self.engine is None:
             raise overloaded(self.load_error or "the model is still loading; retry in a moment")
+        if self.queue is None:
+            raise overloaded("the server is shutting down")
         return self.engine
 
     def check_key(self, request: Request) -> None:
@@ -150,7 +152,7 @@ def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(app):
-        state.open_queue()
+        state.open_queue(state.engine)
         yield
         state.close()
 

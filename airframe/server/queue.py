@@ -32,9 +32,13 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self._cancelled = threading.Event()
+        self._queue: RequestQueue | None = None  # set by submit
 
     def cancel(self) -> None:
+        """Stop the job: a waiting one leaves the line now, a running one before its next token."""
         self._cancelled.set()
+        if self._queue is not None:
+            self._queue.withdraw(self)
 
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
@@ -83,12 +87,12 @@ class RequestQueue:
                     f"the request queue is full: {len(self._waiting)} requests wait behind the "
                     f"running one and --max-queue is {self.max_waiting}; retry later"
                 )
+            job._queue = self
             self._waiting.append(job)
             self._cond.notify()
 
-    def cancel(self, job: Job) -> None:
-        """Stop a job: a waiting one leaves the line now, a running one before its next token."""
-        job.cancel()
+    def withdraw(self, job: Job) -> None:
+        """Take a cancelled job out of the line if it is still waiting (Job.cancel calls this)."""
         with self._cond:
             if job in self._waiting:
                 self._waiting.remove(job)
@@ -104,10 +108,10 @@ class RequestQueue:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
             if self._running is not None:
-                self._running.cancel()
+                self._running._cancelled.set()
             self._cond.notify_all()
         for job in waiting:
-            job.cancel()
+            job._cancelled.set()
             job.emit(END)
         self._thread.join(timeout=5)
 

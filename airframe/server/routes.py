@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from ..engine import Finish, Piece
 from ..errors import AirframeError
 from . import translate
-from .errors import ApiError, from_airframe
+from .errors import ApiError, from_airframe, overloaded
 from .metrics import CONTENT_TYPE
 from .queue import END, Job
 from .schemas import (
@@ -98,14 +98,14 @@ def _prompt_tokens(engine, prompt, param: str) -> list[int]:
     return tokens
 
 
-async def _next_event(state, job: Job, request: Request):
+async def _next_event(job: Job, request: Request):
     """The job's next event, watching for the client to leave while waiting for it."""
     while True:
         try:
             return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
         except asyncio.TimeoutError:
             if await request.is_disconnected():
-                state.queue.cancel(job)
+                job.cancel()
                 raise ClientGone() from None
 
 
@@ -120,13 +120,15 @@ def _raise_for(event, param: str):
 
 async def _start(request: Request, prompt, params, param: str):
     """Queue a job and wait for its first event (after the prompt is prefilled)."""
-    state = _state(request)
+    queue = _state(request).queue
+    if queue is None:
+        raise overloaded("the server is shutting down")
     job = Job(prompt, params, asyncio.get_running_loop())
     try:
-        state.queue.submit(job)
+        queue.submit(job)
     except AirframeError as e:
         raise from_airframe(e) from None
-    first = await _next_event(state, job, request)
+    first = await _next_event(job, request)
     _raise_for(first, param)
     return job, first
 
@@ -140,7 +142,7 @@ async def _collect(request: Request, job: Job, first, param: str):
             pieces.append(event)
         elif isinstance(event, Finish):
             return pieces, event
-        event = await _next_event(_state(request), job, request)
+        event = await _next_event(job, request)
     raise ClientGone()
 
 
@@ -157,14 +159,14 @@ def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _stream_response(state, job: Job, chunks) -> StreamingResponse:
+def _stream_response(job: Job, chunks) -> StreamingResponse:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     # The background task runs even if the client left before the first chunk was sent.
     return StreamingResponse(chunks, media_type="text/event-stream", headers=headers,
-                             background=BackgroundTask(state.queue.cancel, job))
+                             background=BackgroundTask(job.cancel))
 
 
-async def _events(state, job: Job, first):
+async def _events(job: Job, first):
     """The job's events from `first` to its Finish; cancels the job if the stream is dropped."""
     event = first
     try:
@@ -174,7 +176,7 @@ async def _events(state, job: Job, first):
                 return
             event = await job.events.get()
     finally:
-        state.queue.cancel(job)
+        job.cancel()
 
 
 def _error_chunk(event: Exception) -> str:
@@ -194,7 +196,7 @@ def _chat_chunk(meta: dict, delta: Delta, logprobs=None, finish_reason=None, usa
 
 async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
     yield _sse(_chat_chunk(meta, Delta(role="assistant", content=""), usage_field=include_usage))
-    async for event in _events(state, job, first):
+    async for event in _events(job, first):
         if isinstance(event, Piece) and (event.text or event.logprobs):
             logprobs = None
             if event.logprobs:
@@ -231,7 +233,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
         job, first = await _start(request, messages, params, "messages")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream_response(state, job, _chat_stream(state, job, first, meta, include_usage))
+            return _stream_response(job, _chat_stream(state, job, first, meta, include_usage))
         pieces, finish = await _collect(request, job, first, "messages")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -248,7 +250,7 @@ def _completion_chunk(meta: dict, text: str, logprobs=None, finish_reason=None, 
 
 async def _completion_stream(state, job: Job, first, meta: dict, include_usage: bool):
     offset = 0
-    async for event in _events(state, job, first):
+    async for event in _events(job, first):
         if isinstance(event, Piece) and (event.text or event.logprobs):
             logprobs = None
             if event.logprobs:
@@ -285,7 +287,7 @@ async def completions(body: CompletionRequest, request: Request, engine=Depends(
         job, first = await _start(request, prompt, params, "prompt")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream_response(state, job, _completion_stream(state, job, first, meta, include_usage))
+            return _stream_response(job, _completion_stream(state, job, first, meta, include_usage))
         pieces, finish = await _collect(request, job, first, "prompt")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
