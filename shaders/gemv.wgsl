@@ -35,8 +35,8 @@ struct Step {
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
 
-const WG: u32 = 64u;
-const ROWS: u32 = 4u;
+const WG: u32 = {GEMV_WG}u;     // invocations per workgroup (a power of two)
+const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
 
 #include "quant/{QUANT}.wgsl"
 #include "activation.wgsl"
@@ -72,7 +72,7 @@ fn inverse_rms(base: u32, lid: u32) -> f32 {
     return 1.0 / sqrt(sum_a[0].x / f32(P.cols) + P.eps);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let token = wid.y;

@@ -29,6 +29,12 @@ def shared_kernels():
     return K.Kernels(get_context(), reduce="shared")
 
 
+@pytest.fixture(scope="module")
+def wide_kernels():
+    """gemv.wgsl with 256 invocations making 3 rows per workgroup."""
+    return K.Kernels(get_context(), gemv_wg=256, gemv_rows=3)
+
+
 def close(got, want, rtol=RTOL):
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale)
@@ -50,7 +56,7 @@ def matmul_params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(K.NO_SEGMENT
 def run_matmul(kernels, shader, qtype, words, x, rows, cols, params, y=None):
     n_tokens = x.shape[0]
     if shader == "gemv":
-        grid = (K.ceil_div(rows, K.GEMV_ROWS), n_tokens, 1)
+        grid = (K.ceil_div(rows, kernels.gemv_rows), n_tokens, 1)
     elif shader == "gemm":
         grid = (K.ceil_div(rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
     else:
@@ -83,7 +89,9 @@ def test_matmul_every_quant_type(kernels, shader, n_tokens, qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q6_K, Q.BF16], ids=lambda q: q.name)
-def test_gemv_without_subgroups(shared_kernels, qtype):
+@pytest.mark.parametrize("variant", ["shared_kernels", "wide_kernels"])
+def test_gemv_variants(request, variant, qtype):
+    shared_kernels = request.getfixturevalue(variant)
     rng = np.random.default_rng(7)
     rows, cols = 21, cols_for(qtype)
     words, dense = quantized(rng, rows, cols, qtype)

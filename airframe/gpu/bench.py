@@ -75,6 +75,43 @@ def _record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
     return 1000 * statistics.median(times)
 
 
+def _op_class(label: str) -> str:
+    """blk.3.qkv@0 -> qkv; lm_head#1 -> lm_head."""
+    return label.split(".")[-1].split("@")[0].split("#")[0]
+
+
+def _timed_submit(be: WebGPUBackend, dispatches: list[K.Dispatch], repeats: int) -> float:
+    """Seconds to run `dispatches` `repeats` times in one pass, submit to completion (best of 3)."""
+    device = be.ctx.device
+    best = float("inf")
+    for _ in range(3):
+        encoder = device.create_command_encoder()
+        K.record(encoder, dispatches * repeats)
+        commands = encoder.finish()
+        started = time.perf_counter()
+        device.queue.submit([commands])
+        device.queue.read_buffer(be.scratch.ids, 0, 16)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def gpu_breakdown(be: WebGPUBackend, context: int, repeats: int = 20) -> dict:
+    """GPU ms of one decode token (its dispatches repeated in one pass), per op class and in all,
+    and the round trip of an empty submit plus a 16-byte read-back. Leaves the cache dirty: reset after."""
+    be.reset()
+    be.n_past = context - 1
+    be._write_step(1, 0)
+    token = be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1)
+    empty = _timed_submit(be, [], 1)
+    out = {"roundtrip_ms": 1000 * empty,
+           "token_ms": 1000 * (_timed_submit(be, token, repeats) - empty) / repeats, "ops_ms": {}}
+    for name in dict.fromkeys(_op_class(d.label) for d in token):
+        ops = [d for d in token if _op_class(d.label) == name]
+        out["ops_ms"][name] = 1000 * (_timed_submit(be, ops, repeats) - empty) / repeats
+    be.reset()
+    return out
+
+
 def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512) -> dict:
     """All numbers of one run as a dict (see commands/bench.py for the fields)."""
     ctx = get_context()
@@ -85,6 +122,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
               "dispatches_per_token": be.dispatch_count(1), "weight_bytes_per_token": weight_bytes_per_token(be),
               "matmul": be.kernels.matmul, "decode": []}
     result["record_ms"] = _record_ms(be)
+    result["gpu"] = {c: gpu_breakdown(be, c) for c in ctx_list}
     ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, prefill_tokens))
     be.forward(ids)  # warm-up: pipelines, caches
     be.reset()
@@ -102,13 +140,18 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
 
 
 def format_result(r: dict) -> str:
+    head = []
     lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls)",
              f"model: {r['model']}",
              f"streaming read: {r['bandwidth_GBps']:.1f} GB/s; dispatches per decode token: {r['dispatches_per_token']}; "
              f"recording them: {r['record_ms']:.3f} ms",
              f"prefill (512-token chunk): {r['prefill_tokens_per_s']:.1f} tokens/s",
              "context  ms/token  tokens/s  MB/token  floor ms  share of floor"]
+    for context, g in r.get("gpu", {}).items():
+        ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
+        head += [f"GPU time at context {context}: {g['token_ms']:.3f} ms/token (round trip {g['roundtrip_ms']:.3f} ms); "
+                 f"per op class: {ops}"]
     for d in r["decode"]:
         lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
                      f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:5.1f}%")
-    return "\n".join(lines)
+    return "\n".join(lines + head)

@@ -51,7 +51,7 @@ SIGNATURES = {
 # P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
-GEMV_ROWS = 4                      # rows per workgroup in gemv.wgsl
+GEMV_WG, GEMV_ROWS = 64, 4         # gemv.wgsl's default workgroup: invocations, output rows
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 32, 16, 32  # tile of gemm.wgsl
 ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
@@ -91,6 +91,9 @@ class Kernels:
     matmul: str = ""
     # "subgroup" or "shared": how gemv.wgsl reduces its partial sums (reduce_<name>.wgsl)
     reduce: str = ""
+    # gemv.wgsl's workgroup: invocations and output rows (AIRFRAME_GEMV="64,4")
+    gemv_wg: int = 0
+    gemv_rows: int = 0
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -103,6 +106,15 @@ class Kernels:
             self.reduce = os.environ.get("AIRFRAME_REDUCE", default)
         if self.reduce not in ("subgroup", "shared"):
             raise ParameterError(f"AIRFRAME_REDUCE={self.reduce!r}, expected 'subgroup' or 'shared'")
+        if not self.gemv_wg:
+            text = os.environ.get("AIRFRAME_GEMV", f"{GEMV_WG},{GEMV_ROWS}")
+            try:
+                self.gemv_wg, self.gemv_rows = (int(v) for v in text.split(","))
+            except ValueError:
+                raise ParameterError(f"AIRFRAME_GEMV={text!r}, expected 'invocations,rows' such as '64,4'") from None
+        if self.gemv_wg not in (32, 64, 128, 256) or self.gemv_rows not in (1, 2, 3, 4):
+            raise ParameterError(f"gemv workgroup {self.gemv_wg} x {self.gemv_rows} rows, expected 32/64/128/256 "
+                                 f"invocations and 1..4 rows")
         if self.matmul not in ("rows", "tiled"):
             raise ParameterError(f"AIRFRAME_MATMUL={self.matmul!r}, expected 'rows' or 'tiled'")
 
@@ -121,7 +133,7 @@ class Kernels:
     def pipeline(self, shader: str, quant: GpuQuant | None = None):
         key = (shader, quant.shader if quant else None)
         if key not in self._pipelines:
-            defines = {"REDUCE": self.reduce}
+            defines = {"REDUCE": self.reduce, "GEMV_WG": str(self.gemv_wg), "GEMV_ROWS": str(self.gemv_rows)}
             if quant:
                 defines["QUANT"] = quant.shader.removesuffix(".wgsl")
             source = load_wgsl(f"{shader}.wgsl", defines)
