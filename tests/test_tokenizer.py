@@ -160,6 +160,29 @@ def test_gemma3_matches_reference_on_random_text(gemma3):
                 reference_spm_encode(gemma3.vocab, text, parse_special=parse)
 
 
+def test_random_vocabularies_match_reference(tmp_path):
+    # tiny SentencePiece-style vocabularies with distinct scores: the merge list must pick exactly
+    # llama.cpp's pairs, including overlapping candidates and tokens reachable by several splits
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        pieces = {"a", "b", "c"}
+        while len(pieces) < rng.integers(6, 16):
+            joined = "".join(rng.choice(sorted(pieces), size=2))
+            if len(joined) <= 5:
+                pieces.add(joined)
+        multi = sorted(p for p in pieces if len(p) > 1)
+        scores = dict(zip(multi, -rng.permutation(len(multi)).astype(float) - 1))
+        tokens = ["<unk>", "<s>", "</s>", *sorted(pieces)]
+        path = write_spm_gguf(tmp_path / f"v{trial}.gguf", tokens=tokens,
+                              scores=[0, 0, 0] + [scores.get(t, -100.0) for t in tokens[3:]])
+        vocab = read_vocab(GGUFFile(path))
+        hf = build_hf_tokenizer(vocab)
+        for _ in range(40):
+            text = "".join(rng.choice(list("abc"), size=rng.integers(1, 12)))
+            assert hf.encode(text, add_special_tokens=False).ids == reference_spm_encode(vocab, text), \
+                (text, scores)
+
+
 def test_gemma3_whitespace_runs_as_llama_cpp(gemma3):
     # NOTES-KERNELS.md: llama.cpp splits a 33-space run 31 + 2 (transformers: 16 + 17)
     assert [gemma3.token_text(i) for i in gemma3.encode(" " * 33, add_special=False)] == [" " * 31, " " * 2]
