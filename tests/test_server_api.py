@@ -604,3 +604,22 @@ def test_cors_allows_local_front_ends_and_named_origins(engine):
         assert "access-control-allow-origin" not in _preflight(c, "http://localhost.evil.example").headers
         answer = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"Origin": "http://localhost:3000"})
         assert answer.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+class _FailingEngine(FakeEngine):
+    """Breaks after two pieces, as a device failure would."""
+
+    def _generate(self, n_prompt, reply, params, cancel):
+        yield Piece("a", [97], None)
+        yield Piece("b", [98], None)
+        raise RuntimeError("device lost")
+
+
+def test_a_failure_mid_stream_ends_the_stream_with_an_error_event():
+    with TestClient(create_app(_FailingEngine())) as c:
+        events = post_stream(c, "/v1/completions", {"prompt": "hi", "stream": True})
+        assert [e["choices"][0]["text"] for e in events[:2]] == ["a", "b"]
+        assert "device lost" in events[2]["error"]["message"] and events[3] == "[DONE]"
+        plain = c.post("/v1/completions", json={"prompt": "hi"})
+        assert "device lost" in assert_openai_error(plain, 500)["message"]
+        assert c.post("/v1/completions", json={"prompt": "hi", "stream": True}).status_code == 200  # still serving
