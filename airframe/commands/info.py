@@ -12,6 +12,7 @@ import json
 from collections import defaultdict
 from dataclasses import asdict
 
+from ..errors import ParameterError
 from ..family import load_config
 from ..gguf_file import GGUFFile
 from ..models import resolve_model
@@ -22,7 +23,8 @@ KV_BYTES = 4  # float32 K/V cache
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", help="a GGUF path or a known model name")
+    p.add_argument("model", metavar="MODEL", nargs="?", help="a GGUF path or a known model name")
+    p.add_argument("--gpu", action="store_true", help="list the WebGPU adapters, their limits and features")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -117,6 +119,14 @@ def format_info(info: dict) -> str:
 
 
 def run(args) -> int:
+    if args.gpu:
+        from ..gpu.device import describe_adapters
+
+        print(describe_adapters())
+        if args.model is None:
+            return 0
+    if args.model is None:
+        raise ParameterError("info needs a MODEL (or --gpu)")
     info = model_info(args.model)
     print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
