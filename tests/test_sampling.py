@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from airframe.errors import ParameterError
-from airframe.sampling import (History, Sampler, SamplingParams, build_steps, draw, log_softmax,
+from airframe.sampling import (History, Sampler, SamplingParams, build_chain, draw, log_softmax,
                                logit_bias, min_p, presence_frequency_penalty, repetition_penalty,
                                temperature, top_k, top_logprobs, top_p)
 
@@ -48,9 +48,22 @@ def test_logit_bias_adds_to_the_named_tokens():
     assert step(NO_HISTORY, np.zeros(4)).tolist() == [0.0, 5.0, -100.0, 0.0]
 
 
-def test_top_k_keeps_the_k_largest():
-    out = top_k(2)(NO_HISTORY, np.array([1.0, 5.0, 3.0, 4.0]))
-    assert np.isfinite(out).tolist() == [False, True, False, True]
+def test_top_k_picks_the_ids_of_the_k_largest():
+    assert top_k(2)(np.array([1.0, 5.0, 3.0, 4.0])).tolist() == [1, 3]
+    assert top_k(9)(np.array([1.0, 5.0])).tolist() == [0, 1]
+    params = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
+    out = Sampler(params, vocab_size=4).process(NO_HISTORY, np.array([1.0, 5.0, 3.0, 4.0]))
+    assert out.tolist() == [-np.inf, 5.0, -np.inf, 4.0]
+
+
+def test_sampling_from_the_candidates_equals_drawing_from_the_whole_vocabulary():
+    logits = np.random.default_rng(5).normal(size=5000) * 3
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.02, seed=8)
+    sampler = Sampler(params, vocab_size=5000)
+    rng = np.random.default_rng(8)
+    full = sampler.process(NO_HISTORY, logits)
+    for _ in range(30):
+        assert sampler.sample(NO_HISTORY, logits) == draw(full, rng)
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -87,7 +100,8 @@ def test_temperature_scales_logits():
 
 def test_steps_that_change_nothing_are_left_out():
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    assert build_steps(params, vocab_size=10) == []
+    chain = build_chain(params, vocab_size=10)
+    assert (chain.penalties, chain.select, chain.truncation) == ([], None, [])
 
 
 # ---- order -------------------------------------------------------------------------------------
