@@ -86,6 +86,7 @@ class GGUFVocab:
     bos_id: int | None
     eos_id: int | None
     unk_id: int | None
+    pad_id: int | None
     eot_id: int | None
     eom_id: int | None
     add_bos: bool
@@ -103,32 +104,39 @@ class GGUFVocab:
 def read_vocab(gf: GGUFFile) -> GGUFVocab:
     """The tokenizer keys of a GGUF file, with llama.cpp's defaults for the optional ones."""
     model = gf.get("tokenizer.ggml.model")
-    if model not in ("gpt2", "llama"):
+    if not isinstance(model, str) or model not in ("gpt2", "llama"):
         raise UnsupportedError(f"{gf.path}: tokenizer.ggml.model = {model!r}, expected 'gpt2' (byte-level BPE) "
                                f"or 'llama' (SentencePiece-style)")
     tokens = _read_tokens(gf)
     n = len(tokens)
     pre = gf.get("tokenizer.ggml.pre", "default") if model == "gpt2" else "default"
-    if model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZER_SPLITS:
         raise UnsupportedError(f"{gf.path}: tokenizer.ggml.pre = {pre!r}, expected one of "
                                f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}")
     merges = gf.get("tokenizer.ggml.merges", [])
-    if model == "gpt2" and not merges:
-        raise TokenizerError(f"{gf.path}: tokenizer.ggml.merges is missing or empty, expected the BPE merges")
-    flag = lambda key, default: bool(gf.get(f"tokenizer.ggml.{key}", default))  # noqa: E731
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges) or (model == "gpt2" and not merges):
+        found = f"{len(merges)} strings" if isinstance(merges, list) else type(merges).__name__
+        raise TokenizerError(f"{gf.path}: tokenizer.ggml.merges is {found}, expected a non-empty array of strings")
     is_spm = model == "llama"
     return GGUFVocab(
         path=gf.path, model=model, pre=pre, tokens=tokens,
         types=_read_array(gf, "tokenizer.ggml.token_type", n, np.int32, TokenType.NORMAL),
         scores=_read_array(gf, "tokenizer.ggml.scores", n, np.float32, 0.0),
-        merges=list(merges),
+        merges=merges,
         bos_id=_read_id(gf, "bos_token_id", n), eos_id=_read_id(gf, "eos_token_id", n),
-        unk_id=_read_id(gf, "unknown_token_id", n), eot_id=_read_id(gf, "eot_token_id", n),
-        eom_id=_read_id(gf, "eom_token_id", n),
-        add_bos=flag("add_bos_token", is_spm or pre in _IGNORE_MERGES),
-        add_eos=flag("add_eos_token", False),
-        add_space_prefix=flag("add_space_prefix", is_spm),
+        unk_id=_read_id(gf, "unknown_token_id", n), pad_id=_read_id(gf, "padding_token_id", n),
+        eot_id=_read_id(gf, "eot_token_id", n), eom_id=_read_id(gf, "eom_token_id", n),
+        add_bos=_read_flag(gf, "add_bos_token", is_spm or pre in _IGNORE_MERGES),
+        add_eos=_read_flag(gf, "add_eos_token", False),
+        add_space_prefix=_read_flag(gf, "add_space_prefix", is_spm),
     )
+
+
+def _read_flag(gf: GGUFFile, key: str, default: bool) -> bool:
+    value = gf.get(f"tokenizer.ggml.{key}", default)
+    if not isinstance(value, (bool, int, np.integer)):
+        raise TokenizerError(f"{gf.path}: tokenizer.ggml.{key} = {type(value).__name__}, expected a boolean")
+    return bool(value)
 
 
 def _read_tokens(gf: GGUFFile) -> list[str]:
@@ -388,6 +396,8 @@ class GGUFTokenizer:
         self.vocab_size = len(vocab.tokens)
         self.bos_id = vocab.bos_id
         self.eos_id = vocab.eos_id
+        self.unk_id = vocab.unk_id
+        self.pad_id = vocab.pad_id
         self.add_bos = vocab.add_bos
         self.add_eos = vocab.add_eos
         self.cache_path = cache_path  # where the built tokenizer is stored (None: not stored)
@@ -421,8 +431,8 @@ class GGUFTokenizer:
         token its text. Concatenating these and decoding as UTF-8 gives the text."""
         text = self.token_text(token_id)
         kind = self.vocab.types[token_id]
-        if kind == TokenType.BYTE:
-            return bytes([int(text[3:5], 16)])  # "<0xNN>"
+        if kind == TokenType.BYTE and _is_byte_token(text):
+            return bytes([int(text[3:5], 16)])
         if kind in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED):
             return text.encode("utf-8")
         if self.vocab.model == "gpt2":
@@ -448,6 +458,11 @@ def load_tokenizer(gf: GGUFFile) -> GGUFTokenizer:
             return GGUFTokenizer(vocab, hf, cache_path=path, from_cache=True)
     hf = build_hf_tokenizer(vocab)
     return GGUFTokenizer(vocab, hf, cache_path=_write_cache(paths, key, hf), from_cache=False)
+
+
+def _is_byte_token(text: str) -> bool:
+    return len(text) == 6 and text.startswith("<0x") and text.endswith(">") \
+        and all(c in "0123456789ABCDEFabcdef" for c in text[3:5])
 
 
 def _byte_level_table() -> dict[str, int]:

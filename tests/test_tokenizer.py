@@ -113,6 +113,7 @@ def test_ids_from_llama_cpp(by_name, name):
 
 def test_flags_and_ids(smollm2, gemma3):
     assert (smollm2.bos_id, smollm2.eos_id, smollm2.add_bos, smollm2.add_eos) == (1, 2, False, False)
+    assert (smollm2.unk_id, smollm2.pad_id, gemma3.unk_id, gemma3.pad_id) == (0, 2, 3, 0)
     assert (gemma3.bos_id, gemma3.eos_id, gemma3.add_bos, gemma3.add_eos) == (2, 1, True, False)
     assert smollm2.vocab_size == 49152 and gemma3.vocab_size == 262144
     assert smollm2.hf.get_vocab_size() == 49152 and gemma3.hf.get_vocab_size() == 262144
@@ -329,6 +330,17 @@ def test_bos_id_out_of_range(tmp_path):
         read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", bos=999)))
 
 
+def test_flag_of_wrong_type(tmp_path):
+    path = write_spm_gguf(tmp_path / "x.gguf", extra={"tokenizer.ggml.add_eos_token": "yes"})
+    with pytest.raises(TokenizerError, match="add_eos_token = str, expected a boolean"):
+        read_vocab(GGUFFile(path))
+
+
+def test_missing_merges(tmp_path):
+    with pytest.raises(TokenizerError, match="merges is 0 strings, expected a non-empty array"):
+        read_vocab(GGUFFile(write_bpe_gguf(tmp_path / "x.gguf", merges=())))
+
+
 def test_bad_merge_line(tmp_path):
     with pytest.raises(TokenizerError, match=r"merges\[0\] = 'q z'"):
         load_tokenizer(GGUFFile(write_bpe_gguf(tmp_path / "x.gguf", merges=["q z"])))
@@ -354,7 +366,8 @@ def test_detokenize_command(capsys):
 SPM_TOKENS = ["<unk>", "<s>", "</s>", "a", "b", "▁", "ab", "▁a"]
 
 
-def write_spm_gguf(path, model="llama", tokens=SPM_TOKENS, scores=(0, 0, 0, -10, -10, -10, -1, -2), bos=1):
+def write_spm_gguf(path, model="llama", tokens=SPM_TOKENS, scores=(0, 0, 0, -10, -10, -10, -1, -2), bos=1,
+                   extra=None):
     """A SentencePiece-style vocabulary with the 256 byte tokens after `tokens`."""
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
         [gguf.TokenType.NORMAL] * (len(tokens) - 3)
@@ -370,6 +383,8 @@ def write_spm_gguf(path, model="llama", tokens=SPM_TOKENS, scores=(0, 0, 0, -10,
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
+    for key, value in (extra or {}).items():
+        writer.add_string(key, value)
     _finish(writer)
     return path
 
