@@ -108,3 +108,23 @@ def test_decode_dispatch_count(tiny_llama):
     per_layer = len(gpu.layer_ops[0].dispatches(1, 1))
     assert per_layer <= 8
     assert gpu.dispatch_count(1) == gpu.config.n_layers * per_layer + len(gpu.token_embd.chunks) + 1 + len(gpu.output.chunks)
+
+
+def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, caplog):
+    """SHIMMY_DEBUG_RAW=1 submits op by op and logs statistics; the logits stay the same."""
+    tokens = [5, 9, 200]
+    plain = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False).forward(tokens)
+    monkeypatch.setenv("SHIMMY_DEBUG_RAW", "1")
+    monkeypatch.setenv("AIRFRAME_TRACE_PREFILL_CHUNKS", "1")
+    debug = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False)
+    with caplog.at_level("WARNING", logger="airframe.gpu"):
+        got = debug.forward(tokens)
+    np.testing.assert_allclose(got, plain, atol=1e-5)
+    text = caplog.text
+    assert "blk.1.ffn_down" in text and "absmax" in text and "nan 0" in text
+    assert "prefill chunk 0..3 (3 tokens)" in text
+
+
+def test_bad_options_are_named(tiny_llama):
+    with pytest.raises(ParameterError, match="unknown webgpu backend options.*'speed'"):
+        WebGPUBackend.load(tiny_llama, speed=2)
