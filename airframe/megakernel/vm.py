@@ -49,19 +49,21 @@ def lane_sum(products: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
     """
     rows, k = products.shape
     step = lanes * vec
-    padded = -(-k // step) * step
-    if padded != k:
-        products = np.concatenate([products, np.zeros((rows, padded - k), F32)], axis=1)
-    acc = sequential_sum(products.reshape(rows, padded // step, step).transpose(1, 0, 2))
-    acc = acc.reshape(rows, lanes, vec)
-    while acc.shape[2] > 1:
-        half = acc.shape[2] // 2
-        acc = acc[:, :, :half] + acc[:, :, half:]
-    acc = acc[:, :, 0]
+    full, tail = divmod(k, step)
+    acc = products[:, :step].copy() if full else np.zeros((rows, step), F32)
+    for g in range(1, full):
+        acc += products[:, g * step:(g + 1) * step]
+    if tail:  # the zero padding adds +0 to the other accumulators: leaving them alone is the same
+        acc[:, :tail] += products[:, full * step:]
+    acc = np.ascontiguousarray(acc.T).reshape(lanes, vec, rows)  # folds below run over contiguous rows
     while acc.shape[1] > 1:
         half = acc.shape[1] // 2
         acc = acc[:, :half] + acc[:, half:]
-    return acc[:, 0]
+    acc = acc[:, 0]
+    while acc.shape[0] > 1:
+        half = acc.shape[0] // 2
+        acc = acc[:half] + acc[half:]
+    return acc[0]
 
 
 def dot_rows(w: np.ndarray, x: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:

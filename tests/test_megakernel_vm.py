@@ -1,0 +1,113 @@
+"""The numpy VM against the numpy reference, and its fixed reduction orders.
+
+The package stores matrices as BF16, so the reference is fed the same BF16-rounded matrices
+(norm weights stay F32 in both): what is left is summation order, so logits agree to 1e-3
+(measured: 7e-5 on SmolLM2's logits of magnitude ~30) and the top-1 token is the same everywhere.
+"""
+
+import numpy as np
+import pytest
+
+from airframe.family import load_config
+from airframe.gguf_file import GGUFFile
+from airframe.megakernel.package import write_package
+from airframe.megakernel.target import load_target
+from airframe.megakernel.vm import VM, bf16_to_f32, dot_rows, f32_to_bf16, lane_sum, sequential_sum
+from airframe.reference import ReferenceBackend, ReferenceModel
+from airframe.tokenizer import build_hf_tokenizer, read_vocab
+
+LOGIT_TOLERANCE = 1e-3
+N_TOKENS = 128
+
+
+def bf16_round(values: np.ndarray) -> np.ndarray:
+    return bf16_to_f32(f32_to_bf16(values)).reshape(values.shape)
+
+
+class Bf16ReferenceModel(ReferenceModel):
+    """The reference's float32 weights with every matrix rounded to BF16, as the package stores them."""
+
+    def __init__(self, gf, config):
+        super().__init__(gf, config)
+        self.token_embd = bf16_round(self.token_embd)
+        self.output = self.token_embd if config.tied_embeddings else bf16_round(self.output)
+
+    def layer(self, i):
+        if i not in self._layers:
+            self._layers[i] = {n: bf16_round(v) if v.ndim == 2 else v for n, v in super().layer(i).items()}
+        return self._layers[i]
+
+
+@pytest.fixture(scope="module")
+def english_ids(smollm2_path):
+    tokenizer = build_hf_tokenizer(read_vocab(GGUFFile(smollm2_path)))
+    text = (__import__("pathlib").Path(__file__).parent / "data" / "english.txt").read_text()
+    return tokenizer.encode(text).ids[:N_TOKENS]
+
+
+@pytest.fixture(scope="module")
+def smollm2_package(smollm2_path, tmp_path_factory):
+    """8 workers and 64-position chunks: 128 tokens cross from one attention chunk to two."""
+    out = tmp_path_factory.mktemp("smollm2_pkg")
+    return write_package(smollm2_path, load_target("rtx3050", workers=8), out, ctx=N_TOKENS, progress=False)
+
+
+def test_vm_matches_the_bf16_reference_over_128_tokens(smollm2_path, smollm2_package, english_ids):
+    assert smollm2_package.plan.consts["attn_chunks"] == 2
+    gf = GGUFFile(smollm2_path)
+    reference = ReferenceBackend(Bf16ReferenceModel(gf, load_config(gf)), N_TOKENS)
+    want = reference.forward(english_ids, all_logits=True)
+    vm = VM(smollm2_package.plan, smollm2_package.weights)
+    got = vm.forward(english_ids, all_logits=True)
+    assert len(english_ids) == N_TOKENS
+    assert np.abs(got - want).max() < LOGIT_TOLERANCE
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+def test_vm_greedy_token_is_the_argmax_with_lowest_id_on_ties(smollm2_package):
+    vm = VM(smollm2_package.plan, smollm2_package.weights)
+    logits, token = vm.step(504, 0)
+    assert token == int(np.argmax(logits))
+    k = vm.k
+    cand = vm._region("cand", 0, 2 * k["lm_parts"])
+    cand[0::2] = 5.0  # every slot ties: the lowest id wins
+    cand[1::2].view(np.uint32)[:] = np.arange(k["lm_parts"])[::-1] + 100
+    assert vm.greedy() == 100
+
+
+def test_worker_order_inside_a_wave_does_not_change_a_bit(smollm2_path, tmp_path):
+    package = write_package(smollm2_path, load_target("rtx3050"), tmp_path, ctx=16, attn_chunk=2, progress=False)
+    tokens = [504, 3575, 282, 4649, 314]
+    runs = []
+    for seed in (None, 1, 2):
+        vm = VM(package.plan, package.weights)
+        rng = None if seed is None else np.random.default_rng(seed)
+        runs.append(vm.forward(tokens, all_logits=True, rng=rng))
+    assert runs[0].tobytes() == runs[1].tobytes() == runs[2].tobytes()
+
+
+def test_lane_sum_fixed_small_case_matches_the_written_order():
+    rng = np.random.default_rng(0)
+    products = rng.standard_normal((3, 600)).astype(np.float32) * np.float32(1e3)
+    acc = np.zeros((3, 32, 8), np.float32)  # the order spelled out element by element
+    for j in range(600):
+        acc[:, (j // 8) % 32, j % 8] += products[:, j]
+    lanes = acc[:, :, :4] + acc[:, :, 4:]
+    lanes = lanes[:, :, :2] + lanes[:, :, 2:]
+    lanes = (lanes[:, :, 0] + lanes[:, :, 1])
+    for half in (16, 8, 4, 2, 1):
+        lanes = lanes[:, :half] + lanes[:, half:2 * half]
+    assert lane_sum(products).tobytes() == lanes[:, 0].tobytes()
+    w, x = products[:, :512], rng.standard_normal(512).astype(np.float32)
+    assert dot_rows(w, x).tobytes() == lane_sum(w * x).tobytes()
+
+
+def test_sequential_sum_is_left_to_right():
+    values = np.array([1e8, 1.0, -1e8, 1.0], np.float32)
+    assert sequential_sum(values) == np.float32(1.0)  # ((1e8 + 1) - 1e8) + 1 = 0 + 1
+
+
+def test_bf16_rounding_is_to_nearest_even():
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf], np.float32)  # 1 + 2^-8 is a tie
+    assert bf16_to_f32(f32_to_bf16(values)).tolist() == [1.0, 1.0, 1.015625, -2.5, np.inf]
+    assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
