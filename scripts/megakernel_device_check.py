@@ -148,6 +148,9 @@ class Report:
             result = None
         print(json.dumps(self.data[name], default=str)[:3000], flush=True)
         self.save()
+        if "did not finish" in self.data[name].get("error", ""):
+            print("a worker is stuck: stopping here", flush=True)
+            os._exit(3)  # the GPU is released only when this process ends
         return result
 
     def save(self):
@@ -318,7 +321,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool)
         report.section(f"{name}.corrupted", corrupted, session, package, work)
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
-            report.section("bench", cuda_bench.benchmark, runtime, worker, out, gguf)
+            report.section("bench", cuda_bench.benchmark, runtime, worker, out)
         runtime.close()
     return report
 

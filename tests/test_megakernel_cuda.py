@@ -189,7 +189,7 @@ class ScriptedRuntime:
     def successor(self, t):
         return (3 * t + 1) % self.k["vocab"]
 
-    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None, timed=False):
+    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None):
         n_steps = len(tokens) if n_steps is None else n_steps
         assert 1 <= n_steps <= 64 and len(tokens) <= n_steps and pos0 + n_steps <= self.k["ctx"]
         self.launches.append((list(tokens), pos0, n_steps))

@@ -8,7 +8,7 @@ HELP = "measure prefill and decode speed of a model (tokens/s, ms/token, share o
 
 def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="model name or GGUF path")
-    p.add_argument("--backend", default="webgpu", choices=["webgpu"], help="backend to measure")
+    p.add_argument("--backend", default="webgpu", choices=["webgpu", "cuda"], help="backend to measure")
     p.add_argument("--ctx-list", default="1,512,4096", help="decode contexts, comma-separated (default 1,512,4096)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per context (median)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -27,6 +27,10 @@ def _contexts(text: str) -> list[int]:
 def run(args) -> int:
     if args.steps < 1:
         raise ParameterError(f"--steps {args.steps}, expected a positive number")
+    if args.backend == "cuda":
+        from ..megakernel.cuda_bench import run as bench_cuda
+
+        return bench_cuda(resolve_model(args.model), _contexts(args.ctx_list))
     from ..gpu.bench import bench_webgpu, format_result
 
     result = bench_webgpu(resolve_model(args.model), _contexts(args.ctx_list), steps=args.steps)

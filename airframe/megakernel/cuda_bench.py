@@ -62,23 +62,26 @@ def time_context(runtime, context: int, steps: int = STEPS, repeats: int = REPEA
     steps = min(steps, runtime.k["ctx"] - pos0)
     tokens = [(17 + 31 * i) % runtime.k["vocab"] for i in range(steps)]
     runtime.launch(tokens, pos0)  # warm-up
-    many = [runtime.launch(tokens, pos0, timed=True).ms for _ in range(repeats)]
-    single = [runtime.launch(tokens[:1], pos0, timed=True).ms for _ in range(4 * repeats)]
+    many = [runtime.launch(tokens, pos0).ms for _ in range(repeats)]
+    single = [runtime.launch(tokens[:1], pos0).ms for _ in range(4 * repeats)]
     return {"context": context, "steps": steps, "ms_per_token": float(np.median(many)) / steps,
             "ms_per_token_all": [m / steps for m in many], "ms_single_launch": float(np.median(single))}
 
 
 def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 3) -> dict:
+    """Greedy generation through CudaBackend.generate_greedy (two launches for 8 + 64 tokens)."""
+    from .backend import CudaBackend
+
+    backend = CudaBackend(runtime, runtime.plan.config)
     prompt = [(5 + 7 * i) % runtime.k["vocab"] for i in range(prompt_len)]
     walls, tokens = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        result = runtime.launch(prompt, 0, n_steps=min(64, prompt_len + new - 1))
+        tokens, _ = backend.generate_greedy(prompt, new)
         walls.append(time.perf_counter() - start)
-        tokens = result.tokens[prompt_len - 1:]
     wall = float(np.median(walls))
     return {"prompt": prompt_len, "generated": len(tokens), "seconds": wall, "tokens_per_s": len(tokens) / wall,
-            "note": "one launch: prompt steps and generated steps together, host wall clock"}
+            "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
 
 
 def prefetch_sweep(runtime, sizes=(0, 32 << 10, 96 << 10, 256 << 10), context: int = 1) -> list[dict]:
@@ -238,13 +241,13 @@ def torch_baselines(config, contexts=CONTEXTS) -> dict:
 
 
 # ---- everything -----------------------------------------------------------------------------------
-def benchmark(runtime, worker, out: Path | None = None, model_path=None, torch_side: bool = True) -> dict:
+def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch_side: bool = True) -> dict:
     plan = runtime.plan
     gbs = worker.stream_read_gbs()
     result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
               "workers": runtime.workers, "prefetch_bytes": runtime.knobs.prefetch_bytes, "contexts": []}
-    random_kv(runtime, max(CONTEXTS) + STEPS - 1 if max(CONTEXTS) + STEPS - 1 <= runtime.k["ctx"] else runtime.k["ctx"])
-    for c in CONTEXTS:
+    random_kv(runtime, min(max(contexts) + STEPS - 1, runtime.k["ctx"]))
+    for c in contexts:
         row = time_context(runtime, c)
         row["floor_ms"] = floor_ms(plan, c, gbs)
         row["floor_share"] = row["floor_ms"] / row["ms_per_token"]
@@ -253,37 +256,23 @@ def benchmark(runtime, worker, out: Path | None = None, model_path=None, torch_s
               f"({100 * row['floor_share']:.1f}%), 1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
     result["generation"] = generation_rate(runtime)
     result["prefetch_sweep"] = prefetch_sweep(runtime)
-    for c in (1, 4096):
+    for c in sorted({min(contexts), max(contexts)}):
         trace = trace_token(runtime, c)
         result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)
         if out is not None:
             write_trace(trace, plan, out, f"trace_ctx{c}")
     if torch_side:
-        result["torch"] = torch_baselines(plan.config)
+        result["torch"] = torch_baselines(plan.config, contexts)
     return result
 
 
-def main(argv=None) -> int:
-    """`airframe bench --backend cuda MODEL` lands here."""
-    import argparse
-
-    from ..models import resolve_model
+def run(model_path, contexts=CONTEXTS, out: Path | None = None, torch_side: bool = True) -> int:
+    """`airframe bench --backend cuda MODEL` lands here: print the results as JSON."""
     from .backend import CudaBackend
 
-    parser = argparse.ArgumentParser(description="benchmark the CUDA megakernel")
-    parser.add_argument("model")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the trace JSON and timelines")
-    parser.add_argument("--no-torch", action="store_true")
-    args = parser.parse_args(argv)
-    return run(resolve_model(args.model), args.out, not args.no_torch)
-
-
-def run(model_path, out: Path | None = None, torch_side: bool = True) -> int:
-    from .backend import CudaBackend
-
-    backend = CudaBackend.load(model_path, n_ctx=max(CONTEXTS) + STEPS)
+    backend = CudaBackend.load(model_path, n_ctx=max(contexts) + STEPS)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    result = benchmark(backend.runtime, backend.runtime.worker, out, model_path, torch_side)
+    result = benchmark(backend.runtime, backend.runtime.worker, out, contexts, torch_side)
     print(json.dumps(result, indent=1, default=str))
     return 0

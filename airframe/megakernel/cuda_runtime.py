@@ -13,6 +13,7 @@ checks its picture of the kernel's argument struct against the compiled one (`af
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -213,8 +214,8 @@ class Worker:
             dev.free(sink)
         return nbytes / (float(np.median(times)) * 1e-3) / 1e9
 
-    def timed(self, work) -> float:
-        """Milliseconds of GPU time around `work()`, by CUDA events."""
+    def timed(self, work, timeout_s: float = 60.0) -> float:
+        """Milliseconds of GPU time around `work()`, by CUDA events; GPUError after `timeout_s`."""
         cu = self.device.cu
         start = check(cu.cuEventCreate(0), "cuEventCreate")
         end = check(cu.cuEventCreate(0), "cuEventCreate")
@@ -222,11 +223,26 @@ class Worker:
             check(cu.cuEventRecord(start, 0), "cuEventRecord")
             work()
             check(cu.cuEventRecord(end, 0), "cuEventRecord")
-            check(cu.cuEventSynchronize(end), "running the kernel")
+            self.wait(end, timeout_s)
             return float(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
         finally:
             cu.cuEventDestroy(start)
             cu.cuEventDestroy(end)
+
+    def wait(self, event, timeout_s: float) -> None:
+        """Poll `event` until the GPU reaches it: a worker stuck at a barrier becomes an error."""
+        cu = self.device.cu
+        deadline = time.monotonic() + timeout_s
+        while True:
+            (err,) = cu.cuEventQuery(event)
+            if err == cu.CUresult.CUDA_SUCCESS:
+                return
+            if err != cu.CUresult.CUDA_ERROR_NOT_READY:
+                check((err,), "running the worker")
+            if time.monotonic() > deadline:
+                raise GPUError(f"the worker did not finish within {timeout_s:.0f} s, expected far less: "
+                               "a block is stuck (the GPU must be released by ending this process)")
+            time.sleep(0.0002)
 
 
 # ---- a package on the device --------------------------------------------------------------------
@@ -235,7 +251,7 @@ class LaunchResult:
     steps_done: int
     tokens: list[int]  # greedy token after each step done
     stopped: bool  # an end-of-generation token ended the launch
-    ms: float = 0.0  # GPU time of the launch, when timed
+    ms: float = 0.0  # GPU time of the launch (CUDA events)
     trace: dict | None = None
 
 
@@ -398,7 +414,7 @@ class Runtime:
         return ctl
 
     def launch(self, tokens: Sequence[int], pos0: int, n_steps: int | None = None, eos: Sequence[int] = (),
-               all_logits: bool = False, trace_step: int | None = None, timed: bool = False) -> LaunchResult:
+               all_logits: bool = False, trace_step: int | None = None) -> LaunchResult:
         """Run steps at positions pos0..: the first len(tokens) take `tokens`, later ones the greedy
         token of the step before. Raises NonFiniteLogitError when a logit was not finite."""
         k = self.k
@@ -422,12 +438,7 @@ class Runtime:
         def go():
             self.worker.launch(self.worker.kernel, self.workers, THREADS, self.shared_bytes, [args], cooperative=True)
 
-        ms = 0.0
-        if timed:
-            ms = self.worker.timed(go)
-        else:
-            go()
-            dev.synchronize()
+        ms = self.worker.timed(go)
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)
         f = CONTROL_FIELDS
         done = int(ctl[f["steps_done"]])
