@@ -408,6 +408,7 @@ class GGUFTokenizer:
         eog = set(eog_texts) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
         self.eog_ids: frozenset[int] = frozenset(i for i in eog if i is not None)
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared hf object
+        self.hf.encode_special_tokens = True  # used directly, hf reads control tokens as plain text too
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; `add_special` adds BOS/EOS as the file asks, `parse_special` reads
@@ -416,7 +417,10 @@ class GGUFTokenizer:
             raise ParameterError(f"text to encode is {type(text).__name__}, expected str")
         with self._lock:
             self.hf.encode_special_tokens = not parse_special
-            return self.hf.encode(text, add_special_tokens=add_special).ids
+            try:
+                return self.hf.encode(text, add_special_tokens=add_special).ids
+            finally:
+                self.hf.encode_special_tokens = True
 
     def decode(self, ids, skip_special: bool = False) -> str:
         ids = [self._check_id(i) for i in ids]

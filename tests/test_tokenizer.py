@@ -322,7 +322,8 @@ def test_scores_of_wrong_length(tmp_path):
 
 def test_duplicate_tokens(tmp_path):
     with pytest.raises(TokenizerError, match="'a' twice"):
-        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", tokens=["<unk>", "<s>", "</s>", "a", "a", "b", "▁", "ab"])))
+        tokens = ["<unk>", "<s>", "</s>", "a", "a", "b", "▁", "ab"]
+        read_vocab(GGUFFile(write_spm_gguf(tmp_path / "x.gguf", tokens=tokens)))
 
 
 def test_bos_id_out_of_range(tmp_path):
