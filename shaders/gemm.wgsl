@@ -1,6 +1,7 @@
 // Y = X W^T for a prefill chunk: a workgroup makes a tile of TILE_R weight rows x TILE_T tokens.
 // Each step over the input dimension decodes a TILE_R x KSTEP slice of W (dq4 from quant/{QUANT}.wgsl)
-// and a TILE_T x KSTEP slice of X into workgroup memory; every thread then owns 2 rows x 4 tokens.
+// and a TILE_T x KSTEP slice of X into workgroup memory; each of the 256 invocations then owns
+// 4 rows x 4 tokens of the tile.
 // Same Params, Step, bindings and P.mode fusions as gemv.wgsl. Needs cols % KSTEP == 0.
 
 struct Params {
@@ -36,8 +37,9 @@ struct Step {
 #include "quant/{QUANT}.wgsl"
 #include "activation.wgsl"
 
-const TILE_R: u32 = 32u;
-const TILE_T: u32 = 16u;
+const WG: u32 = 256u;
+const TILE_R: u32 = 64u;
+const TILE_T: u32 = 64u;
 const KSTEP: u32 = 32u;
 
 var<workgroup> w_a: array<array<f32, 33>, TILE_R>;  // padded against bank conflicts
@@ -62,7 +64,7 @@ fn first_x_token() -> u32 {
     return 0u;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let row0 = wid.x * TILE_R;
@@ -86,15 +88,15 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         inv_rms[lid] = inv;
     }
 
-    let my_row = (lid % 16u) * 2u;   // rows my_row, my_row + 1 of the tile
+    let my_row = (lid % 16u) * 4u;   // rows my_row .. my_row + 3 of the tile
     let my_tok = (lid / 16u) * 4u;   // tokens my_tok .. my_tok + 3 of the tile
-    var acc_a: array<vec4<f32>, 2>;
-    var acc_b: array<vec4<f32>, 2>;
+    var acc_a: array<vec4<f32>, 4>;  // (row) x 4 tokens
+    var acc_b: array<vec4<f32>, 4>;
     let per_block = QK / 4u;
     for (var k0 = 0u; k0 < P.cols; k0 += KSTEP) {
         workgroupBarrier();
-        // decode TILE_R x KSTEP weights: 256 vec4, 4 per thread
-        for (var j = lid; j < TILE_R * (KSTEP / 4u); j += 64u) {
+        // decode TILE_R x KSTEP weights: 512 vec4, 2 per invocation
+        for (var j = lid; j < TILE_R * (KSTEP / 4u); j += WG) {
             let r = j / (KSTEP / 4u);
             let c4 = j % (KSTEP / 4u);
             let row = min(row0 + r, P.rows - 1u);
@@ -113,8 +115,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 w_b[r][4u * c4 + 3u] = b.w;
             }
         }
-        // load TILE_T x KSTEP inputs, normalized when asked: 512 floats, 8 per thread
-        for (var j = lid; j < TILE_T * KSTEP; j += 64u) {
+        // load TILE_T x KSTEP inputs, normalized when asked: 2048 floats, 8 per invocation
+        for (var j = lid; j < TILE_T * KSTEP; j += WG) {
             let t = j / KSTEP;
             let c = j % KSTEP;
             let token = min(tok0 + t, n_tokens - 1u);
@@ -127,15 +129,15 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         workgroupBarrier();
         for (var c = 0u; c < KSTEP; c++) {
             let xv = vec4<f32>(x_t[my_tok][c], x_t[my_tok + 1u][c], x_t[my_tok + 2u][c], x_t[my_tok + 3u][c]);
-            acc_a[0] += w_a[my_row][c] * xv;
-            acc_a[1] += w_a[my_row + 1u][c] * xv;
-            if (is_gated) {
-                acc_b[0] += w_b[my_row][c] * xv;
-                acc_b[1] += w_b[my_row + 1u][c] * xv;
+            for (var r = 0u; r < 4u; r++) {
+                acc_a[r] += w_a[my_row + r][c] * xv;
+                if (is_gated) {
+                    acc_b[r] += w_b[my_row + r][c] * xv;
+                }
             }
         }
     }
-    for (var r = 0u; r < 2u; r++) {
+    for (var r = 0u; r < 4u; r++) {
         let row = row0 + my_row + r;
         for (var t = 0u; t < 4u; t++) {
             let token = tok0 + my_tok + t;

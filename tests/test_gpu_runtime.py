@@ -128,3 +128,16 @@ def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, capl
 def test_bad_options_are_named(tiny_llama):
     with pytest.raises(ParameterError, match="unknown webgpu backend options.*'speed'"):
         WebGPUBackend.load(tiny_llama, speed=2)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, monkeypatch, family):
+    """gemv.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end (lavapipe uses gemm_rows)."""
+    monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
+    path = write_synthetic_gguf(tmp_path / "m.gguf", family, "tiny", "Q4_0")
+    tokens = list(np.random.default_rng(4).integers(0, 512, 70))
+    gpu = WebGPUBackend.load(path, n_ctx=80, progress=False)
+    assert gpu.kernels.matmul == "tiled"
+    got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
+    want = ReferenceBackend.load(path, n_ctx=80).forward(tokens, all_logits=True)
+    np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))

@@ -52,7 +52,7 @@ SIGNATURES = {
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_WG, GEMV_ROWS = 64, 4         # gemv.wgsl's default workgroup: invocations, output rows
-GEMM_ROWS, GEMM_TOKENS, GEMM_K = 32, 16, 32  # tile of gemm.wgsl
+GEMM_ROWS, GEMM_TOKENS, GEMM_K = 64, 64, 32  # tile of gemm.wgsl
 ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
 
