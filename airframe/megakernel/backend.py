@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ContextOverflowError, ParameterError
 from ..family import ModelConfig
 from .build import cache_dir
-from .cuda_runtime import MAX_STEPS, Device, Knobs, Runtime, Worker
+from .cuda_runtime import MAX_STEPS, Device, Runtime, Worker
 from .package import Package, write_package
 from .probe import probe
 
@@ -57,12 +57,11 @@ class CudaBackend:
         self.n_past = 0
 
     @classmethod
-    def load(cls, path, n_ctx: int | None = None, progress: bool = True, prefetch_bytes: int | None = None,
-             **options) -> "CudaBackend":
+    def load(cls, path, n_ctx: int | None = None, progress: bool = True, **options) -> "CudaBackend":
         """Open the GPU, build and probe the worker, plan and pack `path` if needed, upload it."""
         if options:
             raise ParameterError(f"unknown cuda backend options {', '.join(sorted(options))}; "
-                                 "expected progress, prefetch_bytes")
+                                 "expected only progress")
         device = Device()  # GPUError here when there is no CUDA GPU
         worker = Worker(device)
         path = Path(path)
@@ -75,8 +74,7 @@ class CudaBackend:
                 package = Package.load(folder)
             else:
                 package = write_package(path, target, folder, ctx=n_ctx, progress=progress)
-        knobs = Knobs() if prefetch_bytes is None else Knobs(prefetch_bytes=prefetch_bytes)
-        runtime = Runtime(package, worker, knobs, progress)
+        runtime = Runtime(package, worker, progress)
         return cls(runtime, package.plan.config)
 
     def reset(self) -> None:

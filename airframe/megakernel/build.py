@@ -80,9 +80,10 @@ def nvcc_version(nvcc: str) -> str:
     return f"nvcc {match.group(1) if match else 'unknown'}"
 
 
-def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cubin") -> list[str]:
+def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cubin",
+                 defines: tuple[str, ...] = ()) -> list[str]:
     """The nvcc command line; `kind` is -cubin (what the runtime loads) or -c (an object file)."""
-    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, "-Xptxas", "-v",
+    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, *(f"-D{d}" for d in defines), "-Xptxas", "-v",
             "-I", str(HEADER_PATH.parent), str(source), "-o", str(out)]
 
 
@@ -104,26 +105,30 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     return report
 
 
-def _key(arch: str, compiler: str) -> str:
+def _key(arch: str, compiler: str, defines: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for part in (SOURCE_PATH.read_bytes(), HEADER_PATH.read_bytes(), " ".join(FLAGS).encode(),
+    for part in (SOURCE_PATH.read_bytes(), HEADER_PATH.read_bytes(), " ".join(FLAGS + defines).encode(),
                  compiler.encode(), arch.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
 
 
-def build_worker(arch: str, force: bool = False) -> Build:
-    """The compiled worker for `arch`, from the cache when the same source was built before."""
+def build_worker(arch: str, force: bool = False, defines: tuple[str, ...] = ()) -> Build:
+    """The compiled worker for `arch`, from the cache when the same source was built before.
+    `defines` (e.g. "AF_UNROLL=4") build a variant for measurements."""
     check_arch(arch)
+    for d in defines:
+        if not re.match(r"^AF_[A-Z_]+=\d+$", d):
+            raise ParameterError(f"define {d!r}, expected the form AF_NAME=number")
     nvcc = find_nvcc()
     compiler = nvcc_version(nvcc) if nvcc else _nvrtc_version()
     folder = cache_dir()
-    stem = folder / f"worker-{_key(arch, compiler)}-{arch}"
+    stem = folder / f"worker-{_key(arch, compiler, tuple(defines))}-{arch}"
     report_path = stem.with_suffix(".json")
     if report_path.is_file() and stem.with_suffix(".cubin").is_file() and not force:
         return Build(**json.loads(report_path.read_text()))
     folder.mkdir(parents=True, exist_ok=True)
-    cubin, log = _compile_nvcc(nvcc, arch) if nvcc else _compile_nvrtc(arch)
+    cubin, log = _compile_nvcc(nvcc, arch, defines) if nvcc else _compile_nvrtc(arch, defines)
     stem.with_suffix(".cubin").write_bytes(cubin)
     build = Build(arch=arch, compiler=compiler, sha256=hashlib.sha256(cubin).hexdigest(),
                   path=str(stem.with_suffix(".cubin")), **parse_ptxas(log))
@@ -131,10 +136,10 @@ def build_worker(arch: str, force: bool = False) -> Build:
     return build
 
 
-def _compile_nvcc(nvcc: str, arch: str) -> tuple[bytes, str]:
+def _compile_nvcc(nvcc: str, arch: str, defines: tuple[str, ...]) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "worker.cubin"
-        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out), capture_output=True, text=True)
+        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out, defines=defines), capture_output=True, text=True)
         if done.returncode != 0:
             raise GPUError(f"nvcc failed to compile {SOURCE_PATH.name} for {arch} "
                            f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -156,11 +161,12 @@ def _nvrtc_version() -> str:
     return f"nvrtc {major}.{minor}"
 
 
-def _compile_nvrtc(arch: str) -> tuple[bytes, str]:
+def _compile_nvrtc(arch: str, defines: tuple[str, ...]) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
     header = HEADER_PATH.read_bytes()
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"worker.cu", 1, [header], [b"plan_format.h"])
-    options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
+    options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v",
+               *(f"-D{d}".encode() for d in defines)]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size

@@ -84,15 +84,33 @@ def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 
             "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
 
 
-def prefetch_sweep(runtime, sizes=(0, 32 << 10, 96 << 10, 256 << 10), context: int = 1) -> list[dict]:
-    keep = runtime.knobs.prefetch_bytes
+def variant_times(runtime, variants=(("AF_UNROLL=4",),), contexts=(1, 4096), work: Path | None = None) -> list:
+    """The same package on worker binaries built with other compile-time settings: each gets its
+    own plan (the fingerprint names the binary) over the same weights.bin."""
+    import os
+    import tempfile
+    from dataclasses import replace
+
+    from .build import build_worker
+    from .cuda_runtime import Runtime, Worker
+    from .package import Package, write_plan
+    from .planner import make_plan
+
     out = []
-    try:
-        for size in sizes:
-            runtime.knobs.prefetch_bytes = size
-            out.append({"prefetch_bytes": size, **time_context(runtime, context, repeats=3)})
-    finally:
-        runtime.knobs.prefetch_bytes = keep
+    for defines in variants:
+        worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=tuple(defines)))
+        plan = make_plan(runtime.plan.config, replace(runtime.plan.target, binary_sha256=worker.build.sha256),
+                         runtime.k["ctx"])
+        folder = Path(tempfile.mkdtemp(dir=work))
+        write_plan(plan, folder)
+        os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
+        other = Runtime(Package.load(folder), worker, progress=False)
+        try:
+            random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
+            rows = [time_context(other, c, repeats=3) for c in contexts]
+        finally:
+            other.close()
+        out.append({"defines": list(defines), "build": worker.build.summary(), "contexts": rows})
     return out
 
 
@@ -181,12 +199,17 @@ def torch_decode(model, cfg, context: int, steps: int = 16, graph: bool = False)
 
     device = next(model.parameters()).device
     # room for every call below: some transformers versions advance the position per call
-    cache = static_cache(cfg, context + steps + 64, device)
+    cache = static_cache(cfg, context + 2 * steps + 64, device)
     ids = torch.full((1, 1), 17, dtype=torch.long, device=device)
     pos = torch.full((1,), context - 1, dtype=torch.long, device=device)
+    # everything the forward needs already on the device, so nothing is copied during graph capture
+    length = context + 2 * steps + 64
+    mask = torch.full((1, 1, 1, length), torch.finfo(torch.bfloat16).min, dtype=torch.bfloat16, device=device)
+    mask[..., :context + 1] = 0
 
     def step():
-        out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+        out = model(input_ids=ids, past_key_values=cache, cache_position=pos, position_ids=pos.view(1, 1),
+                    attention_mask=mask, use_cache=True)
         return out.logits[:, -1].argmax(-1)
 
     with torch.inference_mode():
@@ -241,11 +264,12 @@ def torch_baselines(config, contexts=CONTEXTS) -> dict:
 
 
 # ---- everything -----------------------------------------------------------------------------------
-def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch_side: bool = True) -> dict:
+def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch_side: bool = True,
+              variants=()) -> dict:
     plan = runtime.plan
     gbs = worker.stream_read_gbs()
     result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
-              "workers": runtime.workers, "prefetch_bytes": runtime.knobs.prefetch_bytes, "contexts": []}
+              "workers": runtime.workers, "build": worker.build.summary(), "contexts": []}
     random_kv(runtime, min(max(contexts) + STEPS - 1, runtime.k["ctx"]))
     for c in contexts:
         row = time_context(runtime, c)
@@ -255,7 +279,8 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
         print(f"context {c}: {row['ms_per_token']:.4f} ms/token, floor {row['floor_ms']:.4f} ms "
               f"({100 * row['floor_share']:.1f}%), 1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
     result["generation"] = generation_rate(runtime)
-    result["prefetch_sweep"] = prefetch_sweep(runtime)
+    if variants:
+        result["variants"] = variant_times(runtime, variants)
     for c in sorted({min(contexts), max(contexts)}):
         trace = trace_token(runtime, c)
         result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)

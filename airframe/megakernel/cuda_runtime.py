@@ -38,11 +38,11 @@ CONSTS_DTYPE = np.dtype([(name, _NUMPY[kind]) for name, kind, _ in PLAN_CONSTS],
 _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "barrier",
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
-                       ("ffn_max_rows", "<u4"), ("shared_floats", "<u4")], align=True)
+                       ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
+                       ("table_tasks", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
-CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12,
-                  "prefetch_bytes": 13, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
+CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
                   "error_step": 83, "tokens_out": 84}
 CONTROL_WORDS = 84 + MAX_STEPS
 ERROR_NON_FINITE = 1
@@ -255,11 +255,6 @@ class LaunchResult:
     trace: dict | None = None
 
 
-@dataclass
-class Knobs:
-    prefetch_bytes: int = 96 << 10  # L2 prefetch of each next-wave weight range
-
-
 def check_model_limits(k: dict) -> None:
     """What worker.cu assumes about the shape; UnsupportedError naming the value otherwise."""
     g = k["n_head"] // max(1, k["n_head_kv"])
@@ -282,15 +277,21 @@ def check_model_limits(k: dict) -> None:
 
 
 def shared_floats(k: dict, ffn_max_rows: int) -> int:
-    """Dynamic shared memory of the worker in floats; the layout is af_worker's."""
+    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
     x_len = -(-max(k["n_embd"], k["n_head"] * k["head_dim_v"]) // 4) * 4
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= THREADS else THREADS // cols
     g = k["n_head"] // k["n_head_kv"]
     v_groups = THREADS // k["head_dim_v"]
     attn = g * k["head_dim"] + k["head_dim"] + g * k["attn_chunk"] + v_groups * g * k["head_dim_v"] + 2 * g
-    ffn = ffn_max_rows + ffn_groups * k["n_embd"]
-    return x_len + 64 + max(attn, ffn, 2 * WARPS)
+    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
+    return -(-(x_len + 64 + max(attn, ffn, 2 * WARPS)) // 4) * 4
+
+
+def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
+    """(floats, most tasks of one worker) of the per-block task table in shared memory."""
+    most = int(np.bincount(tasks["worker"], minlength=workers).max())
+    return -(-(2 * n_waves + 1) // 4) * 4 + most * 16, most
 
 
 def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
@@ -304,17 +305,18 @@ def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
 class Runtime:
     """A validated package uploaded to one device, ready to launch."""
 
-    def __init__(self, package: Package, worker: Worker, knobs: Knobs | None = None, progress: bool = True):
+    def __init__(self, package: Package, worker: Worker, progress: bool = True):
         self.package, self.worker, self.device = package, worker, worker.device
         self.plan, self.k = package.plan, package.plan.consts
-        self.knobs = knobs or Knobs()
         self.check_target()
         check_model_limits(self.k)
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
-        self.shared_floats = shared_floats(self.k, self.ffn_max_rows)
-        self.shared_bytes = 4 * self.shared_floats
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows)
+        table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
+        self.shared_floats = self.table_offset + table
+        self.shared_bytes = 4 * self.shared_floats + 16  # + af_worker's static bcast
         if self.shared_bytes > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
@@ -400,6 +402,7 @@ class Runtime:
             a["trace"], a["trace_waves"] = trace["tasks"].ptr, trace["waves"].ptr
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
+        a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:
@@ -409,7 +412,6 @@ class Runtime:
         ctl[f["n_eos"]] = len(eos)
         ctl[f["eos"]:f["eos"] + len(eos)] = eos
         ctl[f["trace_step"]] = trace_step
-        ctl[f["prefetch_bytes"]] = self.knobs.prefetch_bytes
         ctl[f["tokens_in"]:f["tokens_in"] + len(tokens)] = tokens
         return ctl
 
@@ -474,7 +476,7 @@ class Session:
     extra: dict = field(default_factory=dict)
 
 
-def open_runtime(package: Package, knobs: Knobs | None = None, progress: bool = True) -> Session:
+def open_runtime(package: Package, progress: bool = True) -> Session:
     device = Device()
     worker = Worker(device)
-    return Session(device, worker, Runtime(package, worker, knobs, progress))
+    return Session(device, worker, Runtime(package, worker, progress))

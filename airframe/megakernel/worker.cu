@@ -17,7 +17,9 @@
 #define AF_MAX_STEPS 64
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
-#define AF_UNROLL 8     // 16-byte weight loads in flight per lane
+#ifndef AF_UNROLL
+#define AF_UNROLL 8  // 16-byte weight loads in flight per lane
+#endif
 
 // What the host sets before a launch and reads after it; all 32-bit words.
 struct af_control {
@@ -27,8 +29,7 @@ struct af_control {
     uint32_t n_eos;           // end-of-generation ids in eos[]
     uint32_t eos[AF_MAX_EOS];
     uint32_t trace_step;      // the step whose tasks are timed when trace is set
-    uint32_t prefetch_bytes;  // L2 prefetch of each next-wave weight range, bytes (0: off)
-    uint32_t reserved[2];
+    uint32_t reserved[3];
     uint32_t tokens_in[AF_MAX_STEPS];
     uint32_t steps_done;      // outputs from here on
     uint32_t error;           // bit 0: a non-finite logit
@@ -53,6 +54,8 @@ struct af_args {
     unsigned long long* trace_waves;  // (n_waves, workers) barrier release ns or null
     uint32_t ffn_max_rows;
     uint32_t shared_floats;
+    uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
+    uint32_t table_tasks;           // the most tasks any block has (the table's size)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -68,32 +71,29 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 __device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 
-__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+// Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
+// until k * blocks arrivals; the host zeroes the counter before each launch.
+__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
     uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
-// Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
-// until k * blocks arrivals; the host zeroes the counter before each launch.
 __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
-        while (ld_acquire(counter) < target) {
+        __threadfence();  // this block's writes, ordered by the __syncthreads, before the arrival
+        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
+        while (ld_relaxed(counter) < target) {
         }
+        __threadfence();  // and the other blocks' writes before anything after the barrier
     }
     __syncthreads();
 }
@@ -134,24 +134,47 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// One BF16 row (kvec 8-element vectors) . xs (shared), by one warp, in the VM's lane order.
-__device__ __forceinline__ float warp_dot_bf16(const uint8_t* row, const float* xs, uint32_t kvec, uint32_t lane) {
-    const uint4* w = reinterpret_cast<const uint4*>(row);
-    float acc = 0.0f;
-    for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
-        uint4 v[AF_UNROLL];
+// 8-element vectors base + u * 32 + lane (u < AF_UNROLL) of one BF16 row; zero past kvec.
+__device__ __forceinline__ void load_chunk(uint4 (&v)[AF_UNROLL], const uint4* w, uint32_t base, uint32_t kvec,
+                                           uint32_t lane) {
 #pragma unroll
-        for (int u = 0; u < AF_UNROLL; ++u) {
-            const uint32_t j = base + u * 32 + lane;
-            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < AF_UNROLL; ++u) {
-            const uint32_t j = base + u * 32 + lane;
-            if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
-        }
+    for (int u = 0; u < AF_UNROLL; ++u) {
+        const uint32_t j = base + u * 32 + lane;
+        v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
     }
-    return warp_fold(acc);
+}
+
+__device__ __forceinline__ float dot_chunk(const uint4 (&v)[AF_UNROLL], const float* xs, uint32_t base,
+                                           uint32_t kvec, uint32_t lane, float acc) {
+#pragma unroll
+    for (int u = 0; u < AF_UNROLL; ++u) {
+        const uint32_t j = base + u * 32 + lane;
+        if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+    }
+    return acc;
+}
+
+// Rows 0..n-1 of a row list (row_ptr(i): the i-th BF16 row of kvec 8-element vectors) . xs, one
+// warp per row, in the VM's lane order. Each warp's first row is loaded before `prologue()`
+// runs, so its latency hides behind whatever fills xs (a norm, a merge); the prologue ends with
+// __syncthreads. `emit(i, value)` runs on lane 0.
+template <class RowPtr, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float* xs, RowPtr row_ptr,
+                                          Prologue prologue, Emit emit) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    uint4 v[AF_UNROLL];
+    if (warp < n) load_chunk(v, row_ptr(warp), 0, kvec, lane);
+    prologue();
+    for (uint32_t i = warp; i < n; i += AF_WARPS) {
+        const uint4* w = row_ptr(i);
+        float acc = 0.0f;
+        for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
+            if (i != warp || base != 0) load_chunk(v, w, base, kvec, lane);
+            acc = dot_chunk(v, xs, base, kvec, lane, acc);
+        }
+        acc = warp_fold(acc);
+        if (lane == 0) emit(i, acc);
+    }
 }
 
 // Copy n floats of the arena into shared memory.
@@ -208,26 +231,22 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
     }
 }
 
-// Rows [row_start, +row_count) of a BF16 matrix with `k` columns . xs, one warp per row.
-// `emit(row, value)` is called by lane 0 of the warp that computed the row.
-template <class Emit>
-__device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k,
-                                          uint32_t row_start, uint32_t row_count, Emit emit) {
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (uint32_t i = warp; i < row_count; i += AF_WARPS) {
-        const uint32_t r = row_start + i;
-        const float v = warp_dot_bf16(matrix + (size_t)r * k * 2, xs, k / 8, lane);
-        if (lane == 0) emit(r, v);
-    }
+// Rows [row_start, +row_count) of a BF16 matrix with k columns . xs; `emit(row, value)`.
+template <class Prologue, class Emit>
+__device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k, uint32_t row_start,
+                                          uint32_t row_count, Prologue prologue, Emit emit) {
+    const uint4* m = reinterpret_cast<const uint4*>(matrix) + (size_t)row_start * (k / 8);
+    gemv_list(row_count, k / 8, xs, [&](uint32_t i) { return m + (size_t)i * (k / 8); }, prologue,
+              [&](uint32_t i, float v) { emit(row_start + i, v); });
 }
 
 __device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     const uint32_t v_first = (c.n_head + c.n_head_kv) * c.head_dim;
     float* out = layer_at(a, t.layer, c.lay_qkv);
     float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, [&](uint32_t r, float v) {
+    auto norm = [&] { rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red); };
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, norm, [&](uint32_t r, float v) {
         out[r] = v;
         if (r >= v_first) {
             const uint32_t vr = r - v_first, h = vr / c.head_dim_v, d = vr % c.head_dim_v;
@@ -336,11 +355,21 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         float acc[AF_MAX_GROUP];
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j) acc[j] = 0.0f;
-        for (uint32_t p = grp; p < n; p += groups) {
-            const float v = ld_act(vbase + (size_t)(first + p) * hdv + d);
+        for (uint32_t p0 = grp; p0 < n; p0 += 4 * groups) {
+            float v[4];
 #pragma unroll
-            for (int j = 0; j < AF_MAX_GROUP; ++j)
-                if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v);
+            for (int u = 0; u < 4; ++u) {
+                const uint32_t p = p0 + u * groups;
+                v[u] = p < n ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const uint32_t p = p0 + u * groups;
+                if (p >= n) break;
+#pragma unroll
+                for (int j = 0; j < AF_MAX_GROUP; ++j)
+                    if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v[u]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j)
@@ -373,9 +402,10 @@ __device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, 
         float total = 0.0f, o = 0.0f;
         for (uint32_t ch = 0; ch < active; ++ch) {
             const float* r = parts + (size_t)(ch * c.n_head + h) * rec;
-            const float scale = expf(__fsub_rn(ld_act(r), m));
-            total = __fadd_rn(total, __fmul_rn(scale, ld_act(r + 1)));
-            o = __fadd_rn(o, __fmul_rn(scale, ld_act(r + 2 + d)));
+            const float mc = ld_act(r), lc = ld_act(r + 1), oc = ld_act(r + 2 + d);
+            const float scale = expf(__fsub_rn(mc, m));
+            total = __fadd_rn(total, __fmul_rn(scale, lc));
+            o = __fadd_rn(o, __fmul_rn(scale, oc));
         }
         xs[i] = __fdiv_rn(o, total);
     }
@@ -384,10 +414,10 @@ __device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, 
 
 __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
-    merge_attention(a, t.layer, pos, xs);
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, c.lay_h);
     gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
+              [&] { merge_attention(a, t.layer, pos, xs); },
               [&](uint32_t r, float v) { h[r] = __fadd_rn(ld_act(x + r), v); });
 }
 
@@ -397,15 +427,23 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
 __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8;
-    rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red);
-    float* h = sm;                    // (row_count)
-    float* part = sm + a.ffn_max_rows;  // (groups, n_embd)
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
-        const size_t r = t.row_start + i;
-        const float gate = warp_dot_bf16(a.weights + t.weight0 + r * e * 2, xs, cols, lane);
-        const float up = warp_dot_bf16(a.weights + t.weight1 + r * e * 2, xs, cols, lane);
-        if (lane == 0) h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up);
+    float* h = sm;                        // (row_count): gate, then silu(gate) * up
+    float* up = sm + a.ffn_max_rows;      // (row_count)
+    float* part = up + a.ffn_max_rows;    // (groups, n_embd)
+    const uint4* gate_w = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)t.row_start * cols;
+    const uint4* up_w = reinterpret_cast<const uint4*>(a.weights + t.weight1) + (size_t)t.row_start * cols;
+    const uint32_t n = t.row_count;
+    gemv_list(2 * n, cols, xs,
+              [&](uint32_t i) { return i < n ? gate_w + (size_t)i * cols : up_w + (size_t)(i - n) * cols; },
+              [&] { rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red); },
+              [&](uint32_t i, float v) {
+                  if (i < n) h[i] = v;
+                  else up[i - n] = v;
+              });
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
+        const float gate = h[i];
+        h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
     }
     __syncthreads();
     const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
@@ -468,7 +506,17 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
     for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
         const uint32_t r = t.row_start + i;
         float acc = 0.0f;
-        for (uint32_t k = lane; k < c.ffn_parts; k += 32) acc = __fadd_rn(acc, ld_act(parts + (size_t)k * c.n_embd + r));
+        for (uint32_t k0 = lane; k0 < c.ffn_parts; k0 += 32 * 4) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const uint32_t k = k0 + 32 * u;
+                v[u] = k < c.ffn_parts ? ld_act(parts + (size_t)k * c.n_embd + r) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (k0 + 32 * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
+        }
         acc = warp_fold(acc);
         if (lane == 0) x[r] = __fadd_rn(ld_act(h + r), acc);
     }
@@ -485,8 +533,6 @@ __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, flo
 // A non-finite logit sets bit 0 of the error word.
 __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
     const af_plan_consts& c = a.c;
-    load_shared(xs, a.act + c.act_xn, c.n_embd);
-    __syncthreads();
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
     float* logits = a.act + c.act_logits;
@@ -494,7 +540,11 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, [&](uint32_t r, float v) {
+    auto fill = [&] {
+        load_shared(xs, a.act + c.act_xn, c.n_embd);
+        __syncthreads();
+    };
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, fill, [&](uint32_t r, float v) {
         logits[r] = v;
         if (all) all[r] = v;
         if (!isfinite(v)) bad = true;
@@ -543,107 +593,124 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
     __syncthreads();  // the next task reuses shared memory
 }
 
-// L2 prefetch of the first `bytes` of each weight range the task will stream.
-__device__ void prefetch_task(const af_args& a, const af_task& t, uint32_t bytes) {
+// Combine the candidate slots of the step just finished (warp 0; the rule, largest value and
+// lowest id among ties, gives the same answer in any order): every block reads the same slots
+// and reaches the same token and the same decision to stop. Block 0 records the step.
+__device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_token, uint32_t* bcast) {
     const af_plan_consts& c = a.c;
-    uint64_t base[3] = {0, 0, 0};
-    uint64_t len = 0;
-    uint32_t ranges = 0;
-    if (t.opcode == AF_OP_QKV || t.opcode == AF_OP_LM_HEAD) {
-        base[0] = t.weight0 + (uint64_t)t.row_start * c.n_embd * 2;
-        len = (uint64_t)t.row_count * c.n_embd * 2;
-        ranges = 1;
-    } else if (t.opcode == AF_OP_WO) {
-        const uint64_t k = (uint64_t)c.n_head * c.head_dim_v;
-        base[0] = t.weight0 + (uint64_t)t.row_start * k * 2;
-        len = (uint64_t)t.row_count * k * 2;
-        ranges = 1;
-    } else if (t.opcode == AF_OP_FFN) {
-        const uint64_t off = (uint64_t)t.row_start * c.n_embd * 2;
-        base[0] = t.weight0 + off;
-        base[1] = t.weight1 + off;
-        base[2] = t.weight2 + off;
-        len = (uint64_t)t.row_count * c.n_embd * 2;
-        ranges = 3;
-    }
-    if (len > bytes) len = bytes;
-    for (uint32_t k = 0; k < ranges; ++k)
-        for (uint64_t off = (uint64_t)threadIdx.x * 128; off < len; off += (uint64_t)AF_THREADS * 128)
-            prefetch_l2(a.weights + base[k] + off);
-}
-
-// Combine the candidate slots of the step just finished: every block reads the same slots and
-// reaches the same token and the same decision to stop.
-__device__ uint32_t greedy_token(const af_args& a) {
-    const af_plan_consts& c = a.c;
-    const float* cand = a.act + c.act_cand;
-    float v = ld_act(cand);
-    uint32_t id = __float_as_uint(ld_act(cand + 1));
-    for (uint32_t s = 1; s < c.lm_parts; ++s) {
-        const float sv = ld_act(cand + 2 * s);
-        const uint32_t si = __float_as_uint(ld_act(cand + 2 * s + 1));
-        if (sv > v || (sv == v && si < id)) {
-            v = sv;
-            id = si;
+    af_control* ctl = a.ctl;
+    if (threadIdx.x < 32) {
+        const uint32_t lane = threadIdx.x, none = 0xffffffffu;
+        const float* cand = a.act + c.act_cand;
+        float v = -INFINITY;
+        uint32_t id = none;
+        for (uint32_t s = lane; s < c.lm_parts; s += 32) {
+            const float sv = ld_act(cand + 2 * s);
+            const uint32_t si = __float_as_uint(ld_act(cand + 2 * s + 1));
+            if (id == none || sv > v || (sv == v && si < id)) {
+                v = sv;
+                id = si;
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+            const uint32_t oi = __shfl_xor_sync(0xffffffffu, id, off);
+            if (oi != none && (id == none || ov > v || (ov == v && oi < id))) {
+                v = ov;
+                id = oi;
+            }
+        }
+        if (lane == 0) {
+            const uint32_t error = ld_relaxed(&ctl->error);
+            bool eos = false;
+            for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= id == ctl->eos[i];
+            eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request
+            if (blockIdx.x == 0) {
+                ctl->tokens_out[done] = id;
+                ctl->steps_done = done + 1;
+                if (error) ctl->error_step = done;
+                if (eos) ctl->stopped = 1;
+            }
+            bcast[0] = id;
+            bcast[1] = error != 0 || eos;
         }
     }
-    return id;
+    __syncthreads();
+    next_token = bcast[0];
+    return bcast[1] != 0;
 }
 
-// After step `done` finished: record its token; return true when the launch must stop.
-__device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_token) {
-    af_control* ctl = a.ctl;
-    const uint32_t token = greedy_token(a);
-    const uint32_t error = ld_acquire(&ctl->error);
-    bool eos = false;
-    for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= token == ctl->eos[i];
-    eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        ctl->tokens_out[done] = token;
-        ctl->steps_done = done + 1;
-        if (error) ctl->error_step = done;
-        if (eos) ctl->stopped = 1;
+// This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
+struct af_table {
+    uint32_t* wave_first;
+    uint32_t* wave_global;
+    af_task* tasks;
+};
+
+__device__ af_table load_table(const af_args& a, float* base) {
+    const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
+    af_table tb;
+    tb.wave_first = reinterpret_cast<uint32_t*>(base);
+    tb.wave_global = tb.wave_first + n_waves + 1;
+    tb.tasks = reinterpret_cast<af_task*>(base + ((2 * n_waves + 1 + 3) / 4) * 4);
+    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
+        const uint32_t lo = __ldg(a.cells + w * workers + me), hi = __ldg(a.cells + w * workers + me + 1);
+        tb.wave_first[w + 1] = hi - lo;
+        tb.wave_global[w] = lo;
     }
-    next_token = token;
-    return error != 0 || eos;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        tb.wave_first[0] = 0;
+        for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first[w] += tb.wave_first[w - 1];
+    }
+    __syncthreads();
+    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
+        for (uint32_t k = 0; k < tb.wave_first[w + 1] - tb.wave_first[w]; ++k) {
+            const uint4* src = reinterpret_cast<const uint4*>(a.tasks + tb.wave_global[w] + k);
+            uint4* dst = reinterpret_cast<uint4*>(tb.tasks + tb.wave_first[w] + k);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) dst[q] = __ldg(src + q);
+        }
+    }
+    __syncthreads();
+    return tb;
 }
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
     extern __shared__ float4 smem4[];
+    __shared__ uint32_t bcast[2];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
     const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
     float* red = xs + ((x_len + 3) / 4) * 4;
     float* sm = red + 64;
+    const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
     const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
     const uint32_t workers = gridDim.x, me = blockIdx.x;
     uint32_t target = 0, token = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {
-        if (step > 0 && finish_step(a, step - 1, token)) return;
+        if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-            const uint32_t lo = a.cells[w * workers + me], hi = a.cells[w * workers + me + 1];
-            for (uint32_t i = lo; i < hi; ++i) {
-                const af_task t = a.tasks[i];
+            for (uint32_t i = tb.wave_first[w]; i < tb.wave_first[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                run_task(a, t, step, pos, token, xs, red, sm);
+                run_task(a, tb.tasks[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
-                    a.trace[2 * i] = t0;
-                    a.trace[2 * i + 1] = global_ns();
+                    const uint32_t g = tb.wave_global[w] + i - tb.wave_first[w];
+                    a.trace[2 * g] = t0;
+                    a.trace[2 * g + 1] = global_ns();
                 }
-            }
-            if (ctl->prefetch_bytes && w + 1 < c.n_waves) {
-                const uint32_t nlo = a.cells[(w + 1) * workers + me], nhi = a.cells[(w + 1) * workers + me + 1];
-                for (uint32_t i = nlo; i < nhi; ++i) prefetch_task(a, a.tasks[i], ctl->prefetch_bytes);
             }
             grid_sync(a.barrier, target);
             if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * workers + me] = global_ns();
         }
     }
-    if (n_steps > 0) finish_step(a, n_steps - 1, token);
+    if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast);
 }
 
 // The host checks its picture of af_args and af_control against the compiled one.
