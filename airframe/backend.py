@@ -33,9 +33,23 @@ class Backend(Protocol):
         """
 
 
-def open_backend(name: str, model_path, n_ctx: int | None = None, **options) -> Backend:
-    """Load a model file into the named backend."""
+def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: str | None = None,
+                 rope_scale: float | None = None, **options) -> Backend:
+    """Load a model file into the named backend.
+
+    rope_scaling ("none", "linear", "yarn", "llama3") and rope_scale (the context extension factor
+    S >= 1) replace the RoPE scaling the file declares; left None, the file's own is used
+    (docs/EXTENDED_CONTEXT.md).
+    """
     from .errors import ParameterError
+    from .rope_scaling import requested
+
+    override = requested(rope_scaling, rope_scale)
+    if override is not None:
+        if name == "cuda":
+            raise ParameterError("the cuda backend takes no rope scaling override; "
+                                 "expected rope_scaling=None with --backend cuda")
+        options["rope_scaling"] = override
 
     if name == "reference":
         from .reference import ReferenceBackend

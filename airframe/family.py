@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from .errors import GGUFError, UnsupportedError
 from .gguf_file import GGUFFile
 from .resources import family_dir
+from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, read_rope_scaling
 
 SWITCH_DEFAULTS: dict[str, Any] = {
     "rope_style": "normal",
@@ -27,6 +28,8 @@ SWITCH_DEFAULTS: dict[str, Any] = {
     "sliding_window": 0,
     "sliding_window_pattern": 0,
     "rope_base_local": 0.0,
+    "fused_qkv": False,
+    "fused_gate_up": False,
 }
 SWITCH_CHOICES = {
     "rope_style": ("normal", "neox"),
@@ -75,6 +78,11 @@ class ModelConfig:
     sliding_window: int = 0
     sliding_window_pattern: int = 0
     rope_base_local: float = 0.0
+    fused_qkv: bool = False            # one attn_qkv matrix: Q rows, then K, then V (Phi-3)
+    fused_gate_up: bool = False        # ffn_up holds 2 n_ff rows: gate, then up (Phi-3)
+    attn_logit_softcap: float = 0.0    # scores -> cap * tanh(scores / cap); 0: off (Gemma 2)
+    final_logit_softcap: float = 0.0   # logits -> cap * tanh(logits / cap); 0: off (Gemma 2)
+    rope_scaling: RopeScaling = NO_ROPE_SCALING
     layer_tensors: tuple[str, ...] = field(default=(), repr=False)
 
     @property
@@ -95,6 +103,17 @@ class ModelConfig:
         if self.is_local_layer(layer) and self.rope_base_local:
             return self.rope_base_local
         return self.rope_base
+
+    def layer_rope_scaling(self, layer: int) -> RopeScaling:
+        """Local layers with their own RoPE base are never scaled (llama.cpp: Gemma 3's SWA layers)."""
+        if self.is_local_layer(layer) and self.rope_base_local:
+            return NO_ROPE_SCALING
+        return self.rope_scaling
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Q, K and V projections add a bias (Qwen 2): the optional attn_q.bias tensors are present."""
+        return "attn_q.bias" in self.layer_tensors
 
     def embedding_scale(self) -> float:
         return math.sqrt(self.n_embd) if self.embed_scale == "sqrt_n_embd" else 1.0
@@ -150,6 +169,7 @@ def family_for(architecture: str) -> Family:
 INT_HPARAMS = ("n_layers", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "head_dim_v",
                "rope_dim", "ctx_train", "vocab_size", "sliding_window")
 FLOAT_HPARAMS = ("rope_base", "rms_eps")
+CAP_HPARAMS = ("attn_logit_softcap", "final_logit_softcap")  # 0 means off
 MAX_HPARAM = (1 << 31) - 1  # every size must fit the int32 indices of the GPU kernels
 
 # Expected GGUF shapes (row length first) of the tensors every family shares, in hyperparameters.
@@ -158,6 +178,10 @@ TENSOR_SHAPES = {
     "output.weight": ("n_embd", "vocab_size"),
     "output_norm.weight": ("n_embd",),
     "rope_freqs.weight": ("rope_dim / 2",),
+    "attn_qkv.weight": ("n_embd", "n_qkv"),
+    "attn_q.bias": ("n_head * head_dim",),
+    "attn_k.bias": ("n_head_kv * head_dim",),
+    "attn_v.bias": ("n_head_kv * head_dim_v",),
     "attn_norm.weight": ("n_embd",),
     "attn_q.weight": ("n_embd", "n_head * head_dim"),
     "attn_k.weight": ("n_embd", "n_head_kv * head_dim"),
@@ -220,10 +244,15 @@ def _checked(gf: GGUFFile, key: str, name: str, value: Any) -> Any:
         if not number or not math.isfinite(value) or value <= 0:
             raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected a finite positive number")
         return float(value)
+    if name in CAP_HPARAMS:
+        if not number or not math.isfinite(value) or value < 0:
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected a finite number >= 0 (0: off)")
+        return float(value)
     return value
 
 
-def load_config(gf: GGUFFile) -> ModelConfig:
+def load_config(gf: GGUFFile, rope_scaling: RopeScaling | None = None) -> ModelConfig:
+    """The model's config; `rope_scaling` replaces the scaling the file declares (user's choice)."""
     try:
         fam = family_for(gf.architecture)
     except UnsupportedError as e:
@@ -233,6 +262,10 @@ def load_config(gf: GGUFFile) -> ModelConfig:
         resolved[name] = _hparam(gf, fam, name, spec, resolved)
     _check_shapes(gf, resolved)
     _check_tensors(gf, fam, resolved)
+    if rope_scaling is None:
+        rope_scaling = read_rope_scaling(gf, fam.prefix, resolved["ctx_train"])
+    elif rope_scaling.active and not rope_scaling.original_ctx:
+        rope_scaling = replace(rope_scaling, original_ctx=resolved["ctx_train"])
     switches = dict(fam.switches)
     if "sliding_window" in resolved:
         switches["sliding_window"] = resolved.pop("sliding_window")
@@ -242,6 +275,7 @@ def load_config(gf: GGUFFile) -> ModelConfig:
         tied_embeddings="output.weight" not in gf.tensors,
         layer_tensors=fam.layer_tensors + tuple(
             t for t in fam.layer_optional if f"blk.0.{t}" in gf.tensors),
+        rope_scaling=rope_scaling,
         **resolved,
         **switches,
     )
@@ -266,12 +300,16 @@ def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
+    sizes = dict(hp, n_qkv=(hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"])
+    shapes = dict(TENSOR_SHAPES)
+    if fam.switches["fused_gate_up"]:
+        shapes["ffn_up.weight"] = ("n_embd", "n_ff * 2")
     for name, t in gf.tensors.items():
         base = name.split(".", 2)[2] if name.startswith("blk.") and name.count(".") >= 2 else name
-        if base in TENSOR_SHAPES:
-            expected = tuple(_size(expr, hp) for expr in TENSOR_SHAPES[base])
+        if base in shapes:
+            expected = tuple(_size(expr, sizes) for expr in shapes[base])
             if t.shape != expected:
-                dims = ", ".join(TENSOR_SHAPES[base])
+                dims = ", ".join(shapes[base])
                 raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.shape)}, "
                                 f"expected [{dims}] = {list(expected)}")
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from .errors import ContextOverflowError
 from .family import ModelConfig, load_config
 from .gguf_file import GGUFFile
+from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, cos_sin
 
 DEFAULT_CTX = 4096
 
@@ -43,15 +44,16 @@ def rope_angles(positions: np.ndarray, rope_dim: int, base: float,
 
 
 def rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, style: str,
-         freq_factors: np.ndarray | None = None) -> np.ndarray:
+         freq_factors: np.ndarray | None = None, scaling: RopeScaling = NO_ROPE_SCALING) -> np.ndarray:
     """Rotate the first rope_dim dims of each head. x: (n_pos, n_heads, head_dim).
 
     "normal" pairs dims (2i, 2i+1) (GGUF llama, whose converter permuted Q/K for it);
-    "neox" pairs dims (i, i + rope_dim/2).
+    "neox" pairs dims (i, i + rope_dim/2). `scaling` (airframe/rope_scaling.py) changes the
+    frequencies and, for YaRN, multiplies the rotated dims by mscale.
     """
-    theta = rope_angles(positions, rope_dim, base, freq_factors)  # (n_pos, rope_dim/2)
-    cos = np.cos(theta).astype(np.float32)[:, None, :]
-    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    cos, sin = cos_sin(positions, rope_dim, base, scaling, freq_factors)  # (n_pos, rope_dim/2)
+    cos = cos.astype(np.float32)[:, None, :]
+    sin = sin.astype(np.float32)[:, None, :]
     out = x.copy()
     if style == "normal":
         a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
@@ -65,12 +67,18 @@ def rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, base: float, style
     return out
 
 
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): Gemma 2's soft-capping of attention scores and final logits."""
+    return (np.float32(cap) * np.tanh(x / np.float32(cap))).astype(np.float32)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
-              scale: float, window: int = 0) -> np.ndarray:
+              scale: float, window: int = 0, cap: float = 0.0) -> np.ndarray:
     """Causal grouped-query attention.
 
     q: (n_q_pos, n_head, hd); k, v: (n_kv_head, n_ctx, hd) holding positions 0..n_ctx-1.
     A query at position p sees keys at positions j <= p (and p - j < window when window > 0).
+    cap > 0 soft-caps the scaled scores before the mask.
     Returns (n_q_pos, n_head, hd_v).
     """
     n_head, n_kv = q.shape[1], k.shape[0]
@@ -83,6 +91,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarr
     for h in range(n_head):
         kv = h // group
         scores = (q[:, h, :] @ k[kv].T) * np.float32(scale)  # (n_q_pos, n_ctx)
+        if cap:
+            scores = softcap(scores, cap)
         scores = np.where(visible, scores, -np.inf)
         scores = scores - scores.max(axis=1, keepdims=True)
         probs = np.exp(scores)
@@ -144,9 +154,11 @@ class ReferenceBackend:
         self.n_past = 0
 
     @classmethod
-    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = False) -> "ReferenceBackend":
+    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = False,
+             rope_scaling: RopeScaling | None = None) -> "ReferenceBackend":
+        """`rope_scaling` replaces the RoPE scaling the file declares (airframe/rope_scaling.py)."""
         gf = GGUFFile(path)
-        config = load_config(gf)
+        config = load_config(gf, rope_scaling)
         model = ReferenceModel(gf, config)
         for i in tqdm(range(config.n_layers), desc="dequantizing", disable=not progress, leave=False):
             model.layer(i)
@@ -177,6 +189,8 @@ class ReferenceBackend:
             x = x[-1:]
         x = rmsnorm(x, self.model.output_norm, c.rms_eps)
         logits = (x @ self.model.output.T).astype(np.float32)
+        if c.final_logit_softcap:
+            logits = softcap(logits, c.final_logit_softcap)
         return logits if all_logits else logits[0]
 
     def _layer(self, i: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -184,30 +198,47 @@ class ReferenceBackend:
         w = self.model.layer(i)
         n = x.shape[0]
         h = rmsnorm(x, w["attn_norm"], c.rms_eps)
-        q = (h @ w["attn_q"].T).reshape(n, c.n_head, c.head_dim)
-        k = (h @ w["attn_k"].T).reshape(n, c.n_head_kv, c.head_dim)
-        v = (h @ w["attn_v"].T).reshape(n, c.n_head_kv, c.head_dim_v)
+        q, k, v = _qkv(w, h, c)
+        q = q.reshape(n, c.n_head, c.head_dim)
+        k = k.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
         if c.qk_norm:
             q = rmsnorm(q, w["attn_q_norm"], c.rms_eps)
             k = rmsnorm(k, w["attn_k_norm"], c.rms_eps)
-        base = c.layer_rope_base(i)
-        q = rope(q, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs)
-        k = rope(k, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs)
+        base, scaling = c.layer_rope_base(i), c.layer_rope_scaling(i)
+        q = rope(q, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs, scaling)
+        k = rope(k, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs, scaling)
         self.k_cache[i][:, positions[0]:positions[-1] + 1] = k.transpose(1, 0, 2)
         self.v_cache[i][:, positions[0]:positions[-1] + 1] = v.transpose(1, 0, 2)
         end = positions[-1] + 1
         window = c.sliding_window if c.is_local_layer(i) else 0
         attn = attention(q, self.k_cache[i][:, :end], self.v_cache[i][:, :end], positions,
-                         c.attention_scale(), window)
+                         c.attention_scale(), window, c.attn_logit_softcap)
         o = attn.reshape(n, c.n_head * c.head_dim_v) @ w["attn_output"].T
         if c.post_norms:
             o = rmsnorm(o, w["post_attention_norm"], c.rms_eps)
         x = x + o
         h = rmsnorm(x, w["ffn_norm"], c.rms_eps)
-        f = gated_ffn(h, w["ffn_gate"], w["ffn_up"], w["ffn_down"], c.activation)
+        if c.fused_gate_up:  # ffn_up: (2 n_ff, n_embd), gate rows first
+            gate, up = w["ffn_up"][:c.n_ff], w["ffn_up"][c.n_ff:]
+        else:
+            gate, up = w["ffn_gate"], w["ffn_up"]
+        f = gated_ffn(h, gate, up, w["ffn_down"], c.activation)
         if c.post_norms:
             f = rmsnorm(f, w["post_ffw_norm"], c.rms_eps)
         return (x + f).astype(np.float32)
+
+
+def _qkv(w: dict[str, np.ndarray], h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, ...]:
+    """The Q, K and V projections of normed h: (n, n_q), (n, n_kv), (n, n_head_kv * head_dim_v)."""
+    if c.fused_qkv:  # attn_qkv rows: Q, then K, then V
+        qkv = h @ w["attn_qkv"].T
+        q, k, v = np.split(qkv, [c.n_q, c.n_q + c.n_kv], axis=-1)
+    else:
+        q, k, v = h @ w["attn_q"].T, h @ w["attn_k"].T, h @ w["attn_v"].T
+    if c.qkv_bias:
+        q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
+    return q, k, v
 
 
 def greedy(backend, prompt: Sequence[int], n: int) -> list[int]:

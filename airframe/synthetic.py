@@ -45,12 +45,14 @@ from .errors import ParameterError
 from .gguf_file import GGUFFile
 from .models import resolve_model
 from .quantize import compatible_type, qtype_named, quantize, row_bytes
+from .rope_scaling import RopeScaling, llama3_freq_factors
 
 Q = GGMLQuantizationType
 V = GGUFValueType
 
 MATRIX_STD = 0.02
 NORM_STD = 0.02
+BIAS_STD = 0.5  # Qwen 2's Q/K biases are large next to the projections; a missing bias must show
 TOKENIZER_SOURCE = "smollm2-135m"
 _CHUNK_VALUES = 1 << 22  # values generated per random stream; fixed so values never depend on threads
 
@@ -119,6 +121,30 @@ _LLAMA_LAYER = {
     "ffn_up.weight": ("n_embd", "n_ff"),
     "ffn_down.weight": ("n_ff", "n_embd"),
 }
+_QWEN2_LAYER = {
+    **_LLAMA_LAYER,
+    "attn_q.bias": ("n_q",),
+    "attn_k.bias": ("n_kv",),
+    "attn_v.bias": ("n_kv",),
+}
+_QWEN3_LAYER = {
+    **_LLAMA_LAYER,
+    "attn_q_norm.weight": ("head_dim",),
+    "attn_k_norm.weight": ("head_dim",),
+}
+_PHI3_LAYER = {  # fused: attn_qkv rows Q | K | V, ffn_up rows gate | up
+    "attn_norm.weight": ("n_embd",),
+    "attn_qkv.weight": ("n_embd", "n_qkv"),
+    "attn_output.weight": ("n_q", "n_embd"),
+    "ffn_norm.weight": ("n_embd",),
+    "ffn_up.weight": ("n_embd", "n_ff2"),
+    "ffn_down.weight": ("n_ff", "n_embd"),
+}
+_GEMMA2_LAYER = {
+    **_LLAMA_LAYER,
+    "post_attention_norm.weight": ("n_embd",),
+    "post_ffw_norm.weight": ("n_embd",),
+}
 _GEMMA3_LAYER = {
     **_LLAMA_LAYER,
     "attn_q_norm.weight": ("head_dim",),
@@ -135,6 +161,37 @@ FAMILIES: dict[str, FamilySpec] = {
         global_tensors=_GLOBAL_TENSORS,
         layer_tensors=_LLAMA_LAYER,
     ),
+    "qwen2": FamilySpec(
+        architecture="qwen2",
+        defaults=dict(ctx_train=32768, rope_base=1000000.0, rms_eps=1e-6),
+        metadata=_LLAMA_METADATA,
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_QWEN2_LAYER,
+    ),
+    "qwen3": FamilySpec(
+        architecture="qwen3",
+        defaults=dict(ctx_train=40960, rope_base=1000000.0, rms_eps=1e-6),
+        metadata=_LLAMA_METADATA,
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_QWEN3_LAYER,
+    ),
+    "phi3": FamilySpec(
+        architecture="phi3",
+        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5),
+        metadata=_LLAMA_METADATA,
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_PHI3_LAYER,
+    ),
+    "gemma2": FamilySpec(
+        architecture="gemma2",
+        defaults=dict(ctx_train=8192, rope_base=10000.0, rms_eps=1e-6, sliding_window=4096,
+                      attn_softcap=50.0, final_softcap=30.0),
+        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32),
+                  "attn_logit_softcapping": ("attn_softcap", V.FLOAT32),
+                  "final_logit_softcapping": ("final_softcap", V.FLOAT32)},
+        global_tensors=_GLOBAL_TENSORS,
+        layer_tensors=_GEMMA2_LAYER,
+    ),
     "gemma3": FamilySpec(
         architecture="gemma3",
         defaults=dict(ctx_train=32768, rope_base=1000000.0, rms_eps=1e-6, sliding_window=512),
@@ -145,7 +202,8 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 _SHAPE_FIELDS = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab",
-                 "tied_embeddings", "ctx_train", "rope_base", "rms_eps", "sliding_window")
+                 "tied_embeddings", "ctx_train", "rope_base", "rms_eps", "sliding_window",
+                 "attn_softcap", "final_softcap")
 
 
 def family_spec(family: str) -> FamilySpec:
@@ -173,6 +231,8 @@ def resolve_shape(family: str, shape: str | dict) -> dict[str, Any]:
         raise ParameterError(f"{dims['n_head']} query heads are not a multiple of {dims['n_head_kv']} K/V heads")
     dims["n_q"] = dims["n_head"] * dims["head_dim"]
     dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
+    dims["n_qkv"] = dims["n_q"] + 2 * dims["n_kv"]
+    dims["n_ff2"] = 2 * dims["n_ff"]
     return dims
 
 
@@ -233,10 +293,15 @@ class TensorPlan:
     shape: tuple[int, ...]
     qtype: GGMLQuantizationType
     source: str
+    fixed: tuple[float, ...] | None = None  # values computed, not random (rope_freqs.weight)
 
     @property
     def is_norm(self) -> bool:
         return self.name.endswith("norm.weight")
+
+    @property
+    def is_bias(self) -> bool:
+        return self.name.endswith(".bias")
 
 
 def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = False) -> list[TensorPlan]:
@@ -245,7 +310,7 @@ def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = Fal
     plans = []
     for name, fields, layer, source in _tensor_names(family_spec(family), dims, fast):
         shape = tuple(dims[f] for f in reversed(fields))  # GGUF order -> numpy order
-        if name.endswith("norm.weight"):
+        if len(fields) == 1:  # norm weights and biases
             chosen = Q.F32
         else:
             chosen = choose(name, layer, dims["n_layers"], dims["tied_embeddings"])
@@ -269,10 +334,14 @@ def _tensor_names(spec: FamilySpec, dims: dict[str, Any], fast: bool) -> Iterato
 
 def tensor_values(plan: TensorPlan, seed: int = 0) -> np.ndarray:
     """The float32 values a tensor is meant to hold (before quantization), numpy order."""
+    if plan.fixed is not None:
+        return np.asarray(plan.fixed, dtype=np.float32).reshape(plan.shape)
     values = _standard_normal(plan.source, plan.shape, seed)
     if plan.is_norm:
         values *= NORM_STD
         values += 1.0
+    elif plan.is_bias:
+        values *= BIAS_STD
     else:
         values *= MATRIX_STD
     return values
@@ -395,25 +464,36 @@ def hparam_metadata(family: str, dims: dict[str, Any]) -> dict[str, tuple[Any, G
 def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: str | dict = "tiny",
                          qtype: str = "Q8_0", seed: int = 0, *, vocab: int | None = None,
                          fast: bool = False, tokenizer: str = TOKENIZER_SOURCE,
-                         alignment: int | None = None, progress: bool = False) -> Path:
+                         alignment: int | None = None, progress: bool = False,
+                         rope_scaling: RopeScaling | None = None, rope_freqs: bool = True) -> Path:
     """Write a random model of `family` and `shape` to `path`; returns the path.
 
     qtype: a GGML type name for every matrix ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0",
     "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") or a mix ("Q4_K_M", "Q5_K_M"). vocab overrides the
     shape's vocabulary size; the tokenizer (`tokenizer.*` keys of the model named or at the path
-    `tokenizer`) is cut or padded to match.
+    `tokenizer`) is cut or padded to match. rope_scaling writes the `{arch}.rope.scaling.*` keys,
+    except that a "llama3" scaling is written as llama.cpp's converter does, as the
+    rope_freqs.weight tensor of per-pair factors (as keys when rope_freqs is False).
     """
     if not isinstance(seed, int) or seed < 0:
         raise ParameterError(f"seed = {seed!r}, expected a non-negative integer")
     dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
     plans = plan_tensors(family, dims, qtype, fast)
+    extra = {}
+    if rope_scaling is not None and rope_scaling.active:
+        if rope_scaling.type == "llama3" and rope_freqs:
+            factors = llama3_freq_factors(dims["head_dim"], dims["rope_base"], rope_scaling)
+            plans.insert(0, TensorPlan("rope_freqs.weight", (factors.size,), Q.F32, "rope_freqs.weight",
+                                       fixed=tuple(float(f) for f in factors)))
+        else:
+            extra = rope_scaling_metadata(family_spec(family).architecture, rope_scaling)
     path = Path(path)
     if not path.parent.is_dir():
         raise ParameterError(f"output folder {path.parent} does not exist")
     partial = path.with_name(path.name + ".partial")  # renamed when complete: no truncated files
     writer = GGUFWriter(partial, family_spec(family).architecture)
     try:
-        _write_header(writer, family, shape, qtype, seed, fast, alignment, dims, tokenizer, plans)
+        _write_header(writer, family, shape, qtype, seed, fast, alignment, dims, tokenizer, plans, extra)
         with tqdm(total=len(plans), desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
             for data in _encoded_in_order(plans, seed, fast):
                 writer.write_tensor_data(data)
@@ -428,11 +508,12 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
 
 
 def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str, seed: int, fast: bool,
-                  alignment: int | None, dims: dict[str, Any], tokenizer: str, plans: list[TensorPlan]) -> None:
+                  alignment: int | None, dims: dict[str, Any], tokenizer: str, plans: list[TensorPlan],
+                  extra: dict[str, tuple[Any, GGUFValueType]]) -> None:
     """Metadata and tensor infos: everything before the tensor data."""
     _, file_type = _type_chooser(qtype)
     _add_general(writer, family, shape, qtype, seed, fast, file_type, alignment)
-    for key, (value, vtype) in hparam_metadata(family, dims).items():
+    for key, (value, vtype) in {**hparam_metadata(family, dims), **extra}.items():
         writer.add_key_value(key, value, vtype)
     for key, value in tokenizer_metadata(dims["vocab"], tokenizer).items():
         _add_value(writer, key, value)
@@ -443,6 +524,24 @@ def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
+
+
+def rope_scaling_metadata(architecture: str, s: RopeScaling) -> dict[str, tuple[Any, GGUFValueType]]:
+    """The `{arch}.rope.scaling.*` keys llama.cpp's converter writes for a scaling (plus Llama 3's
+    low/high frequency factors, which it never writes: it stores rope_freqs.weight instead)."""
+    prefix = f"{architecture}.rope.scaling"
+    keys = {f"{prefix}.type": (s.type, V.STRING), f"{prefix}.factor": (s.factor, V.FLOAT32)}
+    if s.original_ctx:
+        keys[f"{prefix}.original_context_length"] = (s.original_ctx, V.UINT32)
+    if s.type == "yarn":
+        keys[f"{prefix}.yarn_beta_fast"] = (s.beta_fast, V.FLOAT32)
+        keys[f"{prefix}.yarn_beta_slow"] = (s.beta_slow, V.FLOAT32)
+        if s.attn_factor != 1.0:
+            keys[f"{prefix}.attn_factor"] = (s.attn_factor, V.FLOAT32)
+    if s.type == "llama3":
+        keys[f"{prefix}.low_freq_factor"] = (s.low_freq_factor, V.FLOAT32)
+        keys[f"{prefix}.high_freq_factor"] = (s.high_freq_factor, V.FLOAT32)
+    return keys
 
 
 def _encoded_in_order(plans: list[TensorPlan], seed: int, fast: bool) -> Iterator[np.ndarray]:

@@ -1,0 +1,176 @@
+"""RoPE scaling: the rotation frequencies of a model run beyond (or re-tuned for) its trained context.
+
+Every backend rotates pair i of a head at position p by the angle p * inv_freq[i] and multiplies
+the rotated values by `mscale` (1 unless YaRN). This module is the one place that computes both,
+from what the GGUF file declares (`{arch}.rope.scaling.*` keys, the `rope_freqs.weight` tensor)
+or what the user asks for (`open_backend(..., rope_scaling="yarn", rope_scale=4.0)`).
+
+Types (docs/EXTENDED_CONTEXT.md gives the formulas and their sources):
+  none    inv_freq[i] = base^(-2i/d)
+  linear  inv_freq[i] / factor (position interpolation, https://arxiv.org/abs/2306.15595)
+  yarn    per-pair blend of interpolated and original frequencies by a linear ramp between the
+          dims that rotate beta_fast and beta_slow times over the original context, and
+          mscale = attn_factor * (0.1 ln(factor) + 1) (https://arxiv.org/abs/2309.00071, eq. 17-22)
+  llama3  inv_freq[i] / freq_factors[i]: the file's rope_freqs.weight, or computed from the factor,
+          low/high frequency factors and original context as Meta's Llama 3.1 reference does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import GGUFError, ParameterError
+
+TYPES = ("none", "linear", "yarn", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE frequencies are scaled. `factor` is the context extension s (>= 1 in practice)."""
+
+    type: str = "none"
+    factor: float = 1.0
+    original_ctx: int = 0          # the context the model was trained at; 0: the file's context_length
+    attn_factor: float = 1.0       # extra multiplier of YaRN's mscale
+    beta_fast: float = 32.0        # YaRN ramp ends: dims rotating more than beta_fast times keep their
+    beta_slow: float = 1.0         # frequency, fewer than beta_slow times are fully interpolated
+    ext_factor: float = 1.0        # YaRN: weight of the ramp (llama.cpp's yarn_ext_factor)
+    low_freq_factor: float = 1.0   # Llama 3: wavelengths above original_ctx / low_freq_factor are / factor
+    high_freq_factor: float = 4.0  # Llama 3: wavelengths below original_ctx / high_freq_factor are kept
+
+    def __post_init__(self):
+        if self.type not in TYPES:
+            raise ParameterError(f"rope scaling type {self.type!r}, expected one of {', '.join(TYPES)}")
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise ParameterError(f"rope scale factor {self.factor!r}, expected a finite positive number")
+
+    @property
+    def active(self) -> bool:
+        return self.type != "none"
+
+
+NONE = RopeScaling()
+
+# GGUF key after `{arch}.rope.scaling.` -> RopeScaling field
+_KEYS = {
+    "factor": "factor",
+    "original_context_length": "original_ctx",
+    "attn_factor": "attn_factor",
+    "yarn_attn_factor": "attn_factor",
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+    "yarn_ext_factor": "ext_factor",
+    "low_freq_factor": "low_freq_factor",    # not written by llama.cpp (it writes rope_freqs.weight);
+    "high_freq_factor": "high_freq_factor",  # read when a file declares type "llama3" without the tensor
+}
+
+
+def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
+    """The scaling a GGUF file declares; NONE when it declares none (or factor 1 of a linear type)."""
+    kind = gf.get(f"{prefix}.rope.scaling.type")
+    factor = gf.get(f"{prefix}.rope.scaling.factor")
+    if kind is None and factor is None:
+        # older files: {arch}.rope.scale_linear
+        linear = gf.get(f"{prefix}.rope.scale_linear")
+        if linear is None or float(linear) == 1.0:
+            return NONE
+        return RopeScaling("linear", float(linear), ctx_train)
+    kind = "linear" if kind is None else str(kind)
+    if kind not in TYPES:
+        raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = {kind!r}, expected one of {', '.join(TYPES)}")
+    fields = {}
+    for key, name in _KEYS.items():
+        value = gf.get(f"{prefix}.rope.scaling.{key}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.{key} = {value!r}, expected a finite number")
+        fields[name] = int(value) if name == "original_ctx" else float(value)
+    scaling = RopeScaling(kind, **fields)
+    if scaling.type == "none" or (scaling.type == "linear" and scaling.factor == 1.0):
+        return NONE
+    if scaling.factor <= 0:
+        raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.factor = {scaling.factor}, expected a positive number")
+    return scaling if scaling.original_ctx else replace(scaling, original_ctx=ctx_train)
+
+
+def requested(kind: str | None, factor: float | None) -> RopeScaling | None:
+    """The scaling a user asks for (`--rope-scaling TYPE --rope-scale S`); None when nothing is asked.
+    Its original context is left 0: load_config fills in the file's context_length."""
+    if kind is None and factor is None:
+        return None
+    if kind is None:
+        kind = "linear"
+    if kind not in TYPES:
+        raise ParameterError(f"--rope-scaling {kind!r}, expected one of {', '.join(TYPES)}")
+    if kind == "none":
+        return NONE
+    if factor is None:
+        raise ParameterError(f"--rope-scaling {kind} needs --rope-scale S (the context extension factor)")
+    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+        raise ParameterError(f"--rope-scale {factor!r}, expected a number >= 1")
+    return RopeScaling(kind, float(factor))
+
+
+def llama3_freq_factors(rope_dim: int, base: float, s: RopeScaling) -> np.ndarray:
+    """Per-pair divisors of inv_freq for Llama 3.1+ (what llama.cpp stores as rope_freqs.weight).
+
+    https://github.com/meta-llama/llama-models/blob/main/models/llama3/reference_impl/model.py
+    (apply_scaling): long wavelengths are divided by factor, short ones kept, a smooth blend between.
+    """
+    inv = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    wavelen = 2 * math.pi / inv
+    low_wavelen = s.original_ctx / s.low_freq_factor
+    high_wavelen = s.original_ctx / s.high_freq_factor
+    smooth = (s.original_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = 1.0 / ((1 - smooth) / s.factor + smooth)
+    factors = np.where(wavelen > low_wavelen, s.factor, blended)
+    return np.where(wavelen < high_wavelen, 1.0, factors)
+
+
+def yarn_corr_dims(rope_dim: int, base: float, s: RopeScaling) -> tuple[float, float]:
+    """The pair indices where YaRN's ramp starts and ends (llama.cpp ggml_rope_yarn_corr_dims)."""
+    def dim(rotations: float) -> float:
+        return rope_dim * math.log(s.original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(dim(s.beta_fast)))
+    high = min(rope_dim - 1.0, math.ceil(dim(s.beta_slow)))
+    return low, high
+
+
+def inv_frequencies(rope_dim: int, base: float, scaling: RopeScaling = NONE,
+                    freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """float64 (rope_dim // 2,) angles per position of each rotated pair."""
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    inv = base ** (-2.0 * i / rope_dim)
+    if freq_factors is not None:  # the file's rope_freqs.weight (Llama 3): applied whatever the type
+        inv = inv / np.asarray(freq_factors, dtype=np.float64)
+    elif scaling.type == "llama3":
+        inv = inv / llama3_freq_factors(rope_dim, base, scaling)
+    if scaling.type == "linear":
+        inv = inv / scaling.factor
+    elif scaling.type == "yarn":
+        low, high = yarn_corr_dims(rope_dim, base, scaling)
+        ramp = np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        keep = (1.0 - ramp) * scaling.ext_factor  # 1: original frequency, 0: interpolated
+        inv = inv / scaling.factor * (1.0 - keep) + inv * keep
+    return inv
+
+
+def mscale(scaling: RopeScaling) -> float:
+    """The multiplier of the rotated Q and K values (so attention logits grow by mscale^2)."""
+    if scaling.type != "yarn" or scaling.ext_factor == 0:
+        return 1.0
+    grow = 1.0 + 0.1 * math.log(scaling.factor) if scaling.factor > 1 else 1.0
+    return scaling.attn_factor * grow
+
+
+def cos_sin(positions: np.ndarray, rope_dim: int, base: float, scaling: RopeScaling = NONE,
+            freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 cos and sin (times mscale) of every (position, pair): (n_pos, rope_dim // 2) each."""
+    theta = np.outer(np.asarray(positions, dtype=np.float64), inv_frequencies(rope_dim, base, scaling, freq_factors))
+    m = mscale(scaling)
+    return np.cos(theta) * m, np.sin(theta) * m
