@@ -61,6 +61,27 @@ fn norm_weight(i: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
 }
 
+// Values 4i..4i+3 of the ROWS rows at base_a (then of the gate's partner rows at base_b, or zeros),
+// times the norm weight when the input is normalized.
+fn weights(base_a: array<u32, ROWS>, base_b: array<u32, ROWS>, i: u32, use_norm: bool,
+           is_gated: bool) -> array<vec4<f32>, 8> {
+    let per_block = QK / 4u;
+    let blk = (i / per_block) * BLOCK_WORDS;
+    let sub = i % per_block;
+    var nw = vec4<f32>(1.0);
+    if (use_norm) {
+        nw = norm_weight(i);
+    }
+    var w: array<vec4<f32>, 8>;
+    for (var r = 0u; r < ROWS; r++) {
+        w[r] = dq4(base_a[r] + blk, sub) * nw;
+        if (is_gated) {
+            w[ROWS + r] = dq4(base_b[r] + blk, sub) * nw;
+        }
+    }
+    return w;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -101,29 +122,27 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     for (var t = 0u; t < TOKENS; t++) {
         x_rows[t] = (x_first + tok0 + min(t, n_tokens - 1u)) * P.x_stride;
     }
-    let per_block = QK / 4u;
     var acc_a: array<vec4<f32>, TOKENS>;  // (token) x 4 rows
     var acc_b: array<vec4<f32>, TOKENS>;
-    for (var i = 0u; i < P.cols / 4u; i++) {
-        let blk = (i / per_block) * BLOCK_WORDS;
-        let sub = i % per_block;
-        var nw = vec4<f32>(1.0);
-        if (use_norm) {
-            nw = norm_weight(i);
-        }
-        var wa: array<vec4<f32>, ROWS>;
-        var wb: array<vec4<f32>, ROWS>;
-        for (var r = 0u; r < ROWS; r++) {
-            wa[r] = dq4(base_a[r] + blk, sub) * nw;
+    if (n_tokens == 1u) {
+        // decode: one input row
+        for (var i = 0u; i < P.cols / 4u; i++) {
+            let xv = load_x(x_rows[0], i);
+            let w = weights(base_a, base_b, i, use_norm, is_gated);
+            acc_a[0] += vec4<f32>(dot(w[0], xv), dot(w[1], xv), dot(w[2], xv), dot(w[3], xv));
             if (is_gated) {
-                wb[r] = dq4(base_b[r] + blk, sub) * nw;
+                acc_b[0] += vec4<f32>(dot(w[4], xv), dot(w[5], xv), dot(w[6], xv), dot(w[7], xv));
             }
         }
-        for (var t = 0u; t < TOKENS; t++) {  // constant trip counts keep the sums in registers
-            let xv = load_x(x_rows[t], i);
-            acc_a[t] += vec4<f32>(dot(wa[0], xv), dot(wa[1], xv), dot(wa[2], xv), dot(wa[3], xv));
-            if (is_gated) {
-                acc_b[t] += vec4<f32>(dot(wb[0], xv), dot(wb[1], xv), dot(wb[2], xv), dot(wb[3], xv));
+    } else {
+        for (var i = 0u; i < P.cols / 4u; i++) {
+            let w = weights(base_a, base_b, i, use_norm, is_gated);
+            for (var t = 0u; t < TOKENS; t++) {  // a constant trip count keeps the sums in registers
+                let xv = load_x(x_rows[t], i);
+                acc_a[t] += vec4<f32>(dot(w[0], xv), dot(w[1], xv), dot(w[2], xv), dot(w[3], xv));
+                if (is_gated) {
+                    acc_b[t] += vec4<f32>(dot(w[4], xv), dot(w[5], xv), dot(w[6], xv), dot(w[7], xv));
+                }
             }
         }
     }
