@@ -62,16 +62,23 @@ class Plan:
         return ModelConfig(**data)
 
 
+LLAMA_LAYER_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                       "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                       "ffn_down.weight")
+
+
 def check_supported(config: ModelConfig) -> None:
     """The megakernel runs the plain Llama layout; name what else a model asks for."""
     extras = {
         "qk_norm": config.qk_norm, "post_norms": config.post_norms,
         "activation": config.activation != "silu", "sliding_window": config.sliding_window,
+        "fused_qkv": getattr(config, "fused_qkv", False), "fused_gate_up": getattr(config, "fused_gate_up", False),
     }
     found = [name for name, on in extras.items() if on]
+    found += [f"tensor {name}" for name in config.layer_tensors if name not in LLAMA_LAYER_TENSORS]
     if found:
         raise UnsupportedError(f"{config.family} model uses {', '.join(found)}; the megakernel "
-                               f"plans the Llama layout only (RMSNorm, SiLU FFN, full attention)")
+                               f"plans the Llama layout only (RMSNorm, separate Q/K/V, SiLU FFN, full attention)")
 
 
 # ---- weights.bin layout --------------------------------------------------------------------------
