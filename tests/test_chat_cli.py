@@ -108,3 +108,15 @@ def test_run_reports_a_bad_parameter_without_a_traceback():
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "top_p = 7.0, expected a number in 0.0..1.0" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_run_chat_sends_the_prompt_through_the_template(capsys):
+    from airframe.cli import main
+
+    args = ["run", "smollm2-135m", "Capital of France?", "--chat", "--backend", "reference",
+            "-n", "2", "--temp", "0", "--ctx", "64"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert not out.startswith("Capital of France?")  # a chat answer does not echo the question
+    prompt_tokens = int(SPEED.search(err).group(1))
+    assert prompt_tokens > 20  # SmolLM2's template adds its default system turn and the role headers
