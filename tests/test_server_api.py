@@ -394,6 +394,17 @@ def test_malformed_json_and_wrong_top_level_get_400(client):
     assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400)
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"prompt": "\\ud800"}', "prompt"),
+    ("/v1/completions", '{"prompt": "x", "stop": ["a\\udfff"]}', "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+    ("/tokenize", '{"content": "\\ud83d"}', "content"),
+])
+def test_lone_surrogates_are_refused(client, path, body, param):
+    response = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert "surrogate" in assert_openai_error(response, 400, param)["message"]
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_a_body_that_is_not_sent_as_json_is_refused(client, content_type):
     headers = {"content-type": content_type} if content_type else {}

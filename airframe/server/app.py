@@ -140,6 +140,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def validation_error(request, exc: RequestValidationError):
         return from_validation(exc, request.headers.get("content-type")).response()
 
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        # A bug, not a bad request: still answered in OpenAI's shape (and logged by uvicorn).
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error").response()
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"

@@ -75,7 +75,8 @@ def _param(loc: tuple) -> str | None:
 
 def from_validation(error: RequestValidationError, content_type: str | None) -> ApiError:
     """FastAPI's 422 for a body that does not fit the schema, as OpenAI's 400."""
-    first = error.errors()[0]
+    # Of a union's failed members, the one that got furthest (or a check of ours) says the most.
+    first = max(error.errors(), key=lambda e: (e.get("type") == "value_error", len(e.get("loc", ()))))
     param = _param(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")

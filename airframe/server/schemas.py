@@ -7,13 +7,25 @@ that parse but that airframe does not run (n > 1, tools, JSON mode) are refused 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
+
+
+def _encodable(text: str) -> str:
+    # JSON can carry a lone UTF-16 surrogate ("\ud800"), which no tokenizer can encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text has a lone UTF-16 surrogate at position {e.start}; expected valid Unicode") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]  # every string that reaches the tokenizer
 
 
 class _Lenient(BaseModel):
@@ -30,12 +42,12 @@ class ResponseFormat(_Lenient):
 
 class ContentPart(_Lenient):
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[ContentPart], None] = None
+    content: Union[Text, list[ContentPart], None] = None
     name: str | None = None
 
 
@@ -46,7 +58,7 @@ class _Sampling(_Lenient):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    stop: Union[str, list[str], None] = Field(default=None)
+    stop: Union[Text, list[Text], None] = Field(default=None)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -77,7 +89,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[Text, list[Text], list[int], list[list[int]]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS_COMPLETION)
     echo: bool | None = False
     suffix: str | None = None
@@ -86,8 +98,8 @@ class CompletionRequest(_Sampling):
 
 class TokenizeRequest(_Lenient):
     model: str | None = None
-    prompt: str | None = None
-    content: str | None = None  # llama-server's name for `prompt`
+    prompt: Text | None = None
+    content: Text | None = None  # llama-server's name for `prompt`
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_generation_prompt: bool = True  # with messages: end with the assistant's turn opening
 
