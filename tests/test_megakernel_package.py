@@ -51,9 +51,10 @@ def test_qkv_is_one_stacked_matrix(package):
 
 def test_rope_tables(package):
     config = package.plan.config
-    theta = rope_angles(np.arange(32), config.rope_dim, config.rope_base)
+    theta = rope_angles(np.arange(32), config.rope_dim, config.rope_base)  # SmolLM2 has no RoPE scaling
     assert np.array_equal(_tensor(package, "rope_cos"), np.cos(theta).astype(np.float32))
     assert np.array_equal(_tensor(package, "rope_sin"), np.sin(theta).astype(np.float32))
+    assert package.plan.config.rope_scaling == config.rope_scaling
 
 
 def test_loading_validates_again(package, tmp_path):

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ..errors import AirframeError, GGUFError
 from ..family import load_config
 from ..gguf_file import GGUFFile, dequantize_rows
-from ..reference import rope_angles
+from ..rope_scaling import cos_sin
 from .opcodes import PLAN_VERSION, TASK_DTYPE
 from .planner import Plan, TensorSlot, make_plan
 from .target import Target, target_from_dict, target_to_dict
@@ -159,6 +159,6 @@ def _bf16_rows(raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 def _rope_table(gf: GGUFFile, plan: Plan, slot: TensorSlot) -> np.ndarray:
     config = plan.config
     factors = gf.dequantize("rope_freqs.weight") if "rope_freqs.weight" in gf.tensors else None
-    theta = rope_angles(np.arange(plan.consts["ctx"]), config.rope_dim, config.rope_base, factors)
-    table = np.cos(theta) if slot.name == "rope_cos" else np.sin(theta)
-    return table.astype(np.float32)
+    cos, sin = cos_sin(np.arange(plan.consts["ctx"]), config.rope_dim, config.rope_base,
+                       config.rope_scaling, factors)  # float64, the reference's own tables
+    return (cos if slot.name == "rope_cos" else sin).astype(np.float32)

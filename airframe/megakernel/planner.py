@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..family import ModelConfig
+from ..rope_scaling import RopeScaling
 from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE, Op
 from .target import Target, fingerprint
 
@@ -59,6 +60,8 @@ class Plan:
         names = {f.name for f in fields(ModelConfig)}
         data = {key: value for key, value in self.model.items() if key in names}
         data["layer_tensors"] = tuple(data.get("layer_tensors", ()))
+        if isinstance(data.get("rope_scaling"), dict):
+            data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
         return ModelConfig(**data)
 
 
