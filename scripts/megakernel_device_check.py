@@ -321,7 +321,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool)
         report.section(f"{name}.corrupted", corrupted, session, package, work)
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
-            report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, True, (("AF_UNROLL=4",),))
+            report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, True, (("AF_UNROLL=8",),))
         runtime.close()
     return report
 

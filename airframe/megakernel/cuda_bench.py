@@ -84,7 +84,7 @@ def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 
             "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
 
 
-def variant_times(runtime, variants=(("AF_UNROLL=4",),), contexts=(1, 4096), work: Path | None = None) -> list:
+def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=(1, 4096), work: Path | None = None) -> list:
     """The same package on worker binaries built with other compile-time settings: each gets its
     own plan (the fingerprint names the binary) over the same weights.bin."""
     import os

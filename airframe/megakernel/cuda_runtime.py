@@ -157,6 +157,8 @@ class Worker:
         attr = cu.CUfunction_attribute
         self.registers = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.kernel), "NUM_REGS")
         self.local_bytes = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.kernel), "LOCAL_SIZE")
+        self.static_shared = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.kernel),
+                                   "SHARED_SIZE")
         self.check_layout()
 
     def set_shared(self, nbytes: int) -> None:
@@ -316,8 +318,8 @@ class Runtime:
         self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         self.shared_floats = self.table_offset + table
-        self.shared_bytes = 4 * self.shared_floats + 16  # + af_worker's static bcast
-        if self.shared_bytes > self.device.shared_optin:
+        self.shared_bytes = 4 * self.shared_floats
+        if self.shared_bytes + worker.static_shared > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
         per_sm = worker.blocks_per_sm(self.shared_bytes)

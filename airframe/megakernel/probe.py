@@ -25,7 +25,8 @@ def probe(device: Device | None = None, worker: Worker | None = None, bandwidth:
     """The target description of this GPU running the compiled worker."""
     device = device or Device()
     worker = worker or Worker(device)
-    per_sm = worker.blocks_per_sm(device.shared_optin)
+    dynamic = device.shared_optin - worker.static_shared
+    per_sm = worker.blocks_per_sm(dynamic)
     if per_sm < 1:
         raise GPUError(f"the worker ({worker.registers} registers, {THREADS} threads) does not fit on one SM "
                        f"of {device.name} with {device.shared_optin} B of shared memory; expected one block per SM")
@@ -33,7 +34,7 @@ def probe(device: Device | None = None, worker: Worker | None = None, bandwidth:
         raise GPUError(f"{device.name} does not support cooperative launches, which the worker needs")
     gbs = worker.stream_read_gbs() if bandwidth else 1.0
     return Target(name=device.name.replace(" ", "-").lower(), arch=device.arch, workers=device.sm_count,
-                  threads_per_worker=THREADS, shared_bytes=device.shared_optin,
+                  threads_per_worker=THREADS, shared_bytes=dynamic,
                   registers_per_thread=worker.registers, bandwidth_gbs=round(gbs, 1),
                   binary_sha256=worker.build.sha256)
 
