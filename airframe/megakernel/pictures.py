@@ -128,13 +128,15 @@ def draw_timeline(plan: Plan, trace: Trace, path: Path) -> Path:
                label=f"ideal streaming {summary['ideal_ns'] / 1e3:.1f} us")
     ax.set_xlabel("us")
     ax.set_ylabel("worker")
+    if plan.target.workers <= 40:
+        ax.set_yticks(range(plan.target.workers))
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles + ax.get_legend_handles_labels()[0],
-              [op.name for op in COLORS] + ax.get_legend_handles_labels()[1], fontsize=7, ncol=5, loc="lower right")
+    fig.legend(handles + ax.get_legend_handles_labels()[0],
+               [op.name for op in COLORS] + ax.get_legend_handles_labels()[1], fontsize=7, ncol=9, loc="lower center")
     ax.set_title(f"one token at position {trace.position}: {summary['token_ns'] / 1e3:.1f} us, "
                  f"{100 * summary['share_of_ideal']:.0f}% of ideal", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

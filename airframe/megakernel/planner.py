@@ -244,14 +244,14 @@ def _task_array(waves: list, workers: int) -> np.ndarray:
 
 # ---- statistics ----------------------------------------------------------------------------------
 def task_bytes(t, k: dict, pos: int | None = None) -> int:
-    """Bytes a task streams from DRAM: its weight rows, norm vector, and K/V rows at position `pos`
-    (default: the last position of the context)."""
+    """Bytes a task streams from DRAM: its weight rows and its K/V rows at position `pos` (default:
+    the last position of the context). Norm vectors and activations are left out: every task of
+    a wave reads the same few KB, which come from L2 after the first."""
     op, n, e = Op(int(t["opcode"])), int(t["row_count"]), k["n_embd"]
-    norm = e * 4
     if op == Op.EMBED:
         return n * 2
     if op == Op.QKV:
-        return n * e * 2 + norm
+        return n * e * 2
     if op == Op.ATTN:
         pos = k["ctx"] - 1 if pos is None else pos
         first = int(t["row_start"])
@@ -260,12 +260,10 @@ def task_bytes(t, k: dict, pos: int | None = None) -> int:
     if op == Op.WO:
         return n * k["n_head"] * k["head_dim_v"] * 2
     if op == Op.FFN:
-        return 3 * n * e * 2 + norm
-    if op == Op.FINAL_NORM:
-        return norm
+        return 3 * n * e * 2
     if op == Op.LM_HEAD:
         return n * e * 2
-    return 0  # FFN_REDUCE reads only activations
+    return 0  # FFN_REDUCE and FINAL_NORM read only activations
 
 
 def wave_bytes(plan: Plan, pos: int | None = None) -> np.ndarray:
@@ -287,8 +285,9 @@ def plan_stats(plan: Plan, pos: int | None = None) -> dict:
     waves = []
     for w, info in enumerate(plan.waves):
         row = per_wave[w]
-        n_tasks = int(np.count_nonzero(plan.tasks["wave"] == w))
-        waves.append(dict(info, wave=w, tasks=n_tasks, busy_workers=int(np.count_nonzero(row)),
+        in_wave = plan.tasks["wave"] == w
+        waves.append(dict(info, wave=w, tasks=int(in_wave.sum()),
+                          busy_workers=len(np.unique(plan.tasks["worker"][in_wave])),
                           max_bytes=int(row.max()), mean_bytes=float(row.mean()), imbalance=imbalance(row)))
     weight_waves = [wv for wv in waves if wv["opcode"] in ("QKV", "WO", "FFN", "LM_HEAD")]
     return {"tasks": len(plan.tasks), "waves": len(plan.waves), "workers": plan.target.workers,
