@@ -141,20 +141,15 @@ class Engine:
 
     def _generate(self, prompt_ids: list[int], params: GenerationParams, sampler: Sampler,
                   cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
-        assembler = TextAssembler(self.tokenizer.token_bytes, params.stop)
+        pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), params.logprobs is not None)
         stop_ids = self.eog_ids | set(params.stop_token_ids)
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         started = time.perf_counter()
         self.backend.reset()
         logits = self.backend.forward(prompt_ids)
         first_token_at = None  # prefill ends when the first token is chosen
-
         reason, n_sampled = "length", 0
-        pending_ids: list[int] = []
-        pending_logprobs: list[TokenLogprob] = []
-        while True:
-            if params.max_tokens is not None and n_sampled >= params.max_tokens:
-                break
+        while params.max_tokens is None or n_sampled < params.max_tokens:
             if cancel is not None and cancel():
                 reason = "cancelled"
                 break
@@ -164,28 +159,21 @@ class Engine:
                 logits = self.backend.forward([history.tokens[-1]])
             token = sampler.sample(history, logits)
             n_sampled += 1
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
+            first_token_at = first_token_at or time.perf_counter()
             history.tokens.append(token)
             if token in stop_ids:
                 reason = "stop"
                 break
-            pending_ids.append(token)
-            if params.logprobs is not None:
-                pending_logprobs.append(self._logprob(logits, token, params.logprobs))
-            text = assembler.push(token)
-            if text:
-                yield Piece(text, pending_ids, pending_logprobs if params.logprobs is not None else None)
-                pending_ids, pending_logprobs = [], []
-            if assembler.stopped:
+            logprob = self._logprob(logits, token, params.logprobs) if params.logprobs is not None else None
+            if piece := pieces.add(token, logprob):
+                yield piece
+            if pieces.assembler.stopped:
                 reason = "stop"
                 break
-        tail = assembler.finish()
-        if tail or pending_ids:
-            yield Piece(tail, pending_ids, pending_logprobs if params.logprobs is not None else None)
+        if piece := pieces.finish():
+            yield piece
         ended = time.perf_counter()
-        if first_token_at is None:
-            first_token_at = ended
+        first_token_at = first_token_at or ended
         yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at)
 
     def generate(self, prompt: str | list[dict], params: GenerationParams,
@@ -216,6 +204,33 @@ class Engine:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+class _PieceBuilder:
+    """Generated tokens (and their logprobs) waiting for the text they make to be released."""
+
+    def __init__(self, assembler: TextAssembler, with_logprobs: bool):
+        self.assembler = assembler
+        self.with_logprobs = with_logprobs
+        self.ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+
+    def add(self, token: int, logprob: TokenLogprob | None) -> Piece | None:
+        self.ids.append(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        text = self.assembler.push(token)
+        return self._take(text) if text else None
+
+    def finish(self) -> Piece | None:
+        """What is left at the end: held-back text, or tokens whose text was empty or cut by a stop."""
+        text = self.assembler.finish()
+        return self._take(text) if text or self.ids else None
+
+    def _take(self, text: str) -> Piece:
+        piece = Piece(text, self.ids, self.logprobs if self.with_logprobs else None)
+        self.ids, self.logprobs = [], []
+        return piece
+
+
 def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     if token_id is None or token_id < 0:
         return ""
