@@ -94,7 +94,7 @@ def alone(api):
 
 
 def _complete(api, prompt: str) -> tuple[str, int, int]:
-    answer = api.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY)
+    answer = api.completions.create(model=MODEL, prompt=prompt, max_tokens=4, **GREEDY)
     return answer.choices[0].text, answer.usage.prompt_tokens, answer.usage.completion_tokens
 
 
@@ -134,10 +134,10 @@ def test_streamed_chat_with_usage_matches_the_plain_answer(api, chat_answer):
 
 def test_stop_sequence_cuts_the_text_before_it(api):
     prompt = "1, 2, 3, 4,"
-    free = api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, **GREEDY).choices[0].text
+    free = api.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY).choices[0].text
     assert len(free) >= 4, f"the model said too little to pick a stop sequence from: {free!r}"
     stop = free[2:4]
-    stopped = api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=[stop], **GREEDY).choices[0]
+    stopped = api.completions.create(model=MODEL, prompt=prompt, max_tokens=6, stop=[stop], **GREEDY).choices[0]
     assert stopped.text == free[: free.index(stop)]
     assert stopped.finish_reason == "stop"
 
