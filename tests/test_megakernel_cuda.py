@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -137,6 +138,24 @@ def test_sampling_options_the_kernel_cannot_honour():
 
 
 # ---- host logic -----------------------------------------------------------------------------------
+def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132):
+    device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=227 * 1024, name="fake")
+    build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
+    return SimpleNamespace(build=build, device=device, static_shared=16, blocks_per_sm=lambda shared: 1)
+
+
+def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
+    plan = make_plan(SMOL, replace(NAMED_TARGETS["h200"], binary_sha256="a" * 64), ctx=256)
+    package = SimpleNamespace(plan=plan)
+    with pytest.raises(cuda_runtime.PlanError, match="worker binary a{64}, this GPU runs b{64}"):
+        cuda_runtime.Runtime(package, fake_worker("b" * 64))
+    with pytest.raises(cuda_runtime.PlanError, match="made for sm_90, this GPU is sm_86"):
+        cuda_runtime.Runtime(package, fake_worker("a" * 64, arch="sm_86"))
+    with pytest.raises(cuda_runtime.PlanError, match="132 workers, this GPU holds 20"):
+        cuda_runtime.Runtime(package, fake_worker("a" * 64, sm_count=20))
+
+
+
 def test_task_cells_index_every_wave_and_worker():
     plan = make_plan(SMOL, replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=512)
     k, tasks = plan.consts, plan.tasks
@@ -277,7 +296,7 @@ def fake_trace(plan, workers: int) -> dict:
 
 
 def test_trace_breakdown_and_timeline(tmp_path):
-    plan = make_plan(SMOL, replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
+    plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
     trace = fake_trace(plan, 20)
     parts = cuda_bench.breakdown(trace, plan, 200.0)
     n_waves = plan.consts["n_waves"]
