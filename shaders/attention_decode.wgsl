@@ -14,6 +14,7 @@ struct Params {
     window: u32,       // 0: the whole context
     scale: f32,        // 1 / sqrt(head_dim)
     qkv_stride: u32,   // floats per token in QKV
+    softcap: f32,      // > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2); 0: off
 }
 
 struct Step {
@@ -101,6 +102,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 let k = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
                 let qv = vec4<f32>(q[g * hd + d], q[g * hd + d + 1u], q[g * hd + d + 2u], q[g * hd + d + 3u]);
                 score += dot(qv, k);
+            }
+            if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
+                score = P.softcap * tanh(clamp(score / P.softcap, -20.0, 20.0));
             }
             weights[g][lid] = select(EMPTY, score, j < end);
         }

@@ -3,6 +3,7 @@
 // place; the next n_head_kv workgroups rotate K and store K and V at the token's position.
 // Angles come from a table made on the CPU in float64: cos/sin of p * base^(-2i/rope_dim) (/ freq factor).
 // Pairs: "normal" (2i, 2i+1), "neox" (i, i + rope_dim/2).
+// With qkv_bias, the f32 biases in W are added to Q, K and V first (Qwen 2).
 
 struct Params {
     n_head: u32,
@@ -17,6 +18,10 @@ struct Params {
     qkv_stride: u32,   // floats per token in QKV (q | k | v)
     n_ctx: u32,        // cache capacity in positions
     table: u32,        // first float of this layer's angle table in T (per base)
+    qkv_bias: u32,     // 1: add the biases at word offsets q_bias, k_bias, v_bias of W
+    q_bias: u32,
+    k_bias: u32,
+    v_bias: u32,
 }
 
 struct Step {
@@ -72,8 +77,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let n_kv = P.n_head_kv * P.head_dim;
     let kv_head = h - select(P.n_head, 0u, is_q);
     let src = token * P.qkv_stride + select(n_q + kv_head * P.head_dim, h * P.head_dim, is_q);
+    let bias = select(P.k_bias + kv_head * P.head_dim, P.q_bias + h * P.head_dim, is_q);
     for (var d = lid; d < P.head_dim; d += WG) {
         head[d] = QKV[src + d];
+        if (P.qkv_bias == 1u) {
+            head[d] += bitcast<f32>(W[bias + d]);
+        }
     }
     workgroupBarrier();
     if (P.qk_norm == 1u) {
@@ -106,6 +115,10 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let v_cache = P.n_head_kv * P.n_ctx * P.head_dim + cache;
     for (var d = lid; d < P.head_dim; d += WG) {
         KV[cache + d] = head[d];
-        KV[v_cache + d] = QKV[v_src + d];
+        var v = QKV[v_src + d];
+        if (P.qkv_bias == 1u) {
+            v += bitcast<f32>(W[P.v_bias + kv_head * P.head_dim + d]);
+        }
+        KV[v_cache + d] = v;
     }
 }

@@ -26,15 +26,17 @@ PARAMS = {
     "gemv": ("rows", "cols", "row_words", "mode", "w0", "w1", "w2", "seg1", "seg2", "norm_w", "eps",
              "x_stride", "y_stride", "y_off"),
     "rope": ("n_head", "n_head_kv", "head_dim", "rope_dim", "neox", "qk_norm", "q_norm_w", "k_norm_w",
-             "eps", "qkv_stride", "n_ctx", "table"),
-    "attention_decode": ("n_head", "n_head_kv", "head_dim", "n_ctx", "window", "scale", "qkv_stride"),
+             "eps", "qkv_stride", "n_ctx", "table", "qkv_bias", "q_bias", "k_bias", "v_bias"),
+    "attention_decode": ("n_head", "n_head_kv", "head_dim", "n_ctx", "window", "scale", "qkv_stride", "softcap"),
     "attention_merge": ("n_head", "head_dim"),
     "rmsnorm": ("n", "norm_w", "eps", "add", "x_stride", "y_stride"),
     "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
     "stream_read": ("n_vec4", "n_threads"),
 }
 PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv"]
-FLOAT_FIELDS = {"eps", "scale"}
+FLOAT_FIELDS = {"eps", "scale", "softcap"}
+# fields a family switch turns on: 0 (off) unless given
+OPTIONAL_FIELDS = {"qkv_bias": 0, "q_bias": 0, "k_bias": 0, "v_bias": 0, "softcap": 0.0}
 
 SIGNATURES = {
     "gemv": (R, R, RW, U, U),               # W, X, Y, params, step
@@ -60,6 +62,7 @@ STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, sp
 def pack_params(shader: str, **values) -> bytes:
     """The shader's Params struct as bytes, fields in declaration order, padded to 16 bytes."""
     names = PARAMS[shader]
+    values = {**{n: v for n, v in OPTIONAL_FIELDS.items() if n in names}, **values}
     unknown = set(values) - set(names)
     missing = set(names) - set(values)
     assert not unknown and not missing, f"{shader} params: unknown {unknown}, missing {missing}"

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..errors import ContextOverflowError, ParameterError, UnsupportedError
 from ..family import ModelConfig, load_config
 from ..gguf_file import GGUFFile
+from ..rope_scaling import RopeScaling, cos_sin
 from . import kernels as K
 from .device import get_context
 from .pack import LayerPack, pack_rows, pack_tensors
@@ -102,13 +103,15 @@ class WebGPUBackend:
 
     @classmethod
     def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = True,
-             prefill_chunk: int = PREFILL_CHUNK, max_binding: int | None = None, **options) -> "WebGPUBackend":
-        """Load a GGUF file. `max_binding` lowers the binding limit (tests of chunked tensors)."""
+             prefill_chunk: int = PREFILL_CHUNK, max_binding: int | None = None,
+             rope_scaling: RopeScaling | None = None, **options) -> "WebGPUBackend":
+        """Load a GGUF file. `max_binding` lowers the binding limit (tests of chunked tensors);
+        `rope_scaling` replaces the RoPE scaling the file declares."""
         if options:
             raise ParameterError(f"unknown webgpu backend options {sorted(options)}; "
-                                 f"expected n_ctx, progress, prefill_chunk, max_binding")
+                                 f"expected n_ctx, progress, prefill_chunk, max_binding, rope_scaling")
         gf = GGUFFile(path)
-        config = load_config(gf)
+        config = load_config(gf, rope_scaling)
         n_ctx = int(n_ctx or min(config.ctx_train, DEFAULT_CTX))
         if n_ctx < 1:
             raise ParameterError(f"n_ctx = {n_ctx}, expected a positive number of positions")
@@ -118,18 +121,20 @@ class WebGPUBackend:
 
     # ---- buffers made once -------------------------------------------------------------------
     def _rope_table(self):
-        """cos/sin of every (position, pair) for each RoPE base, computed in float64: (bases, n_ctx, half, 2)."""
+        """cos/sin of every (position, pair) for each RoPE base, computed in float64: (bases, n_ctx, half, 2).
+        RoPE scaling (airframe/rope_scaling.py) is in the table: its frequencies and YaRN's mscale."""
         c = self.config
-        bases = sorted({c.layer_rope_base(i) for i in range(c.n_layers)})
+        first_layer = {}  # base -> a layer using it (its scaling is every such layer's)
+        for i in range(c.n_layers):
+            first_layer.setdefault(c.layer_rope_base(i), i)
+        bases = sorted(first_layer)
         freq = self.gf.dequantize("rope_freqs.weight").astype(np.float64) if "rope_freqs.weight" in self.gf.tensors else None
         half = c.rope_dim // 2
         tables, offsets = [], {}
         for index, base in enumerate(bases):
-            inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / c.rope_dim)
-            if freq is not None:
-                inv = inv / freq
-            theta = np.outer(np.arange(self.n_ctx, dtype=np.float64), inv)
-            tables.append(np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32))
+            scaling = c.layer_rope_scaling(first_layer[base])
+            cos, sin = cos_sin(np.arange(self.n_ctx), c.rope_dim, base, scaling, freq)
+            tables.append(np.stack([cos, sin], axis=-1).astype(np.float32))
             offsets[base] = index * self.n_ctx * half * 2
         data = np.ascontiguousarray(np.stack(tables))
         buffer = self.kernels.storage(data.nbytes, "rope_table")
@@ -308,6 +313,9 @@ class WebGPUBackend:
         staging.map_sync(wgpu.MapMode.READ, 0, size)
         data = np.frombuffer(staging.read_mapped(0, size, copy=True), dtype=np.float32)
         staging.unmap()
+        cap = self.config.final_logit_softcap
+        if cap:  # Gemma 2's final soft-capping, on the CPU: the logits are read back anyway
+            data = (np.float32(cap) * np.tanh(data / np.float32(cap))).astype(np.float32)
         return data.reshape(rows, self.config.vocab_size)
 
     def _run_debug(self, dispatches: list[K.Dispatch]) -> None:

@@ -6,7 +6,7 @@ pipeline variant (gemv for one token, gemm for a chunk) and the workgroup counts
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..errors import UnsupportedError
@@ -92,6 +92,12 @@ def _qkv_groups(tensors: list[PackedTensor]) -> list[list[PackedTensor]]:
     return groups
 
 
+def _row_halves(t: PackedTensor, rows: int) -> tuple[PackedTensor, PackedTensor]:
+    """Rows [0, rows) and [rows, 2 rows) of a packed matrix as two tensors (Phi-3's gate | up)."""
+    return (replace(t, name=f"{t.name}[gate]", rows=rows),
+            replace(t, name=f"{t.name}[up]", rows=rows, offset=t.offset + rows * t.row_words))
+
+
 def build_layer(be, i: int) -> LayerOps:
     c = be.config
     s = be.scratch
@@ -102,7 +108,8 @@ def build_layer(be, i: int) -> LayerOps:
     n_qkv = c.n_q + 2 * c.n_kv
     ops = []
     col = 0
-    for group in _qkv_groups([w["attn_q"], w["attn_k"], w["attn_v"]]):
+    qkv = [w["attn_qkv"]] if c.fused_qkv else [w["attn_q"], w["attn_k"], w["attn_v"]]
+    for group in _qkv_groups(qkv):
         ops.append(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
                            K.MODE_NORM, w["attn_norm"]))
         col += sum(t.rows for t in group)
@@ -111,14 +118,17 @@ def build_layer(be, i: int) -> LayerOps:
         "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
         neox=int(c.rope_style == "neox"), qk_norm=int(c.qk_norm),
         q_norm_w=w["attn_q_norm"].offset if c.qk_norm else 0, k_norm_w=w["attn_k_norm"].offset if c.qk_norm else 0,
-        eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)])
+        eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)],
+        qkv_bias=int(c.qkv_bias), q_bias=w["attn_q.bias"].offset if c.qkv_bias else 0,
+        k_bias=w["attn_k.bias"].offset if c.qkv_bias else 0, v_bias=w["attn_v.bias"].offset if c.qkv_bias else 0)
     group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], k.uniform(rope), s.step])
     ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
                   output=(s.qkv, n_qkv)))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
     attn = K.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
-                         n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv)
+                         n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
+                         softcap=c.attn_logit_softcap)
     group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, k.uniform(attn), s.step])
     ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
                   grid=lambda t, n: (n, c.n_head_kv, t)))
@@ -135,11 +145,12 @@ def build_layer(be, i: int) -> LayerOps:
         ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
                            mode=K.MODE_ACCUMULATE))
 
-    if w["ffn_gate"].qtype != w["ffn_up"].qtype:
-        raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {w['ffn_gate'].qtype.name} but ffn_up is "
-                               f"{w['ffn_up'].qtype.name}; the fused gate/up kernel expects one type")
+    gate, up = _row_halves(w["ffn_up"], c.n_ff) if c.fused_gate_up else (w["ffn_gate"], w["ffn_up"])
+    if gate.qtype != up.qtype:
+        raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {gate.qtype.name} but ffn_up is "
+                               f"{up.qtype.name}; the fused gate/up kernel expects one type")
     act = K.MODE_GELU if c.activation == "gelu_tanh" else 0
-    ops.append(_matmul(be, f"blk.{i}.ffn_gate_up", buf, [w["ffn_gate"], w["ffn_up"]], s.x, c.n_embd, s.ffn, c.n_ff,
+    ops.append(_matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
                        mode=K.MODE_NORM | K.MODE_GATED | act, norm=w["ffn_norm"]))
     if c.post_norms:
         ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd))
