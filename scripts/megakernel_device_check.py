@@ -192,7 +192,7 @@ def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
     return result.tokens[len(prompt) - 1:]
 
 
-def twenty_workers(session, package, folder: Path) -> dict:
+def twenty_workers(worker, runtime, package, folder: Path) -> dict:
     from airframe.megakernel.cuda_runtime import Runtime
     from airframe.megakernel.package import Package, write_plan
     from airframe.megakernel.planner import make_plan
@@ -204,18 +204,18 @@ def twenty_workers(session, package, folder: Path) -> dict:
         shutil.rmtree(folder)
     write_plan(plan, folder)
     os.symlink((package.path / "weights.bin").resolve(), folder / "weights.bin")
-    small = Runtime(Package.load(folder), session.worker, progress=False)
+    small = Runtime(Package.load(folder), worker, progress=False)
     try:
         prompt = [TOKEN0, 5, 300, 42, 7, 1000]
         t20 = greedy_tokens(small, prompt, 32)
-        t_all = greedy_tokens(session.runtime, prompt, 32)
+        t_all = greedy_tokens(runtime, prompt, 32)
         return {"workers": small.workers, "grid": small.workers, "tokens_20": t20, "tokens_full": t_all,
                 "same_tokens": t20 == t_all}
     finally:
         small.close()
 
 
-def corrupted(session, package, work: Path) -> dict:
+def corrupted(worker, package, work: Path) -> dict:
     """Each corruption must raise before any launch."""
     from dataclasses import replace
 
@@ -248,7 +248,7 @@ def corrupted(session, package, work: Path) -> dict:
     other = replace(package.plan.target, binary_sha256="0" * 64)
     write_plan(make_plan(package.plan.config, other, CTX), f)
     os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
-    out["other_worker_binary"] = _refused(lambda: Runtime(Package.load(f), session.worker, progress=False))
+    out["other_worker_binary"] = _refused(lambda: Runtime(Package.load(f), worker, progress=False))
     out["ok"] = all(v["refused"] for v in out.values())
     return out
 
@@ -313,12 +313,11 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool)
         runtime = report.section(f"{name}.upload", lambda: Runtime(package, worker))
         if runtime is None:
             continue
-        session = type("S", (), {"worker": worker, "runtime": runtime})
         for c in CONTEXTS:
             report.section(f"{name}.vs_vm.ctx{c}", compare, runtime, refs, c)
         report.section(f"{name}.reproducible", reproducible, runtime)
-        report.section(f"{name}.twenty_workers", twenty_workers, session, package, work / f"{name}.w20")
-        report.section(f"{name}.corrupted", corrupted, session, package, work)
+        report.section(f"{name}.twenty_workers", twenty_workers, worker, runtime, package, work / f"{name}.w20")
+        report.section(f"{name}.corrupted", corrupted, worker, package, work)
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
             report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, True, (("AF_UNROLL=8",),))

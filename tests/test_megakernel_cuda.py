@@ -7,7 +7,6 @@ scripts/megakernel_device_check.py (docs/MEGAKERNEL.md, "CUDA worker")."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import replace

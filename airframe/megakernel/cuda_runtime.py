@@ -14,7 +14,7 @@ checks its picture of the kernel's argument struct against the compiled one (`af
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -466,19 +466,3 @@ class Runtime:
         tasks = self.device.download(trace["tasks"], np.uint64, 2 * self.k["n_tasks"]).reshape(-1, 2)
         waves = self.device.download(trace["waves"], np.uint64, self.k["n_waves"] * self.workers)
         return {"tasks": tasks, "waves": waves.reshape(self.k["n_waves"], self.workers)}
-
-
-@dataclass
-class Session:
-    """Device, worker and runtime together: what a backend or a benchmark holds."""
-
-    device: Device
-    worker: Worker
-    runtime: Runtime
-    extra: dict = field(default_factory=dict)
-
-
-def open_runtime(package: Package, progress: bool = True) -> Session:
-    device = Device()
-    worker = Worker(device)
-    return Session(device, worker, Runtime(package, worker, progress))
