@@ -364,6 +364,7 @@ def test_completion_stream_offsets_continue_across_chunks(client):
     ({"messages": [{"role": "user", "content": "Hi"}], "functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.role"),
     ({"messages": [{"role": "robot", "content": "Hi"}]}, "messages.0.role"),
     ({"messages": []}, "messages"),

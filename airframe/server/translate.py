@@ -90,8 +90,10 @@ def _message_text(message: ChatMessage, index: int) -> str:
         return message.content
     texts = []
     for part in message.content:
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise _unsupported(f"messages.{index}.content", f"content part of type {part.type!r} is not supported; only 'text'")
+        if part.text is None:
+            raise ApiError(400, "a content part of type 'text' has no 'text' field", param=f"messages.{index}.content")
         texts.append(part.text)
     return "".join(texts)
 
