@@ -136,8 +136,39 @@ class Engine:
         _check_params(params)
         prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
+        if self._in_kernel_greedy(params):
+            return self._generate_in_kernel(prompt_ids, params)
         sampler = Sampler(params.sampling, self.config.vocab_size)
         return self._generate(prompt_ids, params, sampler, cancel)
+
+    def _in_kernel_greedy(self, params: GenerationParams) -> bool:
+        """A backend that picks greedy tokens itself (the CUDA megakernel) does so when asking it
+        changes nothing: greedy, no penalties or bias, no logprobs."""
+        s = params.sampling
+        return (hasattr(self.backend, "generate_greedy") and params.logprobs is None and s.temperature == 0
+                and s.repeat_penalty == 1.0 and s.presence_penalty == 0 and s.frequency_penalty == 0
+                and not s.logit_bias)
+
+    def _generate_in_kernel(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[Piece | Finish]:
+        """Greedy tokens chosen on the GPU, up to 64 per launch; stop strings are applied to the text.
+
+        Prompt and generation run in the same launches, so the time to the first token cannot be
+        told apart: all of it is reported as decode time (prefill_seconds = 0).
+        """
+        pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), False)
+        started = time.perf_counter()
+        limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
+        tokens, reason = self.backend.generate_greedy(prompt_ids, limit, eos=sorted(self.eog_ids | set(params.stop_token_ids)))
+        n_sampled = len(tokens) + (reason == "stop")  # the stopping token counts, as in _generate
+        for i, token in enumerate(tokens):
+            if piece := pieces.add(token, None):
+                yield piece
+            if pieces.assembler.stopped:
+                reason, n_sampled = "stop", i + 1
+                break
+        if piece := pieces.finish():
+            yield piece
+        yield Finish(reason, len(prompt_ids), n_sampled, 0.0, time.perf_counter() - started)
 
     def _generate(self, prompt_ids: list[int], params: GenerationParams, sampler: Sampler,
                   cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:

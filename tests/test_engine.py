@@ -327,3 +327,47 @@ def test_a_backend_that_cannot_be_imported_says_so(monkeypatch):
     with pytest.raises(UnsupportedError, match="'webgpu' backend cannot be used here: No module named 'wgpu'.*--backend reference"):
         Engine.load("smollm2-135m", backend="webgpu", progress=False)
     assert Engine.load.__defaults__[0] == "webgpu"  # the default backend
+
+
+class InKernelGreedyBackend(ScriptedBackend):
+    """A scripted backend that, like the CUDA megakernel, can also pick greedy tokens itself."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.greedy_calls = 0
+
+    def generate_greedy(self, prompt, max_new_tokens, eos=()):
+        self.greedy_calls += 1
+        self.reset()
+        out = []
+        logits = self.forward(prompt)
+        while len(out) < max_new_tokens:
+            token = int(np.argmax(logits))
+            if token in eos:
+                return out, "stop"
+            out.append(token)
+            logits = self.forward([token])
+        return out, "length"
+
+
+@pytest.mark.parametrize("stop", [[], ["lo w"]])
+def test_in_kernel_greedy_gives_what_host_greedy_gives(smollm2, stop):
+    script = smollm2.tokenizer.encode(" hello world and more", add_special=False)
+    script.append(smollm2.tokenizer.eos_id)
+    params = GenerationParams(max_tokens=20, sampling=GREEDY, stop=stop)
+    host = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "host")
+    fused_backend = InKernelGreedyBackend(smollm2.config, script)
+    fused = Engine(fused_backend, smollm2.tokenizer, smollm2.template, "fused")
+    text_host, finish_host, _ = host.generate("Hi", params)
+    text_fused, finish_fused, _ = fused.generate("Hi", params)
+    assert fused_backend.greedy_calls == 1
+    assert text_fused == text_host
+    assert (finish_fused.reason, finish_fused.completion_tokens) == (finish_host.reason, finish_host.completion_tokens)
+
+
+def test_in_kernel_greedy_is_not_used_when_sampling(smollm2):
+    backend = InKernelGreedyBackend(smollm2.config, [504, 3575])
+    engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+    engine.generate("Hi", GenerationParams(max_tokens=2, sampling=SamplingParams(temperature=0.7, seed=1)))
+    engine.generate("Hi", GenerationParams(max_tokens=2, sampling=GREEDY, logprobs=2))
+    assert backend.greedy_calls == 0
