@@ -12,7 +12,7 @@ from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.megakernel.package import write_package
 from airframe.megakernel.target import load_target
-from airframe.megakernel.vm import VM, bf16_to_f32, dot_rows, f32_to_bf16, lane_sum, sequential_sum
+from airframe.megakernel.vm import VM, bf16_to_f32, dot_rows, f32_to_bf16, group_sum, lane_sum, sequential_sum
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.tokenizer import build_hf_tokenizer, read_vocab
 
@@ -89,22 +89,36 @@ def test_worker_order_inside_a_wave_does_not_change_a_bit(smollm2_path, tmp_path
 def test_lane_sum_fixed_small_case_matches_the_written_order():
     rng = np.random.default_rng(0)
     products = rng.standard_normal((3, 600)).astype(np.float32) * np.float32(1e3)
-    acc = np.zeros((3, 32, 8), np.float32)  # the order spelled out element by element
+    acc = np.zeros((3, 32), np.float32)  # the worker's order spelled out element by element
     for j in range(600):
-        acc[:, (j // 8) % 32, j % 8] += products[:, j]
-    lanes = acc[:, :, :4] + acc[:, :, 4:]
-    lanes = lanes[:, :, :2] + lanes[:, :, 2:]
-    lanes = (lanes[:, :, 0] + lanes[:, :, 1])
+        acc[:, (j // 8) % 32] += products[:, j]
     for half in (16, 8, 4, 2, 1):
-        lanes = lanes[:, :half] + lanes[:, half:2 * half]
-    assert lane_sum(products).tobytes() == lanes[:, 0].tobytes()
+        acc = acc[:, :half] + acc[:, half:2 * half]
+    assert lane_sum(products).tobytes() == acc[:, 0].tobytes()
     w, x = products[:, :512], rng.standard_normal(512).astype(np.float32)
     assert dot_rows(w, x).tobytes() == lane_sum(w * x).tobytes()
+    ones = np.zeros((3, 32), np.float32)  # vec = 1: element p goes to lane p % 32
+    for p in range(600):
+        ones[:, p % 32] += products[:, p]
+    for half in (16, 8, 4, 2, 1):
+        ones = ones[:, :half] + ones[:, half:2 * half]
+    assert lane_sum(products, 32, 1).tobytes() == ones[:, 0].tobytes()
+
+
+def test_group_sum_fixed_small_case():
+    values = np.random.default_rng(1).standard_normal((37, 5)).astype(np.float32)
+    groups = np.zeros((16, 5), np.float32)
+    for i in range(37):
+        groups[i % 16] += values[i]
+    total = np.zeros(5, np.float32)
+    for g in range(16):
+        total += groups[g]
+    assert group_sum(values, 16).tobytes() == total.tobytes()
 
 
 def test_sequential_sum_is_left_to_right():
     values = np.array([1e8, 1.0, -1e8, 1.0], np.float32)
-    assert sequential_sum(values) == np.float32(1.0)  # ((1e8 + 1) - 1e8) + 1 = 0 + 1
+    assert sequential_sum(values) == np.float32(1.0)  # (((0 + 1e8) + 1) - 1e8) + 1 = 0 + 1
 
 
 def test_bf16_rounding_is_to_nearest_even():

@@ -2,11 +2,14 @@
 
 It is the reference the CUDA worker is diffed against, so every floating-point operation has a
 fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
-  - dot(w, x) over K elements, zero padded to a multiple of 256: element j feeds accumulator
-    j % 8 of lane (j // 8) % 32; each accumulator adds its products in increasing j (multiply,
-    round, add, round: no FMA); a lane folds its 8 accumulators in halves (v + 4, + 2, + 1), then
-    the 32 lanes fold in halves (l + 16, + 8, + 4, + 2, + 1).
-  - sums over positions, FFN rows, chunks and partial slots run sequentially in increasing order.
+  - dot(w, x) over K elements (`lane_sum`): lane l of a warp owns the 8-element vectors j with
+    j % 32 == l; its one accumulator starts at +0 and adds w*x element by element in increasing
+    order (multiply, round, add, round: no FMA); the 32 lanes fold in halves (l + 16, ..., + 1).
+  - attention: the exp-sum over positions and the FFN reduce over slots are lane sums with 8 = 1
+    (lane p % 32); the weighted values and the FFN down projection run in `groups` strided groups
+    (item i in group i % groups, each group from +0 in increasing i), then add the groups in
+    order; groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
+  - sums over chunks (the WO merge) run sequentially from +0 in increasing order.
   - rmsnorm(x): inv = 1 / sqrt(dot(x, x) / n + eps); y = (x * inv) * w.
   - RoPE uses the F32 cos/sin tables in weights.bin: a' = a*cos - b*sin, b' = a*sin + b*cos.
   - exp is the only function not correctly rounded: here numpy's float32 exp.
@@ -40,30 +43,23 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
 
 
 def lane_sum(products: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
-    """Sum each row of (R, K) products in the fixed order of docs/MEGAKERNEL.md.
+    """Sum each row of (R, K) products in the worker's warp order.
 
-    Element j goes to lane (j // vec) % lanes, accumulator j % vec of that lane (rows zero padded
-    to a multiple of lanes * vec); each accumulator adds its products in increasing j; then each
-    lane folds its vec accumulators in halves (v + 4, + 2, + 1), then the lanes fold in halves
-    (l + 16, ..., + 1).
+    Lane l owns the vec-element runs j with j % lanes == l (zero padded to a multiple of
+    lanes * vec, which adds +0 and changes nothing); its accumulator starts at +0 and adds its
+    runs' elements in increasing order; then the lanes fold in halves (l + lanes/2, ..., + 1).
     """
     rows, k = products.shape
     step = lanes * vec
-    full, tail = divmod(k, step)
-    acc = products[:, :step].copy() if full else np.zeros((rows, step), F32)
-    for g in range(1, full):
-        acc += products[:, g * step:(g + 1) * step]
-    if tail:  # the zero padding adds +0 to the other accumulators: leaving them alone is the same
-        acc[:, :tail] += products[:, full * step:]
-    acc = np.ascontiguousarray(acc.T).reshape(lanes, vec, rows)  # folds below run over contiguous rows
+    padded = -(-k // step) * step
+    if padded != k:
+        products = np.concatenate([products, np.zeros((rows, padded - k), F32)], axis=1)
+    runs = products.reshape(rows, padded // step, lanes, vec).transpose(1, 3, 0, 2)  # (group, v, row, lane)
+    acc = sequential_sum(np.ascontiguousarray(runs).reshape(-1, rows, lanes))
     while acc.shape[1] > 1:
         half = acc.shape[1] // 2
         acc = acc[:, :half] + acc[:, half:]
-    acc = acc[:, 0]
-    while acc.shape[0] > 1:
-        half = acc.shape[0] // 2
-        acc = acc[:half] + acc[half:]
-    return acc[0]
+    return acc[:, 0]
 
 
 def dot_rows(w: np.ndarray, x: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
@@ -72,11 +68,22 @@ def dot_rows(w: np.ndarray, x: np.ndarray, lanes: int = 32, vec: int = 8) -> np.
 
 
 def sequential_sum(values: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 strictly in increasing index order, starting from the first term."""
-    acc = np.array(values[0], dtype=F32, copy=True)
-    for i in range(1, values.shape[0]):
+    """Sum over axis 0 from +0 strictly in increasing index order."""
+    acc = np.zeros(values.shape[1:], dtype=F32)
+    for i in range(values.shape[0]):
         acc += values[i]
     return acc
+
+
+def group_sum(products: np.ndarray, groups: int) -> np.ndarray:
+    """Sum over axis 0 in `groups` strided groups (item i in group i % groups, each from +0 in
+    increasing i), then the group sums in group order from +0."""
+    n = products.shape[0]
+    padded = -(-n // groups) * groups
+    if padded != n:
+        products = np.concatenate([products, np.zeros((padded - n, *products.shape[1:]), F32)])
+    per_group = sequential_sum(products.reshape(padded // groups, groups, *products.shape[1:]))
+    return sequential_sum(per_group)
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -228,8 +235,9 @@ class VM:
         m = scores.max(axis=1)
         e = np.exp(scores - m[:, None])  # (g, positions)
         out[:, 0] = m
-        out[:, 1] = sequential_sum(e.T)
-        out[:, 2:] = sequential_sum(e.T[:, :, None] * values[:, None, :])
+        out[:, 1] = lane_sum(e, 32, 1)
+        groups = self.plan.target.threads_per_worker // k["head_dim_v"]
+        out[:, 2:] = group_sum(e.T[:, :, None] * values[:, None, :], groups)  # over positions
 
     def _merged_attention(self, layer: int) -> np.ndarray:
         """Every query head's attention output from the active chunks' partials, (n_head * head_dim_v,)."""
@@ -256,12 +264,14 @@ class VM:
         up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x)
         h = silu(gate) * up
         down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
-        self._region("ffn", int(t["slot"]) * e, e, layer)[:] = sequential_sum(h[:, None] * down_t)
+        threads, cols = self.plan.target.threads_per_worker, e // 8
+        groups = threads // cols if cols < threads else 1
+        self._region("ffn", int(t["slot"]) * e, e, layer)[:] = group_sum(h[:, None] * down_t, groups)
 
     def _ffn_reduce(self, t) -> None:
         k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
         parts = self._region("ffn", 0, k["ffn_parts"] * k["n_embd"], layer).reshape(k["ffn_parts"], k["n_embd"])
-        total = sequential_sum(parts[:, r0:r0 + n])
+        total = lane_sum(np.ascontiguousarray(parts[:, r0:r0 + n].T), 32, 1)  # lane k % 32 sums slot k
         self._region("x", r0, n, layer + 1)[:] = self._region("h", r0, n, layer) + total
 
     def _final_norm(self, t) -> None:
