@@ -53,7 +53,7 @@ SIGNATURES = {
 # P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
-GEMV_WG, GEMV_ROWS = 64, 4         # gemv.wgsl's default workgroup: invocations, output rows
+GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 64x4, 128x4, 256x4 on the H200)
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 64, 64, 32  # tile of gemm.wgsl
 ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
