@@ -1,5 +1,7 @@
 """`airframe megakernel plan|show|stats` end to end on SmolLM2."""
 
+import json
+
 import pytest
 
 from airframe.cli import main
@@ -20,7 +22,7 @@ def test_plan_then_show(smollm2_path, tmp_path, capsys):
 
 def test_stats_json(smollm2_path, capsys):
     assert main(["megakernel", "stats", str(smollm2_path), "--target", "h200", "--json"]) == 0
-    stats = __import__("json").loads(capsys.readouterr().out)
+    stats = json.loads(capsys.readouterr().out)
     assert stats["workers"] == 132 and stats["waves"] == 1 + 5 * 30 + 2
     assert len(stats["per_wave"]) == stats["waves"]
 

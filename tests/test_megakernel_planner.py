@@ -1,6 +1,7 @@
 """The planner: waves, the task split, byte balance and the attention chunk rule."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -100,7 +101,7 @@ def test_gemma3_is_refused_with_the_switches_it_needs(gemma3_path):
 def test_target_file_and_worker_override(tmp_path):
     data = dict(target_to_dict(NAMED_TARGETS["h200"]), name="probed", binary_sha256="ab" * 32)
     path = tmp_path / "t.json"
-    path.write_text(__import__("json").dumps(data))
+    path.write_text(json.dumps(data))
     target = load_target(str(path), workers=100)
     assert target.workers == 100 and target.name == "probed"
     # a probed binary's hash replaces the target description in the fingerprint

@@ -5,6 +5,8 @@ The package stores matrices as BF16, so the reference is fed the same BF16-round
 (measured: 7e-5 on SmolLM2's logits of magnitude ~30) and the top-1 token is the same everywhere.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -41,7 +43,7 @@ class Bf16ReferenceModel(ReferenceModel):
 @pytest.fixture(scope="module")
 def english_ids(smollm2_path):
     tokenizer = build_hf_tokenizer(read_vocab(GGUFFile(smollm2_path)))
-    text = (__import__("pathlib").Path(__file__).parent / "data" / "english.txt").read_text()
+    text = (Path(__file__).parent / "data" / "english.txt").read_text()
     return tokenizer.encode(text).ids[:N_TOKENS]
 
 

@@ -163,7 +163,9 @@ def _rows_wave(op: Op, total: int, workers: int, **fields) -> list[dict]:
 
 
 def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int, consts: dict) -> list:
-    off = lambda name: w[f"blk.{i}.{name}.weight"].offset  # noqa: E731
+    def off(name: str) -> int:
+        return w[f"blk.{i}.{name}.weight"].offset
+
     n_qkv = c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v
     attn = [_task(Op.ATTN, layer=i, row_start=ch * consts["attn_chunk"], row_count=consts["attn_chunk"],
                   slot=ch, head=h)

@@ -148,18 +148,18 @@ def expected_outputs(op: int, layer: int, k: dict) -> list[Block]:
     e = k["n_embd"]
     lh = layer * k["n_head_kv"]
     table = {
-        Op.EMBED: lambda: [_flat("act", act(k, "x", 0), e)],
-        Op.QKV: lambda: [_flat("act", act(k, "qkv", layer), n_qkv(k)),
+        Op.EMBED: [_flat("act", act(k, "x", 0), e)],
+        Op.QKV: [_flat("act", act(k, "qkv", layer), n_qkv(k)),
                          _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
-        Op.ATTN: lambda: [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
+        Op.ATTN: [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
                           _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"])],
-        Op.WO: lambda: [_flat("act", act(k, "h", layer), e)],
-        Op.FFN: lambda: [_flat("act", act(k, "ffn", layer), k["ffn_parts"] * e)],
-        Op.FFN_REDUCE: lambda: [_flat("act", act(k, "x", layer + 1), e)],
-        Op.FINAL_NORM: lambda: [_flat("act", act(k, "xn"), e)],
-        Op.LM_HEAD: lambda: [_flat("act", act(k, "logits"), k["vocab"]), _flat("act", act(k, "cand"), 2 * k["lm_parts"])],
+        Op.WO: [_flat("act", act(k, "h", layer), e)],
+        Op.FFN: [_flat("act", act(k, "ffn", layer), k["ffn_parts"] * e)],
+        Op.FFN_REDUCE: [_flat("act", act(k, "x", layer + 1), e)],
+        Op.FINAL_NORM: [_flat("act", act(k, "xn"), e)],
+        Op.LM_HEAD: [_flat("act", act(k, "logits"), k["vocab"]), _flat("act", act(k, "cand"), 2 * k["lm_parts"])],
     }
-    return table[Op(op)]()
+    return table[Op(op)]
 
 
 # ---- the checks ---------------------------------------------------------------------------------
@@ -259,7 +259,9 @@ def _checked_fields(plan, i: int):
 
 def _operand_tensors(op: Op, layer: int, tensors: dict) -> dict:
     """The tensor each offset field of an opcode must point at (None: the field must be 0)."""
-    blk = lambda name: tensors.get(f"blk.{layer}.{name}.weight")  # noqa: E731
+    def blk(name: str):
+        return tensors.get(f"blk.{layer}.{name}.weight")
+
     head = tensors.get("output.weight", tensors.get("token_embd.weight"))
     table = {
         Op.EMBED: (tensors.get("token_embd.weight"), None, None, None),
