@@ -42,7 +42,7 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: 
     (docs/EXTENDED_CONTEXT.md).
     """
     from .errors import ParameterError
-    from .rope_scaling import requested
+    from .rope_scaling import requested, warn_beyond_training
 
     override = requested(rope_scaling, rope_scale)
     if override is not None:
@@ -54,13 +54,16 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: 
     if name == "reference":
         from .reference import ReferenceBackend
 
-        return ReferenceBackend.load(model_path, n_ctx=n_ctx, **options)
-    if name == "webgpu":
+        backend = ReferenceBackend.load(model_path, n_ctx=n_ctx, **options)
+    elif name == "webgpu":
         from .gpu.runtime import WebGPUBackend
 
-        return WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
-    if name == "cuda":
+        backend = WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
+    elif name == "cuda":
         from .megakernel.backend import CudaBackend
 
-        return CudaBackend.load(model_path, n_ctx=n_ctx, **options)
-    raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        backend = CudaBackend.load(model_path, n_ctx=n_ctx, **options)
+    else:
+        raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    warn_beyond_training(backend.config, backend.n_ctx)
+    return backend

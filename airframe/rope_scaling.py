@@ -17,6 +17,7 @@ Types (docs/EXTENDED_CONTEXT.md gives the formulas and their sources):
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
 
@@ -25,6 +26,7 @@ import numpy as np
 from .errors import GGUFError, ParameterError
 
 TYPES = ("none", "linear", "yarn", "llama3")
+log = logging.getLogger("airframe.rope")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,15 @@ def requested(kind: str | None, factor: float | None) -> RopeScaling | None:
     if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
         raise ParameterError(f"--rope-scale {factor!r}, expected a number >= 1")
     return RopeScaling(kind, float(factor))
+
+
+def warn_beyond_training(config, n_ctx: int) -> None:
+    """A context longer than the model was trained for, with no scaling declared or asked for: say
+    what would help (outputs usually degrade past the trained context)."""
+    if n_ctx > config.ctx_train and not config.rope_scaling.active:
+        factor = math.ceil(n_ctx / config.ctx_train)
+        log.warning("context of %d positions is beyond the %d the model was trained for and it declares no RoPE "
+                    "scaling; consider --rope-scaling yarn --rope-scale %d", n_ctx, config.ctx_train, factor)
 
 
 def llama3_freq_factors(rope_dim: int, base: float, s: RopeScaling) -> np.ndarray:

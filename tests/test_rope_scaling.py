@@ -232,3 +232,28 @@ def test_scaled_model_agrees_with_transformers(scaled):
 def test_scaling_matters_beyond_the_original_context(scaled):
     beyond = slice(ORIGINAL_CTX, N_TOKENS)
     assert np.abs(scaled["unscaled"] - scaled["theirs"])[beyond].max() >= MIN_EFFECT
+
+
+def test_longer_context_than_trained_warns(folder, caplog):
+    path = _with_ctx_train(folder)  # trained context 128, no scaling declared
+    with caplog.at_level("WARNING", logger="airframe.rope"):
+        open_backend("reference", path, n_ctx=300)
+    assert "--rope-scaling yarn --rope-scale 3" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="airframe.rope"):
+        open_backend("reference", path, n_ctx=300, rope_scaling="yarn", rope_scale=3.0)
+        open_backend("reference", path, n_ctx=128)
+    assert caplog.text == ""
+
+
+def test_longrope_phi3_is_refused_clearly(folder, monkeypatch):
+    """Phi-3 128k / Phi-3.5 files carry LongRoPE factor tensors: an UnsupportedError naming them."""
+    from airframe.errors import UnsupportedError
+    from airframe.synthetic import FAMILIES
+
+    spec = FAMILIES["phi3"]
+    longrope = {**spec.global_tensors, "rope_factors_long.weight": ("head_dim",)}
+    monkeypatch.setitem(FAMILIES, "phi3", dataclasses.replace(spec, global_tensors=longrope))
+    path = write_synthetic_gguf(folder / "phi3-longrope.gguf", "phi3", "tiny", "F32")
+    with pytest.raises(UnsupportedError, match="rope_factors_long.weight, which airframe does not run yet"):
+        load_config(GGUFFile(path))
