@@ -1,5 +1,7 @@
 // Combines the splits of attention_decode.wgsl: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
 // with M the largest running max. Workgroup (head, token); output (tokens, n_head * head_dim).
+// Each split's weight e^(m_s - M) / total is computed once, by one invocation per split, so the
+// output loop only streams the partial outputs (independent loads, no chain through exp).
 
 struct Params {
     n_head: u32,
@@ -19,6 +21,27 @@ struct Step {
 @group(0) @binding(3) var<uniform> S: Step;
 
 const WG: u32 = 64u;
+const MAX_SPLITS: u32 = 256u;
+const EMPTY: f32 = -1.0e30;
+
+var<workgroup> weight: array<f32, MAX_SPLITS>;
+var<workgroup> scratch: array<f32, WG>;
+
+fn workgroup_reduce(v: f32, lid: u32, is_max: bool) -> f32 {
+    scratch[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            let a = scratch[lid];
+            let b = scratch[lid + stride];
+            scratch[lid] = select(a + b, max(a, b), is_max);
+        }
+        workgroupBarrier();
+    }
+    let result = scratch[0];
+    workgroupBarrier();
+    return result;
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -29,21 +52,24 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let stride = hd + 2u;
     let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
     let first = (token * P.n_head + h) * n_splits * stride;
-    var m = PART[first + hd];
-    for (var s = 1u; s < n_splits; s++) {
+    var m = EMPTY;
+    for (var s = lid; s < n_splits; s += WG) {
         m = max(m, PART[first + s * stride + hd]);
     }
+    m = workgroup_reduce(m, lid, true);
     var total = 0.0;
-    for (var s = 0u; s < n_splits; s++) {
+    for (var s = lid; s < n_splits; s += WG) {
         let at = first + s * stride;
-        total += PART[at + hd + 1u] * exp(PART[at + hd] - m);
+        let w = exp(PART[at + hd] - m);
+        weight[s] = w;
+        total += PART[at + hd + 1u] * w;
     }
+    total = workgroup_reduce(total, lid, false);
     let out = (token * P.n_head + h) * hd;
     for (var d = lid; d < hd; d += WG) {
         var sum = 0.0;
         for (var s = 0u; s < n_splits; s++) {
-            let at = first + s * stride;
-            sum += PART[at + d] * exp(PART[at + hd] - m);
+            sum += PART[first + s * stride + d] * weight[s];
         }
         OUT[out + d] = sum / total;
     }

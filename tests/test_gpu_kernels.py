@@ -185,6 +185,7 @@ def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
     (300, 1, 0, 64),      # decode over 5 splits, the last one partial
     (0, 37, 0, 256),      # prefill chunk, causal
     (40, 30, 16, 64),     # sliding window crossing split borders
+    (700, 2, 0, 8),       # 88 splits: more than the merge's invocations
 ])
 def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len):
     rng = np.random.default_rng(5)

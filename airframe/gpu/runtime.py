@@ -34,7 +34,7 @@ from .runtime_ops import LayerOps, build_globals, build_layer
 log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
 PREFILL_CHUNK = 512
-MAX_SPLITS = 64          # attention splits of one query (flash-decoding)
+MAX_SPLITS = 64          # attention splits of one query (flash-decoding); attention_merge.wgsl takes 256
 MIN_SPLIT_LEN = 64       # K/V positions per split at least: one block of attention_decode.wgsl
 PART_BYTES = 64 << 20    # attention partials of a prefill chunk: fewer, longer splits beyond this
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
