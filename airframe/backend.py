@@ -62,7 +62,7 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: 
     elif name == "cuda":
         from .megakernel.backend import CudaBackend
 
-        backend = CudaBackend.load(model_path, n_ctx=n_ctx, **options)
+        return CudaBackend.load(model_path, n_ctx=n_ctx, **options)  # its context is fixed by its plan
     else:
         raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     warn_beyond_training(backend.config, backend.n_ctx)
