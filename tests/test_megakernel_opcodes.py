@@ -3,7 +3,7 @@
 import numpy as np
 
 from airframe.megakernel import opcodes
-from airframe.megakernel.opcodes import OPCODE_DOCS, TASK_DTYPE, TASK_FIELDS, Op
+from airframe.megakernel.opcodes import OPCODE_DOCS, TASK_DTYPE, TASK_FIELDS, Op, Task, task_from_word, tasks_to_array
 
 
 def test_committed_header_is_generated_from_opcodes_py():
@@ -37,3 +37,11 @@ def test_task_words_round_trip_through_bytes():
     assert again.tobytes() == tasks.tobytes()
     words = np.frombuffer(tasks.tobytes(), dtype="<u4").reshape(3, 16)
     assert words[1, 8] == 0 and words[1, 9] == 2  # u64 weight0 = (lo, hi) words 8, 9
+
+
+def test_task_objects_and_words_are_the_same_fields():
+    task = Task(opcode=Op.FFN, wave=4, worker=7, layer=2, row_start=100, row_count=62, slot=7,
+                weight0=1 << 35, weight1=5, weight2=6, norm=8)
+    array = tasks_to_array([task])
+    assert array.dtype == TASK_DTYPE and task_from_word(array[0]) == task
+    assert [f for f, _, _ in TASK_FIELDS] == list(Task.__dataclass_fields__)

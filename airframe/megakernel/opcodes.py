@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import astuple, field, make_dataclass
 from enum import IntEnum
 from pathlib import Path
 
@@ -113,6 +114,20 @@ TASK_BYTES = TASK_DTYPE.itemsize
 TASK_WORDS = TASK_BYTES // 4
 assert TASK_BYTES == 64, TASK_BYTES
 CONST_NAMES = tuple(name for name, _, _ in PLAN_CONSTS)
+
+# One task as a Python object, its fields generated from TASK_FIELDS (so they cannot drift).
+Task = make_dataclass("Task", [(name, int, field(default=0)) for name, _, _ in TASK_FIELDS], frozen=True)
+Task.__doc__ = "One task word: fields and their order are opcodes.TASK_FIELDS."
+
+
+def tasks_to_array(tasks) -> np.ndarray:
+    """Task objects -> the tasks.bin array (TASK_DTYPE)."""
+    return np.array([astuple(t) for t in tasks], dtype=TASK_DTYPE)
+
+
+def task_from_word(word) -> Task:
+    """One TASK_DTYPE element -> a Task."""
+    return Task(*(int(word[name]) for name in TASK_DTYPE.names))
 CONST_KINDS = {name: kind for name, kind, _ in PLAN_CONSTS}
 
 

@@ -13,14 +13,14 @@ p < ctx: chunk c covers positions [c*C, min((c+1)*C, p+1)) and runs only when c*
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
 from ..errors import UnsupportedError
 from ..family import ModelConfig
 from ..rope_scaling import RopeScaling
-from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE, Op
+from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, tasks_to_array
 from .target import Target, fingerprint
 
 ALIGN = 256  # byte alignment of every tensor in weights.bin and of every arena region (in floats / 4)
@@ -151,13 +151,11 @@ def split_rows(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _task(op: Op, layer: int = 0, row_start: int = 0, row_count: int = 0, slot: int = 0, head: int = 0,
-          weight0: int = 0, weight1: int = 0, weight2: int = 0, norm: int = 0) -> dict:
-    return dict(opcode=int(op), layer=layer, row_start=row_start, row_count=row_count, slot=slot,
-                head=head, weight0=weight0, weight1=weight1, weight2=weight2, norm=norm)
+def _task(op: Op, **fields) -> Task:
+    return Task(opcode=int(op), **fields)
 
 
-def _rows_wave(op: Op, total: int, workers: int, **fields) -> list[dict]:
+def _rows_wave(op: Op, total: int, workers: int, **fields) -> list[Task]:
     return [_task(op, row_start=s, row_count=n, slot=k, **fields)
             for k, (s, n) in enumerate(split_rows(total, workers))]
 
@@ -225,7 +223,7 @@ def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
               ("lm_head", 0, _rows_wave(Op.LM_HEAD, c.vocab_size, target.workers, weight0=head.offset))]
     tasks = _task_array(waves, target.workers)
     consts["n_tasks"], consts["n_waves"] = len(tasks), len(waves)
-    wave_info = [{"name": name, "layer": layer, "opcode": Op(ts[0]["opcode"]).name}
+    wave_info = [{"name": name, "layer": layer, "opcode": Op(ts[0].opcode).name}
                  for name, layer, ts in waves]
     model = asdict(c)
     model["layer_tensors"] = list(model["layer_tensors"])
@@ -233,13 +231,9 @@ def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
 
 
 def _task_array(waves: list, workers: int) -> np.ndarray:
-    rows = []
-    for wave, (_, _, tasks) in enumerate(waves):
-        for k, t in enumerate(tasks):
-            rows.append(dict(t, wave=wave, worker=k % workers))
-    array = np.zeros(len(rows), dtype=TASK_DTYPE)
-    for name in TASK_DTYPE.names:
-        array[name] = [r[name] for r in rows]
+    placed = [replace(t, wave=wave, worker=k % workers)
+              for wave, (_, _, tasks) in enumerate(waves) for k, t in enumerate(tasks)]
+    array = tasks_to_array(placed)
     order = np.lexsort((np.arange(len(array)), array["worker"], array["wave"]))
     return array[order]
 
