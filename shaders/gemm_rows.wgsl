@@ -28,7 +28,7 @@ struct Step {
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
@@ -52,8 +52,9 @@ fn row_base(row: u32) -> u32 {
     return P.w0 + row * P.row_words;
 }
 
+// values 4i..4i+3 of the input row that starts at float `base` (a multiple of 4)
 fn load_x(base: u32, i: u32) -> vec4<f32> {
-    return vec4<f32>(X[base + 4u * i], X[base + 4u * i + 1u], X[base + 4u * i + 2u], X[base + 4u * i + 3u]);
+    return X[base / 4u + i];
 }
 
 fn norm_weight(i: u32) -> vec4<f32> {
