@@ -5,6 +5,8 @@ import threading
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..models import resolve_model
 
+GRACEFUL_SHUTDOWN_SECONDS = 3
+
 HELP = "serve a model over an OpenAI-compatible HTTP API (chat and text completions, streaming)"
 
 
@@ -57,7 +59,11 @@ def run(args) -> int:
                             aliases=tuple(args.alias), strict_model=args.strict_model,
                             cors_origins=tuple(args.cors_origin))
     app = create_app(load, options)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    # On Ctrl-C, open streams get a few seconds; then their tasks are cancelled, which cancels
+    # their generations, instead of waiting for every answer to run to max_tokens.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+    server = uvicorn.Server(config)
     outcome = {"rc": 0}
     threading.Thread(target=_watch_loading, args=(app.state.airframe, server, outcome), daemon=True).start()
     server.run()
