@@ -78,6 +78,11 @@ def test_truncated_weights_and_bad_header_are_refused(package, tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0" * 100)
     with pytest.raises(PlanError, match="100 bytes, expected"):
         Package.load(tmp_path)
+    header = json.loads((package.path / "plan.json").read_text())
+    del header["consts"]["act_size"]
+    (tmp_path / "plan.json").write_text(json.dumps(header))
+    with pytest.raises(PlanError, match="plan constants lack act_size"):
+        Package.load(tmp_path)
     (tmp_path / "plan.json").write_text(json.dumps({"format": "something else", "version": 1}))
     with pytest.raises(PlanError, match="expected 'airframe-megakernel-plan'"):
         Package.load(tmp_path)

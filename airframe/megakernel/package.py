@@ -25,7 +25,7 @@ from ..errors import AirframeError, GGUFError
 from ..family import load_config
 from ..gguf_file import GGUFFile, dequantize_rows
 from ..rope_scaling import cos_sin
-from .opcodes import PLAN_VERSION, TASK_DTYPE
+from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE
 from .planner import Plan, TensorSlot, make_plan
 from .target import Target, target_from_dict, target_to_dict
 from .validator import PlanError, validate
@@ -71,6 +71,11 @@ def plan_from_json(header: dict, tasks: np.ndarray, where: str) -> Plan:
     if header.get("format") != FORMAT or header.get("version") != PLAN_VERSION:
         raise PlanError(f"{where}: format {header.get('format')!r} version {header.get('version')!r}, "
                         f"expected {FORMAT!r} version {PLAN_VERSION}")
+    consts = header.get("consts")
+    missing = [name for name in CONST_NAMES if not isinstance(consts, dict) or name not in consts]
+    if missing:
+        raise PlanError(f"{where}: plan constants lack {', '.join(missing[:5])}"
+                        f"{' and more' if len(missing) > 5 else ''}")
     try:
         tensors = {name: TensorSlot(name, t["offset"], t["dtype"], tuple(t["shape"]), t["transposed"])
                    for name, t in header["tensors"].items()}
