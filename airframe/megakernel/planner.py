@@ -46,6 +46,8 @@ class TensorSlot:
 
 @dataclass
 class Plan:
+    """One token of one model on one target: what plan.json and tasks.bin hold."""
+
     model: dict  # ModelConfig as a dict
     target: Target
     consts: dict
