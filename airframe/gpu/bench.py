@@ -100,7 +100,8 @@ def gpu_breakdown(be: WebGPUBackend, context: int, repeats: int = 20) -> dict:
     and the round trip of an empty submit plus a 16-byte read-back. Leaves the cache dirty: reset after."""
     be.reset()
     be.n_past = context - 1
-    be._write_step(1, 0)
+    be._write_step(1)
+    be._write_head_step(1, 0)
     token = be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1)
     empty = _timed_submit(be, [], 1)
     out = {"roundtrip_ms": 1000 * empty,

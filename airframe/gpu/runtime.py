@@ -54,7 +54,8 @@ class Scratch:
     part: object      # (tokens, n_head, max_splits, head_dim + 2)
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
-    step: object      # uniform Step
+    step: object      # uniform Step of the layers
+    head_step: object # uniform Step of the LM head: its own token count and first position
     part_bytes: int
     logit_rows: int
 
@@ -164,6 +165,7 @@ class WebGPUBackend:
                 label="logits_readback", size=logit_rows * c.vocab_size * 4,
                 usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST),
             step=k.uniform(K.pack_step(0, 1), "step"),
+            head_step=k.uniform(K.pack_step(0, 1), "head_step"),
             part_bytes=part_bytes,
             logit_rows=logit_rows,
         )
@@ -225,9 +227,13 @@ class WebGPUBackend:
         head = self.globals_ops.final_norm(n_tokens) + self.globals_ops.lm_head(1)
         return len(self.dispatches(n_tokens)) + len(head)
 
-    def _write_step(self, n_tokens: int, lm_first: int) -> None:
-        step = K.pack_step(self.n_past, n_tokens, lm_first, self.split_len(n_tokens))
+    def _write_step(self, n_tokens: int) -> None:
+        step = K.pack_step(self.n_past, n_tokens, 0, self.split_len(n_tokens))
         self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)
+
+    def _write_head_step(self, n_tokens: int, first: int) -> None:
+        """The LM head runs n_tokens positions from position `first` of the chunk."""
+        self.ctx.device.queue.write_buffer(self.scratch.head_step, 0, K.pack_step(self.n_past, n_tokens, first))
 
     def _n_splits(self, n_tokens: int) -> int:
         return -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
@@ -243,7 +249,8 @@ class WebGPUBackend:
         """One token: write its id and the step, submit (pre-recorded when possible), read the logits."""
         queue = self.ctx.device.queue
         queue.write_buffer(self.scratch.ids, 0, np.array([token], np.uint32))
-        self._write_step(1, 0)
+        self._write_step(1)
+        self._write_head_step(1, 0)
         key = self._n_splits(1)
         ready = self._next_decode
         commands = ready[1] if ready is not None and ready[0] == key else self._record_decode()
@@ -260,7 +267,8 @@ class WebGPUBackend:
             return self._decode(int(ids[0]))
         device = self.ctx.device
         device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
-        self._write_step(n, n - 1)
+        self._write_step(n)
+        self._write_head_step(1, n - 1)
         work = self.dispatches(n)
         head = []
         if last and not all_logits:
@@ -298,7 +306,7 @@ class WebGPUBackend:
         rows = self.scratch.logit_rows
         for first in range(0, n, rows):
             count = min(rows, n - first)
-            self._write_step(count, first)
+            self._write_head_step(count, first)
             encoder = device.create_command_encoder()
             K.record(encoder, self.globals_ops.lm_head(count))
             encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,

@@ -201,7 +201,7 @@ def build_globals(be) -> GlobalOps:
             "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=K.MODE_X_STEP, w0=0, w1=0, w2=0,
             seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
             y_stride=c.vocab_size, y_off=chunk.first_row)
-        group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.step])
+        group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.head_step])
         head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,
                            output=(s.logits, c.vocab_size)))
     return GlobalOps(k, embed_ops, norm_op, head_ops)
