@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import GGUFError, ParameterError
+from .errors import GGUFError, ParameterError, UnsupportedError
 
 TYPES = ("none", "linear", "yarn", "llama3")
 log = logging.getLogger("airframe.rope")
@@ -81,6 +81,9 @@ def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
             return NONE
         return RopeScaling("linear", float(linear), ctx_train)
     kind = "linear" if kind is None else str(kind)
+    if kind == "longrope":
+        raise UnsupportedError(f"{gf.path}: {prefix}.rope.scaling.type = 'longrope' (Phi-3 128k), which airframe "
+                               f"does not run yet; expected one of {', '.join(TYPES)}")
     if kind not in TYPES:
         raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = {kind!r}, expected one of {', '.join(TYPES)}")
     fields = {}

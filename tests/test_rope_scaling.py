@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from airframe.backend import open_backend
-from airframe.errors import GGUFError, ParameterError
+from airframe.errors import GGUFError, ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.reference import ReferenceBackend, ReferenceModel
@@ -187,6 +187,9 @@ def test_bad_scaling_type_in_the_file(folder):
     gf.metadata["llama.rope.scaling.type"] = "ntk-by-parts"
     with pytest.raises(GGUFError, match="rope.scaling.type = 'ntk-by-parts', expected one of"):
         read_rope_scaling(gf, "llama", 2048)
+    gf.metadata["llama.rope.scaling.type"] = "longrope"
+    with pytest.raises(UnsupportedError, match="'longrope' .* does not run yet"):
+        read_rope_scaling(gf, "llama", 2048)
 
 
 def test_local_layers_are_not_scaled(folder):
@@ -248,7 +251,6 @@ def test_longer_context_than_trained_warns(folder, caplog):
 
 def test_longrope_phi3_is_refused_clearly(folder, monkeypatch):
     """Phi-3 128k / Phi-3.5 files carry LongRoPE factor tensors: an UnsupportedError naming them."""
-    from airframe.errors import UnsupportedError
     from airframe.synthetic import FAMILIES
 
     spec = FAMILIES["phi3"]
