@@ -61,7 +61,8 @@ def test_golden_files_come_from_the_reference_backend(model):
     assert min(golden["margins"]) >= smoke.NEAR_TIE
 
 
-@pytest.mark.parametrize("model", smoke.VERIFIED_MODELS)
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow) if m in smoke.REAL_MODELS else m
+                                   for m in smoke.VERIFIED_MODELS])
 def test_every_check_passes_on_webgpu(model):
     rc, out = run_smoke("--only", model)
     assert rc == 0, out
