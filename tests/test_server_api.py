@@ -131,12 +131,16 @@ def serving(app):
 
 
 def sse_events(lines) -> list:
-    """The payloads of an SSE body, checking OpenAI's framing: `data: ...` lines, blank separators."""
+    """The payloads of an SSE body, checking OpenAI's framing: `data: ...` lines, blank separators
+    (and `: comment` keep-alives, which clients skip)."""
     events, expect_blank = [], False
     for line in lines:
         if expect_blank:
             assert line == "", f"expected a blank line after each event, found {line!r}"
             expect_blank = False
+            continue
+        if line.startswith(": "):
+            expect_blank = True
             continue
         assert line.startswith("data: "), f"expected 'data: ...', found {line!r}"
         payload = line[len("data: "):]
@@ -635,3 +639,20 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error_event():
         plain = c.post("/v1/completions", json={"prompt": "hi"})
         assert "device lost" in assert_openai_error(plain, 500)["message"]
         assert c.post("/v1/completions", json={"prompt": "hi", "stream": True}).status_code == 200  # still serving
+
+
+def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(monkeypatch):
+    from airframe.server import routes
+
+    monkeypatch.setattr(routes, "KEEPALIVE_SECONDS", 0.05)
+    engine = FakeEngine(delay=0.02)
+    with TestClient(create_app(engine)) as c:
+        first = threading.Thread(target=c.post, args=("/v1/completions",), kwargs={"json": {"prompt": "a", "max_tokens": 25}})
+        first.start()
+        while c.app.state.airframe.queue.running == 0:
+            time.sleep(0.01)
+        with c.stream("POST", "/v1/completions", json={"prompt": "b", "max_tokens": 3, "stream": True}) as response:
+            lines = list(response.iter_lines())
+        first.join()
+    assert lines[0] == ": waiting"  # sent while the first request still ran
+    assert "".join(e["choices"][0]["text"] for e in sse_events(lines)[:-1] if e["choices"]) == REPLY[:3]

@@ -1,9 +1,10 @@
 """The endpoints: OpenAI's chat and text completions (streamed or not), models, tokenize,
 detokenize, health and metrics.
 
-A completion request is checked, turned into engine params, put in the queue, and answered from
-the events the worker sends back. Nothing is sent before the first event, so an error the engine
-raises at the start (a prompt longer than the context) still becomes a 400 and not a broken stream.
+A completion request is checked, turned into engine params, measured against the context, put in
+the queue, and answered from the events the worker sends back. Everything a client can get wrong
+(parameters, a prompt longer than the context) is found before queueing and answered with a plain
+400; a stream then starts at once and sends SSE comments while it waits for its turn.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ from .schemas import (
 
 ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
 DISCONNECT_POLL_SECONDS = 0.1
+# A stream that waits (in the queue, or for a slow token) sends an SSE comment this often, so that
+# clients and proxies with read timeouts keep the connection.
+KEEPALIVE_SECONDS = 5.0
+KEEPALIVE = ": waiting\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before its answer
 
 
@@ -118,8 +123,8 @@ def _raise_for(event, param: str):
         raise ApiError(503, "the request was dropped because the server is shutting down", type="server_overloaded")
 
 
-async def _start(request: Request, prompt, params, param: str):
-    """Queue a job and wait for its first event (after the prompt is prefilled)."""
+def _submit(request: Request, prompt, params) -> Job:
+    """Put a job in the queue (503 when it is full)."""
     queue = _state(request).queue
     if queue is None:
         raise overloaded("the server is shutting down")
@@ -128,22 +133,19 @@ async def _start(request: Request, prompt, params, param: str):
         queue.submit(job)
     except AirframeError as e:
         raise from_airframe(e) from None
-    first = await _next_event(job, request)
-    _raise_for(first, param)
-    return job, first
+    return job
 
 
-async def _collect(request: Request, job: Job, first, param: str):
+async def _collect(request: Request, job: Job, param: str):
     """All the events of a job that is not streamed: the pieces and the Finish."""
-    pieces, event = [], first
-    while event is not END:
+    pieces = []
+    while True:
+        event = await _next_event(job, request)
         _raise_for(event, param)
         if isinstance(event, Piece):
             pieces.append(event)
         elif isinstance(event, Finish):
             return pieces, event
-        event = await _next_event(job, request)
-    raise ClientGone()
 
 
 def _usage(finish: Finish) -> Usage:
@@ -166,21 +168,30 @@ def _stream_response(job: Job, chunks) -> StreamingResponse:
                              background=BackgroundTask(job.cancel))
 
 
-async def _events(job: Job, first):
-    """The job's events from `first` to its Finish; cancels the job if the stream is dropped."""
-    event = first
+async def _events(job: Job):
+    """The job's events up to its Finish, and None after every KEEPALIVE_SECONDS without one;
+    cancels the job if the stream is dropped (the client left)."""
     try:
-        while event is not END:
+        while True:
+            try:
+                event = await asyncio.wait_for(job.events.get(), KEEPALIVE_SECONDS)
+            except asyncio.TimeoutError:
+                yield None
+                continue
+            if event is END:
+                return
             yield event
             if isinstance(event, (Finish, Exception)):
                 return
-            event = await job.events.get()
     finally:
         job.cancel()
 
 
-def _error_chunk(event: Exception) -> str:
-    message = str(event) if isinstance(event, AirframeError) else f"generation failed: {type(event).__name__}: {event}"
+def _error_chunk(event: Exception, param: str) -> str:
+    if isinstance(event, AirframeError):
+        error = from_airframe(event, param)
+        return _sse({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}})
+    message = f"generation failed: {type(event).__name__}: {event}"
     return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}})
 
 
@@ -194,10 +205,12 @@ def _chat_chunk(meta: dict, delta: Delta, logprobs=None, finish_reason=None, usa
     return body
 
 
-async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
+async def _chat_stream(state, job: Job, meta: dict, include_usage: bool):
     yield _sse(_chat_chunk(meta, Delta(role="assistant", content=""), usage_field=include_usage))
-    async for event in _events(job, first):
-        if isinstance(event, Piece) and (event.text or event.logprobs):
+    async for event in _events(job):
+        if event is None:
+            yield KEEPALIVE
+        elif isinstance(event, Piece) and (event.text or event.logprobs):
             logprobs = None
             if event.logprobs:
                 logprobs = ChoiceLogprobs(content=translate.chat_logprobs(event.logprobs, state.engine.tokenizer.token_bytes))
@@ -207,7 +220,7 @@ async def _chat_stream(state, job: Job, first, meta: dict, include_usage: bool):
             if include_usage:
                 yield _sse(ChatCompletionChunk(**meta, choices=[], usage=_usage(event)).model_dump())
         elif isinstance(event, Exception):
-            yield _error_chunk(event)
+            yield _error_chunk(event, "messages")
     yield "data: [DONE]\n\n"
 
 
@@ -229,12 +242,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
     messages = translate.chat_messages(body.messages)
     params = translate.chat_params(body, engine.config.vocab_size)
     await run_in_threadpool(_prompt_tokens, engine, messages, "messages")
+    job = _submit(request, messages, params)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream_response(job, _chat_stream(state, job, meta, include_usage))
     try:
-        job, first = await _start(request, messages, params, "messages")
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream_response(job, _chat_stream(state, job, first, meta, include_usage))
-        pieces, finish = await _collect(request, job, first, "messages")
+        pieces, finish = await _collect(request, job, "messages")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return _chat_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes)
@@ -248,10 +261,12 @@ def _completion_chunk(meta: dict, text: str, logprobs=None, finish_reason=None, 
     return chunk.model_dump(exclude=None if usage_field else {"usage"})
 
 
-async def _completion_stream(state, job: Job, first, meta: dict, include_usage: bool):
+async def _completion_stream(state, job: Job, meta: dict, include_usage: bool):
     offset = 0
-    async for event in _events(job, first):
-        if isinstance(event, Piece) and (event.text or event.logprobs):
+    async for event in _events(job):
+        if event is None:
+            yield KEEPALIVE
+        elif isinstance(event, Piece) and (event.text or event.logprobs):
             logprobs = None
             if event.logprobs:
                 logprobs = translate.legacy_logprobs(event.logprobs, state.engine.tokenizer.token_bytes, offset)
@@ -262,7 +277,7 @@ async def _completion_stream(state, job: Job, first, meta: dict, include_usage: 
             if include_usage:
                 yield _sse(Completion(**meta, choices=[], usage=_usage(event)).model_dump())
         elif isinstance(event, Exception):
-            yield _error_chunk(event)
+            yield _error_chunk(event, "prompt")
     yield "data: [DONE]\n\n"
 
 
@@ -283,12 +298,12 @@ async def completions(body: CompletionRequest, request: Request, engine=Depends(
     prompt = translate.completion_prompt(body)
     params = translate.completion_params(body, engine.config.vocab_size)
     await run_in_threadpool(_prompt_tokens, engine, prompt, "prompt")
+    job = _submit(request, prompt, params)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream_response(job, _completion_stream(state, job, meta, include_usage))
     try:
-        job, first = await _start(request, prompt, params, "prompt")
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream_response(job, _completion_stream(state, job, first, meta, include_usage))
-        pieces, finish = await _collect(request, job, first, "prompt")
+        pieces, finish = await _collect(request, job, "prompt")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return _completion_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes)
