@@ -656,3 +656,13 @@ def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(monkeypatch):
         first.join()
     assert lines[0] == ": waiting"  # sent while the first request still ran
     assert "".join(e["choices"][0]["text"] for e in sse_events(lines)[:-1] if e["choices"]) == REPLY[:3]
+
+
+def test_the_openai_client_skips_keep_alive_comments(monkeypatch):
+    from airframe.server import routes
+
+    monkeypatch.setattr(routes, "KEEPALIVE_SECONDS", 0.005)  # several comments between tokens
+    with TestClient(create_app(FakeEngine(delay=0.03))) as c:
+        stream = openai_client(c).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True)
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == REPLY[:5]
