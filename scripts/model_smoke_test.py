@@ -12,6 +12,9 @@ and exits 0 only when nothing failed.
     python scripts/model_smoke_test.py --family qwen3        # a synthetic model of any family
     python scripts/model_smoke_test.py --write-golden        # regenerate tests/data/golden/ (numpy)
 
+A failing check shows its reason in the table's notes; AIRFRAME_SMOKE_TRACEBACK=1 also prints the
+traceback of an unexpected exception.
+
 Expected continuations: for the real models, `tests/data/golden/<name>.json`, written once by the
 numpy reference backend (--write-golden), never by the backend under test. For any other model
 (synthetic, --model) the reference backend generates the expectation on the spot; the comparison
@@ -148,10 +151,11 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def reference_expectation(path: Path, prompt_ids: list[int], stop_ids: set[int]) -> dict:
+def reference_expectation(path: Path, engine: Engine) -> dict:
     """Greedy ids and margins from the numpy reference backend, made now."""
     reference = open_backend("reference", path, n_ctx=N_CTX, progress=False)
-    ids, margins = greedy(reference, prompt_ids, GOLDEN_TOKENS, stop_ids)
+    prompt_ids = engine.tokenize_prompt(PROMPT)
+    ids, margins = greedy(reference, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
     return {"prompt_ids": prompt_ids, "ids": ids, "margins": margins, "source": "reference backend, now"}
 
 
@@ -311,17 +315,13 @@ def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Pa
     engine = holder.get("engine")
     not_loaded = None if engine is not None else "not loaded"
     timed(run, "tokenizer", lambda: check_tokenizer(engine), not_loaded)
-    expected, golden_skip = None, not_loaded
-    if engine is not None:
-        expected = load_golden(golden_dir / f"{name}.json")
-        if expected is not None:
-            pass
-        elif backend == "reference":
-            golden_skip = "no expectation independent of the reference backend"
-            run.greedy_ids, _ = greedy(engine.backend, engine.tokenize_prompt(PROMPT), GOLDEN_TOKENS, engine.eog_ids)
-        else:
-            expected = reference_expectation(path, engine.tokenize_prompt(PROMPT), engine.eog_ids)
-    timed(run, "golden", lambda: check_golden(engine, run, expected), golden_skip)
+    golden = load_golden(golden_dir / f"{name}.json")
+    golden_skip = not_loaded
+    if engine is not None and golden is None and backend == "reference":
+        golden_skip = "no expectation independent of the reference backend"
+        run.greedy_ids, _ = greedy(engine.backend, engine.tokenize_prompt(PROMPT), GOLDEN_TOKENS, engine.eog_ids)
+    timed(run, "golden", lambda: check_golden(engine, run, golden or reference_expectation(path, engine)),
+          golden_skip)
     timed(run, "prefill/decode", lambda: check_prefill_decode(engine), not_loaded)
     timed(run, "chat template", lambda: check_chat_template(engine), not_loaded)
     server_skip = "--skip-server" if skip_server else (None if run.greedy_ids is not None else "no greedy run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,9 @@ def _load_script():
 smoke = _load_script()
 
 
-def run_smoke(*args: str, timeout: int = 600) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+def run_smoke(*args: str, env: dict | None = None, timeout: int = 600) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     return done.returncode, done.stdout
 
 
@@ -68,6 +70,16 @@ def test_every_check_passes_on_webgpu(model):
     assert rc == 0, out
     assert table_row(out, model) == {check: "pass" for check in smoke.CHECKS}, out
     assert "1 of 1 models passed every check" in out
+
+
+def test_discrete_gpu_kernels_on_synthetic_models():
+    """lavapipe runs gemm_rows.wgsl for every token count; the tiled gemv/gemm pair that GPUs run
+    is checked here too, where decode (gemv) and prefill (gemm) really are different kernels."""
+    rc, out = run_smoke("--family", "llama", "--family", "gemma3", "--skip-server", env={"AIRFRAME_MATMUL": "tiled"})
+    assert rc == 0, out
+    for name in ("synthetic-llama", "synthetic-gemma3"):
+        row = table_row(out, name)
+        assert row == {**{check: "pass" for check in smoke.CHECKS}, "server": "skip"}, out
 
 
 def test_a_wrong_golden_fails_and_names_the_token(tmp_path):
