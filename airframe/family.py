@@ -49,7 +49,6 @@ class Family:
     layer_tensors: tuple[str, ...]
     layer_optional: tuple[str, ...]
     switches: dict[str, Any]
-    unsupported: tuple[str, ...] = ()  # global tensors whose presence means math we do not run
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,6 @@ def _parse_family(path: Path) -> Family:
         layer_tensors=tuple(tensors.get("layer", ())),
         layer_optional=tuple(tensors.get("layer_optional", ())),
         switches=switches,
-        unsupported=tuple(tensors.get("unsupported", ())),
     )
 
 
@@ -180,6 +178,8 @@ TENSOR_SHAPES = {
     "output.weight": ("n_embd", "vocab_size"),
     "output_norm.weight": ("n_embd",),
     "rope_freqs.weight": ("rope_dim / 2",),
+    "rope_factors_long.weight": ("rope_dim / 2",),
+    "rope_factors_short.weight": ("rope_dim / 2",),
     "attn_qkv.weight": ("n_embd", "n_qkv"),
     "attn_q.bias": ("n_head * head_dim",),
     "attn_k.bias": ("n_head_kv * head_dim",),
@@ -302,10 +302,6 @@ def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
-    present = [t for t in fam.unsupported if t in gf.tensors]
-    if present:
-        raise UnsupportedError(f"{gf.path}: {fam.name} model has {', '.join(present)}, which airframe does not run "
-                               f"yet; expected a model without them (family/{fam.name}.toml)")
     sizes = dict(hp, n_qkv=(hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"])
     shapes = dict(TENSOR_SHAPES)
     if fam.switches["fused_gate_up"]:

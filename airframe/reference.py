@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .errors import ContextOverflowError
 from .family import ModelConfig, load_config
 from .gguf_file import GGUFFile
-from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, cos_sin
+from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, cos_sin, freq_factors
 
 DEFAULT_CTX = 4096
 
@@ -148,6 +148,8 @@ class ReferenceBackend:
         self.config = model.config
         self.n_ctx = n_ctx
         c = self.config
+        # per-pair RoPE divisors: rope_freqs.weight, or LongRoPE's long/short factors for this n_ctx
+        self.rope_freqs = freq_factors(model.gf, c.rope_scaling, n_ctx)
         # (layer, kv_head, ctx, head_dim), F32 like the GPU cache
         self.k_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim), dtype=np.float32)
         self.v_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim_v), dtype=np.float32)
@@ -206,8 +208,8 @@ class ReferenceBackend:
             q = rmsnorm(q, w["attn_q_norm"], c.rms_eps)
             k = rmsnorm(k, w["attn_k_norm"], c.rms_eps)
         base, scaling = c.layer_rope_base(i), c.layer_rope_scaling(i)
-        q = rope(q, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs, scaling)
-        k = rope(k, positions, c.rope_dim, base, c.rope_style, self.model.rope_freqs, scaling)
+        q = rope(q, positions, c.rope_dim, base, c.rope_style, self.rope_freqs, scaling)
+        k = rope(k, positions, c.rope_dim, base, c.rope_style, self.rope_freqs, scaling)
         self.k_cache[i][:, positions[0]:positions[-1] + 1] = k.transpose(1, 0, 2)
         self.v_cache[i][:, positions[0]:positions[-1] + 1] = v.transpose(1, 0, 2)
         end = positions[-1] + 1

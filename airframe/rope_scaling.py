@@ -13,6 +13,8 @@ Types (docs/EXTENDED_CONTEXT.md gives the formulas and their sources):
           mscale = attn_factor * (0.1 ln(factor) + 1) (https://arxiv.org/abs/2309.00071, eq. 17-22)
   llama3  inv_freq[i] / freq_factors[i]: the file's rope_freqs.weight, or computed from the factor,
           low/high frequency factors and original context as Meta's Llama 3.1 reference does.
+  longrope  (Phi-3 128k, Phi-3.5) inv_freq[i] / rope_factors_long[i] when the context is longer than
+          the original one, else / rope_factors_short[i]; mscale = the file's attn_factor.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import GGUFError, ParameterError, UnsupportedError
+from .errors import GGUFError, ParameterError
 
-TYPES = ("none", "linear", "yarn", "llama3")
+TYPES = ("none", "linear", "yarn", "llama3", "longrope")
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 log = logging.getLogger("airframe.rope")
 
 
@@ -72,6 +75,8 @@ _KEYS = {
 
 def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
     """The scaling a GGUF file declares; NONE when it declares none (or factor 1 of a linear type)."""
+    if LONGROPE_TENSORS[0] in gf.tensors:
+        return _longrope(gf, prefix, ctx_train)
     kind = gf.get(f"{prefix}.rope.scaling.type")
     factor = gf.get(f"{prefix}.rope.scaling.factor")
     if kind is None and factor is None:
@@ -82,8 +87,8 @@ def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
         return RopeScaling("linear", float(linear), ctx_train)
     kind = "linear" if kind is None else str(kind)
     if kind == "longrope":
-        raise UnsupportedError(f"{gf.path}: {prefix}.rope.scaling.type = 'longrope' (Phi-3 128k), which airframe "
-                               f"does not run yet; expected one of {', '.join(TYPES)}")
+        raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = 'longrope' without the tensors "
+                        f"{' and '.join(LONGROPE_TENSORS)}; expected both")
     if kind not in TYPES:
         raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = {kind!r}, expected one of {', '.join(TYPES)}")
     fields = {}
@@ -102,6 +107,33 @@ def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
     return scaling if scaling.original_ctx else replace(scaling, original_ctx=ctx_train)
 
 
+def _longrope(gf, prefix: str, ctx_train: int) -> RopeScaling:
+    """Phi-3's LongRoPE, as llama.cpp's converter stores it: the two factor tensors, the original
+    context and the attention factor sqrt(1 + ln(s) / ln(original)) it computed."""
+    missing = [t for t in LONGROPE_TENSORS if t not in gf.tensors]
+    if missing:
+        raise GGUFError(f"{gf.path}: LongRoPE model without {', '.join(missing)}; expected both factor tensors")
+    original = gf.get(f"{prefix}.rope.scaling.original_context_length") or ctx_train
+    attn_factor = gf.get(f"{prefix}.rope.scaling.attn_factor", 1.0)
+    if not (isinstance(original, int) and original > 0 and isinstance(attn_factor, (int, float))
+            and math.isfinite(attn_factor) and attn_factor > 0):
+        raise GGUFError(f"{gf.path}: LongRoPE original context {original!r} / attn_factor {attn_factor!r}, "
+                        f"expected a positive integer and a positive number")
+    return RopeScaling("longrope", max(1.0, ctx_train / original), int(original), float(attn_factor))
+
+
+def freq_factors(gf, scaling: RopeScaling, n_ctx: int) -> np.ndarray | None:
+    """The per-pair divisors of inv_freq a file stores: rope_freqs.weight (Llama 3), or LongRoPE's
+    long factors when the context exceeds the original one and its short factors otherwise
+    (llama.cpp: llama_model::get_rope_factors). None when the file has none."""
+    if "rope_freqs.weight" in gf.tensors:
+        return gf.dequantize("rope_freqs.weight").astype(np.float64)
+    if scaling.type == "longrope":
+        name = LONGROPE_TENSORS[0] if n_ctx > scaling.original_ctx else LONGROPE_TENSORS[1]
+        return gf.dequantize(name).astype(np.float64)
+    return None
+
+
 def requested(kind: str | None, factor: float | None) -> RopeScaling | None:
     """The scaling a user asks for (`--rope-scaling TYPE --rope-scale S`); None when nothing is asked.
     Its original context is left 0: load_config fills in the file's context_length."""
@@ -109,8 +141,9 @@ def requested(kind: str | None, factor: float | None) -> RopeScaling | None:
         return None
     if kind is None:
         kind = "linear"
-    if kind not in TYPES:
-        raise ParameterError(f"--rope-scaling {kind!r}, expected one of {', '.join(TYPES)}")
+    choices = [t for t in TYPES if t != "longrope"]  # LongRoPE needs the model's own factor tensors
+    if kind not in choices:
+        raise ParameterError(f"--rope-scaling {kind!r}, expected one of {', '.join(choices)}")
     if kind == "none":
         return NONE
     if factor is None:
@@ -176,6 +209,8 @@ def inv_frequencies(rope_dim: int, base: float, scaling: RopeScaling = NONE,
 
 def mscale(scaling: RopeScaling) -> float:
     """The multiplier of the rotated Q and K values (so attention logits grow by mscale^2)."""
+    if scaling.type == "longrope":
+        return scaling.attn_factor
     if scaling.type != "yarn" or scaling.ext_factor == 0:
         return 1.0
     grow = 1.0 + 0.1 * math.log(scaling.factor) if scaling.factor > 1 else 1.0

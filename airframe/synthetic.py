@@ -28,6 +28,7 @@ not depend on the values); the file's general.name says so.
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from collections import deque
@@ -473,7 +474,9 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     shape's vocabulary size; the tokenizer (`tokenizer.*` keys of the model named or at the path
     `tokenizer`) is cut or padded to match. rope_scaling writes the `{arch}.rope.scaling.*` keys,
     except that a "llama3" scaling is written as llama.cpp's converter does, as the
-    rope_freqs.weight tensor of per-pair factors (as keys when rope_freqs is False).
+    rope_freqs.weight tensor of per-pair factors (as keys when rope_freqs is False), and a
+    "longrope" one as Phi-3's converter does: rope_factors_long / rope_factors_short tensors (made-up
+    smooth factors), the original context and the attention factor sqrt(1 + ln(s) / ln(original)).
     """
     if not isinstance(seed, int) or seed < 0:
         raise ParameterError(f"seed = {seed!r}, expected a non-negative integer")
@@ -485,6 +488,9 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
             factors = llama3_freq_factors(dims["head_dim"], dims["rope_base"], rope_scaling)
             plans.insert(0, TensorPlan("rope_freqs.weight", (factors.size,), Q.F32, "rope_freqs.weight",
                                        fixed=tuple(float(f) for f in factors)))
+        elif rope_scaling.type == "longrope":
+            plans[:0] = _longrope_plans(dims["head_dim"] // 2, rope_scaling.factor)
+            extra = rope_scaling_metadata(family_spec(family).architecture, rope_scaling)
         else:
             extra = rope_scaling_metadata(family_spec(family).architecture, rope_scaling)
     path = Path(path)
@@ -526,10 +532,24 @@ def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str
     writer.write_ti_data_to_file()
 
 
+def _longrope_plans(half: int, factor: float) -> list[TensorPlan]:
+    """LongRoPE factor tensors: long ones growing from 1 to the factor over the pairs, short ones
+    from 1 to 1.5 (real files hold fitted values of these shapes)."""
+    share = np.arange(half) / max(1, half - 1)
+    long = 1.0 + (factor - 1.0) * share ** 2
+    short = 1.0 + 0.5 * share
+    return [TensorPlan(name, (half,), Q.F32, name, fixed=tuple(float(v) for v in values))
+            for name, values in (("rope_factors_long.weight", long), ("rope_factors_short.weight", short))]
+
+
 def rope_scaling_metadata(architecture: str, s: RopeScaling) -> dict[str, tuple[Any, GGUFValueType]]:
     """The `{arch}.rope.scaling.*` keys llama.cpp's converter writes for a scaling (plus Llama 3's
     low/high frequency factors, which it never writes: it stores rope_freqs.weight instead)."""
     prefix = f"{architecture}.rope.scaling"
+    if s.type == "longrope":  # Phi3MiniModel: no type or factor key; the factor is context / original
+        attn_factor = math.sqrt(1 + math.log(s.factor) / math.log(s.original_ctx)) if s.factor > 1 else 1.0
+        return {f"{prefix}.original_context_length": (s.original_ctx, V.UINT32),
+                f"{prefix}.attn_factor": (attn_factor, V.FLOAT32)}
     keys = {f"{prefix}.type": (s.type, V.STRING), f"{prefix}.factor": (s.factor, V.FLOAT32)}
     if s.original_ctx:
         keys[f"{prefix}.original_context_length"] = (s.original_ctx, V.UINT32)

@@ -1,6 +1,6 @@
-"""RoPE scaling: frequencies against transformers' own rope functions, models scaled by YaRN, linear and
-Llama 3 factors against transformers at positions beyond the original context, GGUF keys and the
-user's override.
+"""RoPE scaling: frequencies against transformers' own rope functions, models scaled by YaRN, linear,
+Llama 3 factors and Phi-3's LongRoPE against transformers at positions beyond the original context,
+GGUF keys and tensors, and the user's override.
 
 Tolerance of the model comparisons: as in test_families.py (float32 from identical weights,
 measured <= 6e-7 at 384 positions), bound 2e-5. Without the scaling the same logits move by
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from airframe.backend import open_backend
-from airframe.errors import GGUFError, ParameterError, UnsupportedError
+from airframe.errors import GGUFError, ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.reference import ReferenceBackend, ReferenceModel
@@ -39,6 +39,7 @@ SCALINGS = {
     "yarn": RopeScaling("yarn", 4.0, ORIGINAL_CTX),
     "linear": RopeScaling("linear", 4.0, ORIGINAL_CTX),
     "llama3": RopeScaling("llama3", 8.0, ORIGINAL_CTX),
+    "longrope": RopeScaling("longrope", 4.0, ORIGINAL_CTX),  # factor = ctx_train / original, as Phi-3's
 }
 
 
@@ -50,6 +51,27 @@ def _torch():
         torch = pytest.importorskip("torch", reason="pip install -r scripts/requirements-hf.txt")
         transformers = pytest.importorskip("transformers", reason="pip install -r scripts/requirements-hf.txt")
     return torch, transformers
+
+
+def hf_overrides(s: RopeScaling, base: float, gf: GGUFFile) -> dict:
+    """Config values transformers' GGUF loader does not read: the rope parameters, and for LongRoPE
+    the factor tensors and Phi3Config's own original_max_position_embeddings (default 4096)."""
+    params = hf_rope_parameters(s, base)
+    if s.type != "longrope":
+        return {"rope_parameters": params}
+    params.pop("factor")  # transformers derives it from max_position_embeddings, as the converter did
+    params["long_factor"] = gf.dequantize("rope_factors_long.weight").tolist()
+    params["short_factor"] = gf.dequantize("rope_factors_short.weight").tolist()
+    return {"rope_parameters": params, "original_max_position_embeddings": s.original_ctx}
+
+
+def hf_logits(path: Path, overrides: dict, tokens: list[int]) -> np.ndarray:
+    torch, transformers = _torch()
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, **overrides).eval()
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float().numpy()
 
 
 def hf_rope_parameters(s: RopeScaling, base: float) -> dict:
@@ -141,7 +163,7 @@ def test_llama3_from_keys_equals_the_rope_freqs_tensor(folder):
     tokens = list(range(1, 200))
     with_tensor = ReferenceBackend.load(scaled_model(folder, "llama", "llama3"), n_ctx=256)
     from_keys = ReferenceBackend.load(scaled_model(folder, "llama", "llama3", rope_freqs=False), n_ctx=256)
-    assert with_tensor.model.rope_freqs is not None and from_keys.model.rope_freqs is None
+    assert with_tensor.rope_freqs is not None and from_keys.rope_freqs is None
     assert from_keys.config.rope_scaling == SCALINGS["llama3"]
     np.testing.assert_allclose(from_keys.forward(tokens, all_logits=True), with_tensor.forward(tokens, all_logits=True),
                                atol=1e-6)
@@ -172,7 +194,8 @@ def _with_ctx_train(folder: Path) -> Path:
 def test_requested_errors():
     assert requested(None, None) is None
     assert requested("none", None) == NONE
-    for kind, factor, words in [("ntk", 2.0, "expected one of"), ("yarn", None, "needs --rope-scale"),
+    for kind, factor, words in [("ntk", 2.0, "expected one of"), ("longrope", 2.0, "expected one of"),
+                                ("yarn", None, "needs --rope-scale"),
                                 ("yarn", 0.5, "expected a number >= 1"), ("linear", float("nan"), ">= 1")]:
         with pytest.raises(ParameterError, match=words):
             requested(kind, factor)
@@ -188,7 +211,7 @@ def test_bad_scaling_type_in_the_file(folder):
     with pytest.raises(GGUFError, match="rope.scaling.type = 'ntk-by-parts', expected one of"):
         read_rope_scaling(gf, "llama", 2048)
     gf.metadata["llama.rope.scaling.type"] = "longrope"
-    with pytest.raises(UnsupportedError, match="'longrope' .* does not run yet"):
+    with pytest.raises(GGUFError, match="'longrope' without the tensors"):
         read_rope_scaling(gf, "llama", 2048)
 
 
@@ -201,25 +224,19 @@ def test_local_layers_are_not_scaled(folder):
 
 
 # ---- models against transformers beyond the original context ---------------------------------------
-@pytest.fixture(scope="module", params=[("llama", "yarn"), ("qwen2", "yarn"), ("llama", "linear"), ("llama", "llama3")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[("llama", "yarn"), ("qwen2", "yarn"), ("llama", "linear"), ("llama", "llama3"),
+                                        ("phi3", "longrope")], ids=lambda p: "-".join(p))
 def scaled(request, folder):
-    torch, transformers = _torch()
     family, kind = request.param
     path = scaled_model(folder, family, kind)
     tokens = [int(t) for t in np.random.default_rng(0).integers(0, 512, N_TOKENS)]
     reference = ReferenceBackend.load(path, n_ctx=N_TOKENS)
     ours = reference.forward(tokens, all_logits=True)
     webgpu = open_backend("webgpu", path, n_ctx=N_TOKENS, progress=False).forward(tokens, all_logits=True)
-    params = hf_rope_parameters(SCALINGS[kind], reference.config.rope_base)
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, rope_parameters=params).eval()
-    with torch.no_grad():
-        theirs = model(torch.tensor([tokens])).logits[0].float().numpy()
+    theirs = hf_logits(path, hf_overrides(SCALINGS[kind], reference.config.rope_base, reference.model.gf), tokens)
     unscaled = ReferenceBackend(ReferenceModel(reference.model.gf, dataclasses.replace(reference.config,
                                                                                        rope_scaling=NONE)), N_TOKENS)
-    unscaled.model.rope_freqs = None
+    unscaled.rope_freqs = None
     return dict(ours=ours, webgpu=webgpu, theirs=theirs, unscaled=unscaled.forward(tokens, all_logits=True))
 
 
@@ -249,13 +266,15 @@ def test_longer_context_than_trained_warns(folder, caplog):
     assert caplog.text == ""
 
 
-def test_longrope_phi3_is_refused_clearly(folder, monkeypatch):
-    """Phi-3 128k / Phi-3.5 files carry LongRoPE factor tensors: an UnsupportedError naming them."""
-    from airframe.synthetic import FAMILIES
-
-    spec = FAMILIES["phi3"]
-    longrope = {**spec.global_tensors, "rope_factors_long.weight": ("head_dim",)}
-    monkeypatch.setitem(FAMILIES, "phi3", dataclasses.replace(spec, global_tensors=longrope))
-    path = write_synthetic_gguf(folder / "phi3-longrope.gguf", "phi3", "tiny", "F32")
-    with pytest.raises(UnsupportedError, match="rope_factors_long.weight, which airframe does not run yet"):
-        load_config(GGUFFile(path))
+def test_longrope_uses_the_short_factors_within_the_original_context(folder):
+    """n_ctx <= the original context: rope_factors_short (llama.cpp and transformers alike)."""
+    path = scaled_model(folder, "phi3", "longrope")
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 512, ORIGINAL_CTX)]
+    reference = ReferenceBackend.load(path, n_ctx=ORIGINAL_CTX)
+    np.testing.assert_array_equal(reference.rope_freqs, reference.model.gf.dequantize("rope_factors_short.weight"))
+    ours = reference.forward(tokens, all_logits=True)
+    webgpu = open_backend("webgpu", path, n_ctx=ORIGINAL_CTX, progress=False).forward(tokens, all_logits=True)
+    theirs = hf_logits(path, hf_overrides(SCALINGS["longrope"], reference.config.rope_base, reference.model.gf), tokens)
+    assert np.abs(ours - theirs).max() <= MAX_DIFF and np.abs(webgpu - theirs).max() <= MAX_DIFF
+    long = ReferenceBackend.load(path, n_ctx=ORIGINAL_CTX + 1)
+    assert np.abs(long.forward(tokens, all_logits=True) - theirs).max() >= MIN_EFFECT

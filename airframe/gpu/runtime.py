@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..errors import ContextOverflowError, ParameterError, UnsupportedError
 from ..family import ModelConfig, load_config
 from ..gguf_file import GGUFFile
-from ..rope_scaling import RopeScaling, cos_sin
+from ..rope_scaling import RopeScaling, cos_sin, freq_factors
 from . import kernels as K
 from .device import get_context
 from .pack import LayerPack, pack_rows, pack_tensors
@@ -129,7 +129,7 @@ class WebGPUBackend:
         for i in range(c.n_layers):
             first_layer.setdefault(c.layer_rope_base(i), i)
         bases = sorted(first_layer)
-        freq = self.gf.dequantize("rope_freqs.weight").astype(np.float64) if "rope_freqs.weight" in self.gf.tensors else None
+        freq = freq_factors(self.gf, c.rope_scaling, self.n_ctx)
         half = c.rope_dim // 2
         tables, offsets = [], {}
         for index, base in enumerate(bases):
