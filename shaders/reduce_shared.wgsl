@@ -18,3 +18,22 @@ fn reduce_pair(a: vec4<f32>, b: vec4<f32>, lid: u32) {
         workgroupBarrier();
     }
 }
+
+var<workgroup> sum_c: array<f32, WG>;
+
+// reduce_pair plus one scalar (gemv_chunk.wgsl's sum of x^2 for its fused RMSNorm), total in sum_c[0].
+fn reduce_three(a: vec4<f32>, b: vec4<f32>, c: f32, lid: u32) {
+    workgroupBarrier();
+    sum_a[lid] = a;
+    sum_b[lid] = b;
+    sum_c[lid] = c;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lid < stride) {
+            sum_a[lid] += sum_a[lid + stride];
+            sum_b[lid] += sum_b[lid + stride];
+            sum_c[lid] += sum_c[lid + stride];
+        }
+        workgroupBarrier();
+    }
+}

@@ -24,3 +24,28 @@ fn reduce_pair(a: vec4<f32>, b: vec4<f32>, lid: u32) {
     }
     workgroupBarrier();
 }
+
+var<workgroup> sum_c: array<f32, WG>;
+
+// reduce_pair plus one scalar (gemv_chunk.wgsl's sum of x^2 for its fused RMSNorm), total in sum_c[0].
+fn reduce_three(a: vec4<f32>, b: vec4<f32>, c: f32, lid: u32) {
+    let total_a = subgroupAdd(a);
+    let total_b = subgroupAdd(b);
+    let total_c = subgroupAdd(c);
+    let size = subgroupAdd(1u);
+    workgroupBarrier();
+    if (lid % size == 0u) {
+        sum_a[lid] = total_a;
+        sum_b[lid] = total_b;
+        sum_c[lid] = total_c;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        for (var s = size; s < WG; s += size) {
+            sum_a[0] += sum_a[s];
+            sum_b[0] += sum_b[s];
+            sum_c[0] += sum_c[s];
+        }
+    }
+    workgroupBarrier();
+}

@@ -35,6 +35,18 @@ def wide_kernels():
     return K.Kernels(get_context(), gemv_wg=256, gemv_rows=3)
 
 
+@pytest.fixture(scope="module")
+def vec4_kernels():
+    """gemv.wgsl, one vec4 of the row per step (the default is gemv_chunk.wgsl)."""
+    return K.Kernels(get_context(), gemv_kind="vec4")
+
+
+@pytest.fixture(scope="module")
+def narrow_kernels():
+    """gemv_chunk.wgsl with 32 invocations making 4 rows, reducing through workgroup memory only."""
+    return K.Kernels(get_context(), gemv_wg=32, gemv_rows=4, reduce="shared")
+
+
 def close(got, want, rtol=RTOL):
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale)
@@ -88,8 +100,8 @@ def test_matmul_every_quant_type(kernels, shader, n_tokens, qtype):
     close(got, x @ dense.T)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q6_K, Q.BF16], ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["shared_kernels", "wide_kernels"])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["shared_kernels", "wide_kernels", "vec4_kernels", "narrow_kernels"])
 def test_gemv_variants(request, variant, qtype):
     shared_kernels = request.getfixturevalue(variant)
     rng = np.random.default_rng(7)
@@ -100,10 +112,28 @@ def test_gemv_variants(request, variant, qtype):
     close(got, x @ dense.T)
 
 
-@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemm", 20), ("gemm_rows", 9)])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.F32], ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["kernels", "vec4_kernels", "narrow_kernels"])
+def test_gemv_row_not_whole_chunks(request, variant, qtype):
+    """100 columns: 3 chunks of 8 vec4 and one vec4 left over, with the RMSNorm fused."""
+    kernels = request.getfixturevalue(variant)
+    rng = np.random.default_rng(3)
+    rows, cols = 9, 100
+    words, dense = quantized(rng, rows, cols, qtype)
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer = np.concatenate([norm.view(np.uint32), words.ravel()])
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    params = matmul_params(rows, cols, words.shape[1], K.MODE_NORM, w=(cols, 0, 0), norm_w=0)
+    got = run_matmul(kernels, "gemv", qtype, buffer, x, rows, cols, params)
+    close(got, ref.rmsnorm(x, norm, 1e-5) @ dense.T, 1e-4)
+
+
+@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemv.vec4", 1), ("gemm", 20), ("gemm_rows", 9)])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_matmul_norm_gated_activation(kernels, shader, n_tokens, activation):
+def test_matmul_norm_gated_activation(kernels, vec4_kernels, shader, n_tokens, activation):
     """act(gate . rmsnorm(x)) * (up . rmsnorm(x)) with gate and up in one buffer after the norm weight."""
+    if shader == "gemv.vec4":
+        kernels, shader = vec4_kernels, "gemv"
     rng = np.random.default_rng(1)
     rows, cols = 45, 576  # SmolLM2's width
     gate_w, gate = quantized(rng, rows, cols, Q.Q4_1)

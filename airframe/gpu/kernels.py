@@ -54,6 +54,10 @@ SIGNATURES = {
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 64x4, 128x4, 256x4 on the H200)
+GEMV_KIND = "chunk"                # "chunk": gemv_chunk.wgsl, "vec4": gemv.wgsl (AIRFRAME_GEMV_KIND)
+# gemv_chunk.wgsl: quant shader -> (chunk_dot file, vec4 per chunk); others use chunk_generic.wgsl
+CHUNK_DOTS = {"q4_k": ("chunk_q4_k", 16), "q6_k": ("chunk_q6_k", 8), "q8_0": ("chunk_q8_0", 8)}
+GENERIC_CHUNK = ("chunk_generic", 8)
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 64, 64, 32  # tile of gemm.wgsl
 ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
@@ -97,6 +101,8 @@ class Kernels:
     # gemv.wgsl's workgroup: invocations and output rows (AIRFRAME_GEMV="64,4")
     gemv_wg: int = 0
     gemv_rows: int = 0
+    # "chunk" (gemv_chunk.wgsl) or "vec4" (gemv.wgsl): how a decode matmul walks its rows
+    gemv_kind: str = ""
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -118,6 +124,10 @@ class Kernels:
         if self.gemv_wg not in (32, 64, 128, 256) or self.gemv_rows not in (1, 2, 3, 4):
             raise ParameterError(f"gemv workgroup {self.gemv_wg} x {self.gemv_rows} rows, expected 32/64/128/256 "
                                  f"invocations and 1..4 rows")
+        if not self.gemv_kind:
+            self.gemv_kind = os.environ.get("AIRFRAME_GEMV_KIND", GEMV_KIND)
+        if self.gemv_kind not in ("chunk", "vec4"):
+            raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected 'chunk' or 'vec4'")
         if self.matmul not in ("rows", "tiled"):
             raise ParameterError(f"AIRFRAME_MATMUL={self.matmul!r}, expected 'rows' or 'tiled'")
 
@@ -137,9 +147,14 @@ class Kernels:
         key = (shader, quant.shader if quant else None)
         if key not in self._pipelines:
             defines = {"REDUCE": self.reduce, "GEMV_WG": str(self.gemv_wg), "GEMV_ROWS": str(self.gemv_rows)}
+            file = shader
             if quant:
                 defines["QUANT"] = quant.shader.removesuffix(".wgsl")
-            source = load_wgsl(f"{shader}.wgsl", defines)
+                if shader == "gemv" and self.gemv_kind == "chunk":
+                    file = "gemv_chunk"
+                    dot_file, chunk = CHUNK_DOTS.get(defines["QUANT"], GENERIC_CHUNK)
+                    defines.update(CHUNK_DOT=dot_file, CHUNK=str(chunk))
+            source = load_wgsl(f"{file}.wgsl", defines)
             module = self.device.create_shader_module(label=f"{shader}/{key[1]}", code=source)
             layout = self.device.create_pipeline_layout(bind_group_layouts=[self.layout(shader)])
             self._pipelines[key] = self.device.create_compute_pipeline(
