@@ -45,6 +45,8 @@ else:
     torch = pytest.importorskip("torch", reason="pip install -r scripts/requirements-hf.txt")
     transformers = pytest.importorskip("transformers", reason="pip install -r scripts/requirements-hf.txt")
 
+pytestmark = pytest.mark.hf
+
 N_TOKENS = 32
 PREFILL = 24          # the WebGPU backend prefills this many, then decodes the rest one by one
 MAX_DIFF = 2e-5

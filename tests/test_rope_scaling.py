@@ -110,6 +110,7 @@ def test_yarn_by_hand():
     assert mscale(dataclasses.replace(s, attn_factor=0.5)) == pytest.approx(0.5 * (0.1 * math.log(4) + 1))
 
 
+@pytest.mark.hf
 @pytest.mark.parametrize("kind", ["yarn", "linear", "llama3"])
 @pytest.mark.parametrize("base, dim", [(10000.0, 64), (500000.0, 128), (1000000.0, 16)])
 def test_frequencies_match_transformers(kind, base, dim):
@@ -240,6 +241,7 @@ def scaled(request, folder):
     return dict(ours=ours, webgpu=webgpu, theirs=theirs, unscaled=unscaled.forward(tokens, all_logits=True))
 
 
+@pytest.mark.hf
 def test_scaled_model_agrees_with_transformers(scaled):
     beyond = slice(ORIGINAL_CTX, N_TOKENS)
     for name in ("ours", "webgpu"):
@@ -249,6 +251,7 @@ def test_scaled_model_agrees_with_transformers(scaled):
         assert (scaled[name].argmax(-1) == scaled["theirs"].argmax(-1)).all()
 
 
+@pytest.mark.hf
 def test_scaling_matters_beyond_the_original_context(scaled):
     beyond = slice(ORIGINAL_CTX, N_TOKENS)
     assert np.abs(scaled["unscaled"] - scaled["theirs"])[beyond].max() >= MIN_EFFECT
@@ -266,6 +269,7 @@ def test_longer_context_than_trained_warns(folder, caplog):
     assert caplog.text == ""
 
 
+@pytest.mark.hf
 def test_longrope_uses_the_short_factors_within_the_original_context(folder):
     """n_ctx <= the original context: rope_factors_short (llama.cpp and transformers alike)."""
     path = scaled_model(folder, "phi3", "longrope")
