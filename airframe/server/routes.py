@@ -173,11 +173,14 @@ async def _events(job: Job):
     cancels the job if the stream is dropped (the client left)."""
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(job.events.get(), KEEPALIVE_SECONDS)
-            except asyncio.TimeoutError:
-                yield None
-                continue
+            if not job.events.empty():
+                event = job.events.get_nowait()  # no timer to set up when the engine is ahead
+            else:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), KEEPALIVE_SECONDS)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
             if event is END:
                 return
             yield event
