@@ -281,7 +281,26 @@ def non_finite(runtime, package) -> dict:
     return outcome
 
 
-def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool) -> Report:
+# Worker builds timed beside the default one in the bench section: each switches one setting of
+# worker.cu (see the AF_* defines there) or goes back to the first version's loops.
+VARIANTS = (
+    ("AF_PIPE=0", "AF_BARRIER=0", "AF_PREFETCH_NEXT=0", "AF_PREFETCH_DOWN=0", "AF_ROW_AHEAD=0"),
+    ("AF_PIPE=0",),
+    ("AF_ROW_AHEAD=0",),
+    ("AF_PREFETCH_NEXT=0",),
+    ("AF_PREFETCH_DOWN=0",),
+    ("AF_BARRIER=0",),
+    ("AF_EVICT_FIRST=1",),
+    ("AF_ROW_AHEAD=2",),
+    ("AF_PIPE=0", "AF_ROW_AHEAD=2"),
+    ("AF_PIPE=0", "AF_ROW_AHEAD=0"),
+    ("AF_UNROLL=2",),
+    ("AF_PREFETCH_DOWN=128",),
+)
+
+
+def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
+               variants=VARIANTS, torch_side: bool = True) -> Report:
     from airframe.megakernel import cuda_bench
     from airframe.megakernel.build import build_worker
     from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
@@ -293,7 +312,8 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool)
     work.mkdir(parents=True, exist_ok=True)
     report.section("builds", lambda: {a: build_worker(a).summary() for a in ("sm_86", "sm_90")})
     device = Device()
-    worker = Worker(device)
+    worker = Worker(device, build_worker(device.arch, defines=defines) if defines else None)
+    report.section("worker", lambda: worker.build.summary())
     target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
     (out / "target.json").write_text(json.dumps(target, indent=1))
     from airframe.megakernel.target import target_from_dict
@@ -320,7 +340,8 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool)
         report.section(f"{name}.corrupted", corrupted, worker, package, work)
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
-            report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, True, (("AF_UNROLL=8",),))
+            report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
+                           tuple(tuple(defines) + v for v in variants))
         runtime.close()
     return report
 
@@ -333,13 +354,18 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/mk_work"))
     parser.add_argument("--models", default="smollm2,llama1b")
     parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
+    parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
+    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_PIPE=0,AF_UNROLL=2")
     args = parser.parse_args(argv)
     models = args.models.split(",")
     if args.reference:
         make_reference(args.reference, args.work, models)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    report = run_device(args.ref, args.out, args.work, models, not args.no_bench)
+    defines = tuple(d for d in args.defines.split(",") if d)
+    report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
+                        () if args.no_variants else VARIANTS, not args.no_torch)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

@@ -84,9 +84,36 @@ def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 
             "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
 
 
-def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=(1, 4096), work: Path | None = None) -> list:
+def same_bits(first, second, context: int = 385, steps: int = 4) -> bool:
+    """Whether two runtimes of one model give bit-identical logits for `steps` tokens from
+    `context` (the K/V cache filled alike): worker builds that keep every reduction order must."""
+    out = []
+    for runtime in (first, second):
+        random_kv(runtime, context, seed=7)
+        runtime.launch([17], context - 1, n_steps=steps, all_logits=True)
+        out.append(runtime.all_logits(steps).copy())
+    return bool(np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32)))
+
+
+def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=CONTEXTS, work: Path | None = None) -> list:
     """The same package on worker binaries built with other compile-time settings: each gets its
-    own plan (the fingerprint names the binary) over the same weights.bin."""
+    own plan (the fingerprint names the binary) over the same weights.bin, and is checked bit for
+    bit against `runtime`. A variant that fails is reported and the others still run."""
+    out = []
+    for defines in variants:
+        try:
+            row = variant_time(runtime, tuple(defines), contexts, work)
+            print(f"variant {' '.join(defines)}: "
+                  + ", ".join(f"ctx {r['context']} {r['ms_per_token']:.4f}" for r in row["contexts"])
+                  + f" ms/token, same bits {row['same_bits_as_default']}", flush=True)
+        except Exception as e:
+            row = {"defines": list(defines), "error": f"{type(e).__name__}: {e}"[:1000]}
+            print(f"variant {' '.join(defines)}: {row['error']}", flush=True)
+        out.append(row)
+    return out
+
+
+def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Path | None = None) -> dict:
     import os
     import tempfile
     from dataclasses import replace
@@ -96,22 +123,21 @@ def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=(1, 4096), wor
     from .package import Package, write_plan
     from .planner import make_plan
 
-    out = []
-    for defines in variants:
-        worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=tuple(defines)))
-        plan = make_plan(runtime.plan.config, replace(runtime.plan.target, binary_sha256=worker.build.sha256),
-                         runtime.k["ctx"])
-        folder = Path(tempfile.mkdtemp(dir=work))
-        write_plan(plan, folder)
-        os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
-        other = Runtime(Package.load(folder), worker, progress=False)
-        try:
-            random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
-            rows = [time_context(other, c, repeats=3) for c in contexts]
-        finally:
-            other.close()
-        out.append({"defines": list(defines), "build": worker.build.summary(), "contexts": rows})
-    return out
+    worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=defines))
+    plan = make_plan(runtime.plan.config, replace(runtime.plan.target, binary_sha256=worker.build.sha256),
+                     runtime.k["ctx"])
+    folder = Path(tempfile.mkdtemp(dir=work))
+    write_plan(plan, folder)
+    os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
+    other = Runtime(Package.load(folder), worker, progress=False)
+    try:
+        random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
+        rows = [time_context(other, c, repeats=3) for c in contexts]
+        same = same_bits(runtime, other)
+    finally:
+        other.close()
+    return {"defines": list(defines), "build": worker.build.summary(), "same_bits_as_default": same,
+            "contexts": rows}
 
 
 # ---- trace ----------------------------------------------------------------------------------------
