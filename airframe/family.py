@@ -94,9 +94,11 @@ class ModelConfig:
         return self.n_head_kv * self.head_dim
 
     def is_local_layer(self, layer: int) -> bool:
-        """True for a sliding-window layer."""
-        if not self.sliding_window or not self.sliding_window_pattern:
+        """True for a sliding-window layer. With a window and pattern 0, every layer is one (Phi-3)."""
+        if not self.sliding_window:
             return False
+        if not self.sliding_window_pattern:
+            return True
         return (layer + 1) % self.sliding_window_pattern != 0
 
     def layer_rope_base(self, layer: int) -> float:

@@ -178,8 +178,8 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "phi3": FamilySpec(
         architecture="phi3",
-        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5),
-        metadata=_LLAMA_METADATA,
+        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5, sliding_window=2047),
+        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32)},
         global_tensors=_GLOBAL_TENSORS,
         layer_tensors=_PHI3_LAYER,
     ),

@@ -10,6 +10,7 @@ read from the file through our loader and named here:
   gemma*  query_pre_attn_scalar = head_dim (the default 256 is the real models' head_dim; llama.cpp
           scales queries by 1/sqrt(head_dim))
   gemma2  attn_logit_softcapping, final_logit_softcapping (the *_softcapping keys are not mapped)
+  phi3    sliding_window (attention.sliding_window is not mapped for phi3)
   llama3  rope_parameters (the loader ignores rope_freqs.weight; Meta's llama3 rope type recomputes it)
 Mistral: the loader only picks MistralForCausalLM when general.name contains "mistral", so the Llama
 model it loads is copied into a MistralForCausalLM built from the same config values.
@@ -69,7 +70,7 @@ CASES = {
     "mistral": Case("llama", {"n_head_kv": 1}),
     "qwen2": Case("qwen2", {}),
     "qwen3": Case("qwen3", {"head_dim": 32}),                                  # head_dim != n_embd / n_head
-    "phi3": Case("phi3", {"n_head_kv": 4}),                                    # Phi-3 mini has no GQA
+    "phi3": Case("phi3", {"n_head_kv": 4, "sliding_window": 8}),               # no GQA; every layer local
     "gemma2": Case("gemma2", {"tied_embeddings": True, "sliding_window": 8,
                               "attn_softcap": 0.05, "final_softcap": 0.5}),    # caps small enough to bite
     "gemma3": Case("gemma3", {"tied_embeddings": True, "sliding_window": 8}),
@@ -83,6 +84,8 @@ def hf_overrides(name: str, gf: GGUFFile, config) -> dict:
         out["head_dim"] = config.head_dim
     if config.family.startswith("gemma"):
         out["query_pre_attn_scalar"] = config.head_dim
+    if config.family == "phi3":
+        out["sliding_window"] = config.sliding_window
     if config.family == "gemma2":
         out["attn_logit_softcapping"] = config.attn_logit_softcap
         out["final_logit_softcapping"] = config.final_logit_softcap
@@ -200,7 +203,7 @@ def _without(config, name: str):
 
 
 @pytest.mark.parametrize("case, switch", [("qwen2", "qkv_bias"), ("qwen3", "qk_norm"), ("gemma2", "attn_logit_softcap"),
-                                          ("gemma2", "final_logit_softcap"), ("gemma2", "sliding_window"), ("gemma3", "post_norms")])
+                                          ("gemma2", "final_logit_softcap"), ("gemma2", "sliding_window"), ("gemma3", "post_norms"), ("phi3", "sliding_window")])
 def test_each_switch_matters(folder, case, switch):
     spec = CASES[case]
     path = write_synthetic_gguf(folder / f"switch-{case}.gguf", spec.family, {"preset": "tiny", **spec.shape},
@@ -218,7 +221,7 @@ def test_families_load_in_every_quant_type_on_webgpu(folder):
     by test_gpu_runtime.py): webgpu matches the reference (teacher-forced, 16 positions) within the
     same bound."""
     tokens = list(range(1, 17))
-    for family, shape in [("qwen2", {}), ("qwen3", {}), ("phi3", {}),
+    for family, shape in [("qwen2", {}), ("qwen3", {}), ("phi3", {"sliding_window": 8}),
                           ("gemma2", {"tied_embeddings": True, "sliding_window": 8})]:
         for qtype in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"):
             preset = "tiny256" if "K" in qtype else "tiny"
