@@ -222,6 +222,10 @@ def test_local_layers_are_not_scaled(folder):
                                 rope_scaling=RopeScaling("linear", 8.0, 1024))
     config = load_config(GGUFFile(path))
     assert [config.layer_rope_scaling(i).type for i in range(6)] == ["none"] * 5 + ["linear"]
+    tokens = list(range(1, 41))
+    reference = open_backend("reference", path, n_ctx=40).forward(tokens, all_logits=True)
+    webgpu = open_backend("webgpu", path, n_ctx=40, progress=False).forward(tokens, all_logits=True)
+    assert np.abs(webgpu - reference).max() <= MAX_DIFF
 
 
 # ---- models against transformers beyond the original context ---------------------------------------
