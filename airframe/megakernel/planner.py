@@ -78,6 +78,8 @@ def check_supported(config: ModelConfig) -> None:
         "qk_norm": config.qk_norm, "post_norms": config.post_norms,
         "activation": config.activation != "silu", "sliding_window": config.sliding_window,
         "fused_qkv": getattr(config, "fused_qkv", False), "fused_gate_up": getattr(config, "fused_gate_up", False),
+        "soft-capping": config.attn_logit_softcap or config.final_logit_softcap,
+        f"rope scaling {config.rope_scaling.type}": config.rope_scaling.active,
     }
     found = [name for name, on in extras.items() if on]
     found += [f"tensor {name}" for name in config.layer_tensors if name not in LLAMA_LAYER_TENSORS]
