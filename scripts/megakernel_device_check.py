@@ -281,21 +281,18 @@ def non_finite(runtime, package) -> dict:
     return outcome
 
 
-# Worker builds timed beside the default one in the bench section: each switches one setting of
-# worker.cu (see the AF_* defines there) or goes back to the first version's loops.
+# Worker builds timed beside the default one in the bench section: each switches settings of
+# worker.cu (the AF_* defines there); every variant must give the default's bits.
 VARIANTS = (
-    ("AF_PIPE=0", "AF_BARRIER=0", "AF_PREFETCH_NEXT=0", "AF_PREFETCH_DOWN=0", "AF_ROW_AHEAD=0"),
-    ("AF_PIPE=0",),
-    ("AF_ROW_AHEAD=0",),
-    ("AF_PREFETCH_NEXT=0",),
-    ("AF_PREFETCH_DOWN=0",),
     ("AF_BARRIER=0",),
-    ("AF_EVICT_FIRST=1",),
-    ("AF_ROW_AHEAD=2",),
-    ("AF_PIPE=0", "AF_ROW_AHEAD=2"),
-    ("AF_PIPE=0", "AF_ROW_AHEAD=0"),
+    ("AF_SMALL_UNROLL=8",),
+    ("AF_DOWN_EARLY=1",),
     ("AF_UNROLL=2",),
-    ("AF_PREFETCH_DOWN=128",),
+    ("AF_UNROLL=2", "AF_PIPE=1"),
+    ("AF_PIPE=1",),
+    ("AF_UNROLL=2", "AF_SMALL_UNROLL=4"),
+    ("AF_EVICT_FIRST=1",),
+    ("AF_PREFETCH_NEXT=32",),
 )
 
 

@@ -26,7 +26,7 @@
 #ifndef AF_PIPE
 // 1: a warp's GEMV keeps two chunks in flight (the next one is requested before the current one
 // is multiplied, across row boundaries); 0: load a chunk, multiply it, load the next.
-#define AF_PIPE 1
+#define AF_PIPE 0
 #endif
 #ifndef AF_BARRIER
 // 1: the grid barrier arrives with a release and polls with acquire loads; 0: fences around a
@@ -37,17 +37,26 @@
 // KiB: at the start of each wave a worker asks the copy engine to bring (up to this much of each
 // range of) the weights of its next weight task into L2, so they load while it waits on
 // activations and barriers. 0: off. Needs sm_90 (cp.async.bulk.prefetch); a no-op below.
-#define AF_PREFETCH_NEXT 128
+#define AF_PREFETCH_NEXT 0
 #endif
 #ifndef AF_PREFETCH_DOWN
 // KiB: an FFN task asks for (up to this much of) its ffn_down slice in L2 when it starts, so the
 // down projection reads L2 while the gate/up rows stream from memory. 0: off.
-#define AF_PREFETCH_DOWN 1024
+#define AF_PREFETCH_DOWN 0
 #endif
 #ifndef AF_ROW_AHEAD
 // GEMV rows a warp asks the copy engine to bring into L2 ahead of the row it loads (its rows
 // i + AF_WARPS, ..., i + AF_ROW_AHEAD * AF_WARPS): bytes in flight without registers. 0: off.
-#define AF_ROW_AHEAD 1
+#define AF_ROW_AHEAD 0
+#endif
+#ifndef AF_SMALL_UNROLL
+// loads per lane per chunk in the QKV and WO GEMVs, which give each warp about one row: at 8 a
+// warp requests a whole 2048-column row before the norm or the merge runs
+#define AF_SMALL_UNROLL AF_UNROLL
+#endif
+#ifndef AF_DOWN_EARLY
+// 1: an FFN thread requests its first four ffn_down vectors before silu(gate) * up is formed
+#define AF_DOWN_EARLY 0
 #endif
 #ifndef AF_EVICT_FIRST
 // 1: streamed weight loads carry an L2 evict-first policy (they are read once per token).
@@ -201,19 +210,21 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // 8-element vectors base + u * 32 + lane (u < AF_UNROLL) of one BF16 row; zero past kvec.
-__device__ __forceinline__ void load_chunk(uint4 (&v)[AF_UNROLL], const uint4* w, uint32_t base, uint32_t kvec,
+template <int U>
+__device__ __forceinline__ void load_chunk(uint4 (&v)[U], const uint4* w, uint32_t base, uint32_t kvec,
                                            uint32_t lane) {
 #pragma unroll
-    for (int u = 0; u < AF_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
         const uint32_t j = base + u * 32 + lane;
         v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
     }
 }
 
-__device__ __forceinline__ float dot_chunk(const uint4 (&v)[AF_UNROLL], const float* xs, uint32_t base,
+template <int U>
+__device__ __forceinline__ float dot_chunk(const uint4 (&v)[U], const float* xs, uint32_t base,
                                            uint32_t kvec, uint32_t lane, float acc) {
 #pragma unroll
-    for (int u = 0; u < AF_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
         const uint32_t j = base + u * 32 + lane;
         if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
     }
@@ -238,29 +249,29 @@ __device__ __forceinline__ void row_ahead(uint32_t n, uint32_t kvec, RowPtr row_
 // in chunks of AF_UNROLL vectors per lane; its first chunks are requested before `prologue()`
 // runs, so their latency hides behind whatever fills xs (a norm, a merge); the prologue ends
 // with __syncthreads. `emit(i, value)` runs on lane 0.
-template <class RowPtr, class Prologue, class Emit>
+template <int U, class RowPtr, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float* xs, RowPtr row_ptr,
                                           Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #if AF_PIPE
     // Two chunk buffers; a load cursor runs two chunks ahead of the multiply cursor, so every
     // multiply overlaps the next chunk's load. Cursors are warp-uniform.
-    uint4 a[AF_UNROLL], b[AF_UNROLL];
+    uint4 a[U], b[U];
     uint32_t load_row = warp, load_base = 0, row = warp, base = 0;
     float acc = 0.0f;
-    auto request = [&](uint4 (&v)[AF_UNROLL]) {
+    auto request = [&](uint4 (&v)[U]) {
         if (load_row >= n) return;
         if (load_base == 0) row_ahead(n, kvec, row_ptr, load_row, lane);
         load_chunk(v, row_ptr(load_row), load_base, kvec, lane);
-        load_base += 32 * AF_UNROLL;
+        load_base += 32 * U;
         if (load_base >= kvec) {
             load_base = 0;
             load_row += AF_WARPS;
         }
     };
-    auto multiply = [&](const uint4 (&v)[AF_UNROLL]) {
+    auto multiply = [&](const uint4 (&v)[U]) {
         acc = dot_chunk(v, xs, base, kvec, lane, acc);
-        base += 32 * AF_UNROLL;
+        base += 32 * U;
         if (base >= kvec) {
             acc = warp_fold(acc);
             if (lane == 0) emit(row, acc);
@@ -280,7 +291,7 @@ __device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float
         request(b);
     }
 #else
-    uint4 v[AF_UNROLL];
+    uint4 v[U];
     if (warp < n) {
         row_ahead(n, kvec, row_ptr, warp, lane);
         load_chunk(v, row_ptr(warp), 0, kvec, lane);
@@ -290,7 +301,7 @@ __device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float
         const uint4* w = row_ptr(i);
         if (i != warp) row_ahead(n, kvec, row_ptr, i, lane);
         float acc = 0.0f;
-        for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
+        for (uint32_t base = 0; base < kvec; base += 32 * U) {
             if (i != warp || base != 0) load_chunk(v, w, base, kvec, lane);
             acc = dot_chunk(v, xs, base, kvec, lane, acc);
         }
@@ -361,11 +372,11 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
 }
 
 // Rows [row_start, +row_count) of a BF16 matrix with k columns . xs; `emit(row, value)`.
-template <class Prologue, class Emit>
+template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k, uint32_t row_start,
                                           uint32_t row_count, Prologue prologue, Emit emit) {
     const uint4* m = reinterpret_cast<const uint4*>(matrix) + (size_t)row_start * (k / 8);
-    gemv_list(row_count, k / 8, xs, [&](uint32_t i) { return m + (size_t)i * (k / 8); }, prologue,
+    gemv_list<U>(row_count, k / 8, xs, [&](uint32_t i) { return m + (size_t)i * (k / 8); }, prologue,
               [&](uint32_t i, float v) { emit(row_start + i, v); });
 }
 
@@ -375,7 +386,7 @@ __device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* 
     float* out = layer_at(a, t.layer, c.lay_qkv);
     float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
     auto norm = [&] { rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red); };
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, norm, [&](uint32_t r, float v) {
+    gemv_rows<AF_SMALL_UNROLL>(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, norm, [&](uint32_t r, float v) {
         out[r] = v;
         if (r >= v_first) {
             const uint32_t vr = r - v_first, h = vr / c.head_dim_v, d = vr % c.head_dim_v;
@@ -545,7 +556,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, c.lay_h);
-    gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
+    gemv_rows<AF_SMALL_UNROLL>(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
               [&] { merge_attention(a, t.layer, pos, xs); },
               [&](uint32_t r, float v) { h[r] = __fadd_rn(ld_act(x + r), v); });
 }
@@ -568,30 +579,38 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
         prefetch_l2(a.weights + t.weight2 + (uint64_t)t.row_start * e * 2, bytes < cap ? bytes : cap, threadIdx.x % 32);
     }
 #endif
-    gemv_list(2 * n, cols, xs,
+    gemv_list<AF_UNROLL>(2 * n, cols, xs,
               [&](uint32_t i) { return i < n ? gate_w + (size_t)i * cols : up_w + (size_t)(i - n) * cols; },
               [&] { rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red); },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
                   else up[i - n] = v;
               });
+    const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
+    const uint32_t grp = threadIdx.x / cols;
+    const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
+    uint4 w[4];
+    // the first batch (rows grp + u * groups of this thread's first column) may load early
+    const bool early = AF_DOWN_EARLY && grp < groups && grp + 3 * groups < n;
+    if (early) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(grp + u * groups) * cols + threadIdx.x % cols);
+    }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float gate = h[i];
         h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
     }
     __syncthreads();
-    const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
-    const uint32_t grp = threadIdx.x / cols;
-    const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
     if (grp < groups) {
         for (uint32_t col = threadIdx.x % cols; col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
             for (; i + 3 * groups < t.row_count; i += 4 * groups) {
-                uint4 w[4];
+                if (!early || i != grp || col != threadIdx.x % cols) {
 #pragma unroll
-                for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
+                    for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
+                }
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const float hv = h[i + u * groups];
@@ -679,7 +698,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, fill, [&](uint32_t r, float v) {
+    gemv_rows<AF_UNROLL>(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, fill, [&](uint32_t r, float v) {
         logits[r] = v;
         if (all) all[r] = v;
         if (!isfinite(v)) bad = true;
