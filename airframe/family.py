@@ -304,7 +304,8 @@ def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
-    sizes = dict(hp, n_qkv=(hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"])
+    n_qkv = (hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"]
+    sizes = dict(hp, n_qkv=n_qkv)  # Phi-3's fused attn_qkv rows
     shapes = dict(TENSOR_SHAPES)
     if fam.switches["fused_gate_up"]:
         shapes["ffn_up.weight"] = ("n_embd", "n_ff * 2")

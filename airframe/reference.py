@@ -129,7 +129,6 @@ class ReferenceModel:
         self.token_embd = gf.dequantize("token_embd.weight")  # (vocab, n_embd)
         self.output_norm = gf.dequantize("output_norm.weight")
         self.output = self.token_embd if config.tied_embeddings else gf.dequantize("output.weight")
-        self.rope_freqs = gf.dequantize("rope_freqs.weight") if "rope_freqs.weight" in gf.tensors else None
 
     def layer(self, i: int) -> dict[str, np.ndarray]:
         if i not in self._layers:

@@ -77,7 +77,7 @@ CASES = {
 }
 
 
-def hf_overrides(name: str, gf: GGUFFile, config) -> dict:
+def hf_overrides(name: str, config) -> dict:
     """Config values the GGUF loader of transformers does not read from this file (module docstring)."""
     out = {}
     if config.family == "qwen3":
@@ -135,14 +135,13 @@ class Compared:
         case = CASES[name]
         self.path = write_synthetic_gguf(folder / f"{name}.gguf", case.family, {"preset": "tiny", **case.shape},
                                          "Q8_0", seed=11, rope_scaling=case.rope_scaling)
-        gf = GGUFFile(self.path)
-        self.tokens = load_tokenizer(gf).encode(TEXT)[:N_TOKENS]
+        self.tokens = load_tokenizer(GGUFFile(self.path)).encode(TEXT)[:N_TOKENS]
         assert len(self.tokens) == N_TOKENS
         self.reference = ReferenceBackend.load(self.path, n_ctx=N_TOKENS)
         self.config = self.reference.config
         self.ours = self.reference.forward(self.tokens, all_logits=True)
         torch.set_num_threads(os.cpu_count() or 1)
-        model = hf_model(self.path, hf_overrides(name, gf, self.config), as_mistral=name == "mistral")
+        model = hf_model(self.path, hf_overrides(name, self.config), as_mistral=name == "mistral")
         self.hf_class = type(model).__name__
         self.theirs = hf_logits(model, self.tokens)
         gpu = WebGPUBackend.load(self.path, n_ctx=N_TOKENS, progress=False)
@@ -203,7 +202,8 @@ def _without(config, name: str):
 
 
 @pytest.mark.parametrize("case, switch", [("qwen2", "qkv_bias"), ("qwen3", "qk_norm"), ("gemma2", "attn_logit_softcap"),
-                                          ("gemma2", "final_logit_softcap"), ("gemma2", "sliding_window"), ("gemma3", "post_norms"), ("phi3", "sliding_window")])
+                                          ("gemma2", "final_logit_softcap"), ("gemma2", "sliding_window"),
+                                          ("gemma3", "post_norms"), ("phi3", "sliding_window")])
 def test_each_switch_matters(folder, case, switch):
     spec = CASES[case]
     path = write_synthetic_gguf(folder / f"switch-{case}.gguf", spec.family, {"preset": "tiny", **spec.shape},
