@@ -87,8 +87,11 @@ class Engine:
 
     @classmethod
     def load(cls, model: str, backend: str = DEFAULT_BACKEND, n_ctx: int | None = None,
-             progress: bool = True) -> "Engine":
-        """Open a model (a path or a known name) in the named backend, with its tokenizer and template."""
+             progress: bool = True, **backend_options) -> "Engine":
+        """Open a model (a path or a known name) in the named backend, with its tokenizer and template.
+
+        backend_options go to open_backend (e.g. rope_scaling="yarn", rope_scale=4.0).
+        """
         path = resolve_model(model)
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
             raise ParameterError(f"n_ctx = {n_ctx!r}, expected an integer >= 2")
@@ -97,7 +100,7 @@ class Engine:
         template = ChatTemplate.for_model(
             gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
             _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(path))
-        loaded = _open_backend(backend, path, n_ctx, progress)
+        loaded = _open_backend(backend, path, n_ctx, progress, backend_options)
         return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else path.stem)
 
     # ---- prompts --------------------------------------------------------------------------------
@@ -268,9 +271,9 @@ def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     return tokenizer.token_text(token_id)
 
 
-def _open_backend(name: str, path: Path, n_ctx: int | None, progress: bool) -> Backend:
+def _open_backend(name: str, path: Path, n_ctx: int | None, progress: bool, options: dict) -> Backend:
     try:
-        return open_backend(name, path, n_ctx, progress=progress)
+        return open_backend(name, path, n_ctx, progress=progress, **options)
     except ImportError as e:
         raise UnsupportedError(f"the {name!r} backend cannot be used here: {e}; "
                                f"try --backend reference (numpy, slow)") from None

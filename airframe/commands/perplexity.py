@@ -5,6 +5,7 @@ from ..errors import ParameterError
 from ..gguf_file import GGUFFile
 from ..models import resolve_model
 from ..perplexity import cut_windows, perplexity
+from ._rope import add_rope_arguments, rope_options
 
 HELP = "perplexity of a model on a text file, scored like llama.cpp's llama-perplexity"
 DESCRIPTION = """\
@@ -24,6 +25,7 @@ def add_arguments(p):
     p.add_argument("--file", "-f", required=True, type=Path, help="UTF-8 text to score")
     p.add_argument("--ctx", type=int, default=512, help="window size in tokens (default 512, as llama.cpp)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
+    add_rope_arguments(p)
     p.add_argument("--chunks", type=int, default=None, help="score only the first N windows")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -50,7 +52,7 @@ def run(args) -> int:
         tokens = tokens[:args.chunks * args.ctx]
     bos_id = tokenizer.bos_id if tokenizer.add_bos else None
     cut_windows(tokens, args.ctx, bos_id)  # too short a text fails before the model loads
-    backend = open_backend(args.backend, path, n_ctx=args.ctx)
+    backend = open_backend(args.backend, path, n_ctx=args.ctx, **rope_options(args))
     result = perplexity(backend, tokens, args.ctx, bos_id, progress=not args.quiet)
     print(f"{len(tokens)} tokens, {result.n_windows} windows of {args.ctx}, {result.n_scored} scored "
           f"({args.backend} backend)")

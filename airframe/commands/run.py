@@ -9,6 +9,7 @@ import sys
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..sampling import SamplingParams
+from ._rope import add_rope_arguments, rope_options
 
 HELP = "generate text from a prompt, streamed to the terminal"
 
@@ -32,6 +33,7 @@ def add_generation_arguments(p) -> None:
                    help="stop when this text appears (repeat the flag for several)")
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context size in tokens (default: the backend's)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
+    add_rope_arguments(p)
 
 
 def add_arguments(p) -> None:
@@ -53,7 +55,7 @@ def generation_params(args):
 def load_engine(args):
     from ..engine import Engine
 
-    return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True)
+    return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True, **rope_options(args))
 
 
 def speed_line(finish) -> str:

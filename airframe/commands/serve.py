@@ -4,6 +4,7 @@ import threading
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..models import resolve_model
+from ._rope import add_rope_arguments, rope_options
 
 GRACEFUL_SHUTDOWN_SECONDS = 3
 
@@ -16,6 +17,7 @@ def add_arguments(p):
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens (default: the backend's)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
+    add_rope_arguments(p)
     p.add_argument("--api-key", default=os.environ.get("AIRFRAME_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $AIRFRAME_API_KEY)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
@@ -53,7 +55,7 @@ def run(args) -> int:
     resolve_model(args.model)  # a wrong name fails here, before the server starts
 
     def load():
-        return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True)
+        return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True, **rope_options(args))
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                             aliases=tuple(args.alias), strict_model=args.strict_model,
