@@ -281,19 +281,9 @@ def non_finite(runtime, package) -> dict:
     return outcome
 
 
-# Worker builds timed beside the default one in the bench section: each switches settings of
-# worker.cu (the AF_* defines there); every variant must give the default's bits.
-VARIANTS = (
-    ("AF_BARRIER=0",),
-    ("AF_SMALL_UNROLL=8",),
-    ("AF_DOWN_EARLY=1",),
-    ("AF_UNROLL=2",),
-    ("AF_UNROLL=2", "AF_PIPE=1"),
-    ("AF_PIPE=1",),
-    ("AF_UNROLL=2", "AF_SMALL_UNROLL=4"),
-    ("AF_EVICT_FIRST=1",),
-    ("AF_PREFETCH_NEXT=32",),
-)
+# Worker builds timed beside the default one in the bench section (defines of worker.cu); every
+# variant must give the default's bits.
+VARIANTS = (("AF_UNROLL=4",),)
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),

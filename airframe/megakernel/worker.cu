@@ -18,49 +18,12 @@
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
 #ifndef AF_UNROLL
-// 16-byte weight loads per lane per chunk. 4 beat 8 on the H200 (1.18 against 1.31 ms/token at
-// context 1): at 8 the registers held across a task's norm spill inside the hot loops.
-#define AF_UNROLL 4
-#endif
-// Compile-time switches, each measured on the H200 against the others (docs/BENCHMARKS.md):
-#ifndef AF_PIPE
-// 1: a warp's GEMV keeps two chunks in flight (the next one is requested before the current one
-// is multiplied, across row boundaries); 0: load a chunk, multiply it, load the next.
-#define AF_PIPE 0
-#endif
-#ifndef AF_BARRIER
-// 1: the grid barrier arrives with a release and polls with acquire loads; 0: fences around a
-// relaxed arrival and relaxed polling.
-#define AF_BARRIER 1
-#endif
-#ifndef AF_PREFETCH_NEXT
-// KiB: at the start of each wave a worker asks the copy engine to bring (up to this much of each
-// range of) the weights of its next weight task into L2, so they load while it waits on
-// activations and barriers. 0: off. Needs sm_90 (cp.async.bulk.prefetch); a no-op below.
-#define AF_PREFETCH_NEXT 0
-#endif
-#ifndef AF_PREFETCH_DOWN
-// KiB: an FFN task asks for (up to this much of) its ffn_down slice in L2 when it starts, so the
-// down projection reads L2 while the gate/up rows stream from memory. 0: off.
-#define AF_PREFETCH_DOWN 0
-#endif
-#ifndef AF_ROW_AHEAD
-// GEMV rows a warp asks the copy engine to bring into L2 ahead of the row it loads (its rows
-// i + AF_WARPS, ..., i + AF_ROW_AHEAD * AF_WARPS): bytes in flight without registers. 0: off.
-#define AF_ROW_AHEAD 0
-#endif
-#ifndef AF_SMALL_UNROLL
-// loads per lane per chunk in the QKV and WO GEMVs, which give each warp about one row: at 8 a
-// warp requests a whole 2048-column row before the norm or the merge runs
-#define AF_SMALL_UNROLL AF_UNROLL
-#endif
-#ifndef AF_DOWN_EARLY
-// 1: an FFN thread requests its first four ffn_down vectors before silu(gate) * up is formed
-#define AF_DOWN_EARLY 0
-#endif
-#ifndef AF_EVICT_FIRST
-// 1: streamed weight loads carry an L2 evict-first policy (they are read once per token).
-#define AF_EVICT_FIRST 0
+// 16-byte weight loads per lane per chunk of a GEMV row. Every register counts: a 1024-thread
+// block has 64 per thread, and whatever holds more weight data in flight spills in the hot
+// loops. Measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31 (and
+// double-buffered chunks, L2 bulk prefetch, 8 loads for the QKV/WO rows were all slower:
+// docs/BENCHMARKS.md).
+#define AF_UNROLL 2
 #endif
 
 // What the host sets before a launch and reads after it; all 32-bit words.
@@ -104,28 +67,9 @@ struct af_args {
 // Weights never change during a launch: read-only path, not kept in L1.
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
     uint4 v;
-#if AF_EVICT_FIRST
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
     return v;
-}
-
-// Ask the copy engine to bring `bytes` (a multiple of 16, 16-byte aligned) at p into L2; lanes of
-// one warp share the range in 16 KiB pieces. Nothing waits for it: a later load simply hits L2.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint32_t lane) {
-#if __CUDA_ARCH__ >= 900
-    const uint64_t piece = 16 << 10;
-    for (uint64_t at = (uint64_t)lane * piece; at < bytes; at += 32 * piece) {
-        const uint32_t n = (uint32_t)min(piece, bytes - at);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"((const uint8_t*)p + at), "r"(n) : "memory");
-    }
-#endif
 }
 
 // Activations and the K/V cache are written by other blocks in this launch: read them in L2.
@@ -156,19 +100,13 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-#if AF_BARRIER
-        // the release is cumulative: it publishes this block's writes, which the __syncthreads
-        // ordered before it; the acquire that sees the last arrival makes every block's visible
+        // The release is cumulative: it publishes this block's writes, which the __syncthreads
+        // ordered before it. The acquire that sees the last arrival makes every block's writes
+        // visible here, and the __syncthreads below passes that on to the block. (Fences around
+        // relaxed operations, as before, cost ~0.3 us more per barrier on the H200.)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
         while (ld_acquire(counter) < target) {
         }
-#else
-        __threadfence();  // this block's writes, ordered by the __syncthreads, before the arrival
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
-        while (ld_relaxed(counter) < target) {
-        }
-        __threadfence();  // and the other blocks' writes before anything after the barrier
-#endif
     }
     __syncthreads();
 }
@@ -210,105 +148,46 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // 8-element vectors base + u * 32 + lane (u < AF_UNROLL) of one BF16 row; zero past kvec.
-template <int U>
-__device__ __forceinline__ void load_chunk(uint4 (&v)[U], const uint4* w, uint32_t base, uint32_t kvec,
+__device__ __forceinline__ void load_chunk(uint4 (&v)[AF_UNROLL], const uint4* w, uint32_t base, uint32_t kvec,
                                            uint32_t lane) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < AF_UNROLL; ++u) {
         const uint32_t j = base + u * 32 + lane;
         v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
     }
 }
 
-template <int U>
-__device__ __forceinline__ float dot_chunk(const uint4 (&v)[U], const float* xs, uint32_t base,
+__device__ __forceinline__ float dot_chunk(const uint4 (&v)[AF_UNROLL], const float* xs, uint32_t base,
                                            uint32_t kvec, uint32_t lane, float acc) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < AF_UNROLL; ++u) {
         const uint32_t j = base + u * 32 + lane;
         if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
     }
     return acc;
 }
 
-// When a warp starts row i of a row list: L2 prefetch of its row AF_ROW_AHEAD turns later (all
-// the rows up to it when i is the warp's first row).
-template <class RowPtr>
-__device__ __forceinline__ void row_ahead(uint32_t n, uint32_t kvec, RowPtr row_ptr, uint32_t i, uint32_t lane) {
-#if AF_ROW_AHEAD
-    const bool first = i < AF_WARPS;
-    for (uint32_t k = first ? 1 : AF_ROW_AHEAD; k <= AF_ROW_AHEAD; ++k) {
-        const uint32_t r = i + k * AF_WARPS;
-        if (r < n && lane == 0) prefetch_l2(row_ptr(r), (uint64_t)kvec * 16, 0);
-    }
-#endif
-}
-
 // Rows 0..n-1 of a row list (row_ptr(i): the i-th BF16 row of kvec 8-element vectors) . xs, one
-// warp per row (rows warp, warp + AF_WARPS, ...), in the VM's lane order. A warp's weights come
-// in chunks of AF_UNROLL vectors per lane; its first chunks are requested before `prologue()`
-// runs, so their latency hides behind whatever fills xs (a norm, a merge); the prologue ends
-// with __syncthreads. `emit(i, value)` runs on lane 0.
-template <int U, class RowPtr, class Prologue, class Emit>
+// warp per row, in the VM's lane order. Each warp's first chunk is loaded before `prologue()`
+// runs, so its latency hides behind whatever fills xs (a norm, a merge); the prologue ends with
+// __syncthreads. `emit(i, value)` runs on lane 0.
+template <class RowPtr, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float* xs, RowPtr row_ptr,
                                           Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#if AF_PIPE
-    // Two chunk buffers; a load cursor runs two chunks ahead of the multiply cursor, so every
-    // multiply overlaps the next chunk's load. Cursors are warp-uniform.
-    uint4 a[U], b[U];
-    uint32_t load_row = warp, load_base = 0, row = warp, base = 0;
-    float acc = 0.0f;
-    auto request = [&](uint4 (&v)[U]) {
-        if (load_row >= n) return;
-        if (load_base == 0) row_ahead(n, kvec, row_ptr, load_row, lane);
-        load_chunk(v, row_ptr(load_row), load_base, kvec, lane);
-        load_base += 32 * U;
-        if (load_base >= kvec) {
-            load_base = 0;
-            load_row += AF_WARPS;
-        }
-    };
-    auto multiply = [&](const uint4 (&v)[U]) {
-        acc = dot_chunk(v, xs, base, kvec, lane, acc);
-        base += 32 * U;
-        if (base >= kvec) {
-            acc = warp_fold(acc);
-            if (lane == 0) emit(row, acc);
-            acc = 0.0f;
-            base = 0;
-            row += AF_WARPS;
-        }
-    };
-    request(a);
-    request(b);
-    prologue();
-    while (row < n) {
-        multiply(a);
-        request(a);
-        if (row >= n) break;
-        multiply(b);
-        request(b);
-    }
-#else
-    uint4 v[U];
-    if (warp < n) {
-        row_ahead(n, kvec, row_ptr, warp, lane);
-        load_chunk(v, row_ptr(warp), 0, kvec, lane);
-    }
+    uint4 v[AF_UNROLL];
+    if (warp < n) load_chunk(v, row_ptr(warp), 0, kvec, lane);
     prologue();
     for (uint32_t i = warp; i < n; i += AF_WARPS) {
         const uint4* w = row_ptr(i);
-        if (i != warp) row_ahead(n, kvec, row_ptr, i, lane);
         float acc = 0.0f;
-        for (uint32_t base = 0; base < kvec; base += 32 * U) {
+        for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
             if (i != warp || base != 0) load_chunk(v, w, base, kvec, lane);
             acc = dot_chunk(v, xs, base, kvec, lane, acc);
         }
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
     }
-#endif
 }
 
 // Copy n floats of the arena into shared memory.
@@ -372,11 +251,11 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
 }
 
 // Rows [row_start, +row_count) of a BF16 matrix with k columns . xs; `emit(row, value)`.
-template <int U, class Prologue, class Emit>
+template <class Prologue, class Emit>
 __device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k, uint32_t row_start,
                                           uint32_t row_count, Prologue prologue, Emit emit) {
     const uint4* m = reinterpret_cast<const uint4*>(matrix) + (size_t)row_start * (k / 8);
-    gemv_list<U>(row_count, k / 8, xs, [&](uint32_t i) { return m + (size_t)i * (k / 8); }, prologue,
+    gemv_list(row_count, k / 8, xs, [&](uint32_t i) { return m + (size_t)i * (k / 8); }, prologue,
               [&](uint32_t i, float v) { emit(row_start + i, v); });
 }
 
@@ -386,7 +265,7 @@ __device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* 
     float* out = layer_at(a, t.layer, c.lay_qkv);
     float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
     auto norm = [&] { rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red); };
-    gemv_rows<AF_SMALL_UNROLL>(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, norm, [&](uint32_t r, float v) {
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, norm, [&](uint32_t r, float v) {
         out[r] = v;
         if (r >= v_first) {
             const uint32_t vr = r - v_first, h = vr / c.head_dim_v, d = vr % c.head_dim_v;
@@ -556,7 +435,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, c.lay_h);
-    gemv_rows<AF_SMALL_UNROLL>(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
+    gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count,
               [&] { merge_attention(a, t.layer, pos, xs); },
               [&](uint32_t r, float v) { h[r] = __fadd_rn(ld_act(x + r), v); });
 }
@@ -573,13 +452,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint4* gate_w = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)t.row_start * cols;
     const uint4* up_w = reinterpret_cast<const uint4*>(a.weights + t.weight1) + (size_t)t.row_start * cols;
     const uint32_t n = t.row_count;
-#if AF_PREFETCH_DOWN
-    if (threadIdx.x / 32 == AF_WARPS - 1) {
-        const uint64_t bytes = (uint64_t)n * e * 2, cap = (uint64_t)AF_PREFETCH_DOWN << 10;
-        prefetch_l2(a.weights + t.weight2 + (uint64_t)t.row_start * e * 2, bytes < cap ? bytes : cap, threadIdx.x % 32);
-    }
-#endif
-    gemv_list<AF_UNROLL>(2 * n, cols, xs,
+    gemv_list(2 * n, cols, xs,
               [&](uint32_t i) { return i < n ? gate_w + (size_t)i * cols : up_w + (size_t)(i - n) * cols; },
               [&] { rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red); },
               [&](uint32_t i, float v) {
@@ -589,13 +462,6 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
     const uint32_t grp = threadIdx.x / cols;
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
-    uint4 w[4];
-    // the first batch (rows grp + u * groups of this thread's first column) may load early
-    const bool early = AF_DOWN_EARLY && grp < groups && grp + 3 * groups < n;
-    if (early) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(grp + u * groups) * cols + threadIdx.x % cols);
-    }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float gate = h[i];
@@ -607,10 +473,9 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
             for (; i + 3 * groups < t.row_count; i += 4 * groups) {
-                if (!early || i != grp || col != threadIdx.x % cols) {
+                uint4 w[4];
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
-                }
+                for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const float hv = h[i + u * groups];
@@ -698,7 +563,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
-    gemv_rows<AF_UNROLL>(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, fill, [&](uint32_t r, float v) {
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, fill, [&](uint32_t r, float v) {
         logits[r] = v;
         if (all) all[r] = v;
         if (!isfinite(v)) bad = true;
@@ -731,35 +596,6 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
 }
 
 // ---- the worker ---------------------------------------------------------------------------
-// The weight ranges task t streams (up to `cap` bytes of each) into L2, by the lanes of one warp.
-// ffn_down is left to the FFN task itself (AF_PREFETCH_DOWN). Returns whether t streams weights.
-__device__ bool prefetch_task(const af_args& a, const af_task& t, uint64_t cap, uint32_t lane) {
-    const af_plan_consts& c = a.c;
-    uint64_t row_bytes = (uint64_t)c.n_embd * 2;
-    switch (t.opcode) {
-        case AF_OP_WO: row_bytes = (uint64_t)c.n_head * c.head_dim_v * 2; break;
-        case AF_OP_QKV: case AF_OP_LM_HEAD: case AF_OP_FFN: break;
-        default: return false;
-    }
-    const uint64_t at = (uint64_t)t.row_start * row_bytes, bytes = (uint64_t)t.row_count * row_bytes;
-    const uint64_t n = bytes < cap ? bytes : cap;
-    prefetch_l2(a.weights + t.weight0 + at, n, lane);
-    if (t.opcode == AF_OP_FFN) prefetch_l2(a.weights + t.weight1 + at, n, lane);
-    return true;
-}
-
-// At the start of wave w: this block's weights of the next wave that has any (looking two waves
-// ahead, so the QKV wave also starts the WO weights across the attention wave).
-__device__ void prefetch_ahead(const af_args& a, const uint32_t* wave_first, const af_task* tasks, uint32_t w) {
-    const uint32_t lane = threadIdx.x % 32;
-    for (uint32_t nw = w + 1; nw <= w + 2 && nw < a.c.n_waves; ++nw) {
-        bool any = false;
-        for (uint32_t i = wave_first[nw]; i < wave_first[nw + 1]; ++i)
-            any |= prefetch_task(a, tasks[i], (uint64_t)AF_PREFETCH_NEXT << 10, lane);
-        if (any) return;
-    }
-}
-
 __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
                          float* xs, float* red, float* sm) {
     switch (t.opcode) {
@@ -880,9 +716,6 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-#if AF_PREFETCH_NEXT
-            if (threadIdx.x / 32 == AF_WARPS - 1) prefetch_ahead(a, tb.wave_first, tb.tasks, w);
-#endif
             for (uint32_t i = tb.wave_first[w]; i < tb.wave_first[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
                 run_task(a, tb.tasks[i], step, pos, token, xs, red, sm);
