@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from airframe import reference as ref
+from airframe.errors import ParameterError
 from airframe.gguf_file import dequantize_rows
 from airframe.gpu import kernels as K
 from airframe.gpu.device import get_context
@@ -37,14 +38,20 @@ def wide_kernels():
 
 @pytest.fixture(scope="module")
 def vec4_kernels():
-    """gemv.wgsl, one vec4 of the row per step (the default is gemv_chunk.wgsl)."""
+    """gemv.wgsl for every decode matmul."""
     return K.Kernels(get_context(), gemv_kind="vec4")
 
 
 @pytest.fixture(scope="module")
 def narrow_kernels():
-    """gemv_chunk.wgsl with 32 invocations making 4 rows, reducing through workgroup memory only."""
-    return K.Kernels(get_context(), gemv_wg=32, gemv_rows=4, reduce="shared")
+    """gemv_chunk.wgsl for every decode matmul, 32 invocations making 4 rows, workgroup-memory reduction."""
+    return K.Kernels(get_context(), gemv_kind="chunk", chunk_wg=32, gemv_rows=4, reduce="shared")
+
+
+@pytest.fixture(scope="module")
+def wide_chunk_kernels():
+    """gemv_chunk.wgsl with 256 invocations making 3 rows (most invocations without a chunk)."""
+    return K.Kernels(get_context(), gemv_kind="chunk", chunk_wg=256, gemv_rows=3)
 
 
 def close(got, want, rtol=RTOL):
@@ -67,7 +74,7 @@ def matmul_params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(K.NO_SEGMENT
 
 def run_matmul(kernels, shader, qtype, words, x, rows, cols, params, y=None):
     n_tokens = x.shape[0]
-    if shader == "gemv":
+    if shader in ("gemv", "gemv_chunk"):
         grid = (K.ceil_div(rows, kernels.gemv_rows), n_tokens, 1)
     elif shader == "gemm":
         grid = (K.ceil_div(rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
@@ -89,7 +96,7 @@ def test_gemv_fixed_small_case(kernels):
     np.testing.assert_array_equal(got, [[10, 2, -1]])
 
 
-@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemm", 19), ("gemm_rows", 11)])
+@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemv_chunk", 1), ("gemm", 19), ("gemm_rows", 11)])
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
 def test_matmul_every_quant_type(kernels, shader, n_tokens, qtype):
     rng = np.random.default_rng(int(qtype))
@@ -101,7 +108,7 @@ def test_matmul_every_quant_type(kernels, shader, n_tokens, qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16], ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["shared_kernels", "wide_kernels", "vec4_kernels", "narrow_kernels"])
+@pytest.mark.parametrize("variant", ["shared_kernels", "wide_kernels", "narrow_kernels", "wide_chunk_kernels"])
 def test_gemv_variants(request, variant, qtype):
     shared_kernels = request.getfixturevalue(variant)
     rng = np.random.default_rng(7)
@@ -113,7 +120,7 @@ def test_gemv_variants(request, variant, qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.F32], ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["kernels", "vec4_kernels", "narrow_kernels"])
+@pytest.mark.parametrize("variant", ["vec4_kernels", "narrow_kernels", "wide_chunk_kernels"])
 def test_gemv_row_not_whole_chunks(request, variant, qtype):
     """100 columns: 3 chunks of 8 vec4 and one vec4 left over, with the RMSNorm fused."""
     kernels = request.getfixturevalue(variant)
@@ -128,12 +135,24 @@ def test_gemv_row_not_whole_chunks(request, variant, qtype):
     close(got, ref.rmsnorm(x, norm, 1e-5) @ dense.T, 1e-4)
 
 
-@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemv.vec4", 1), ("gemm", 20), ("gemm_rows", 9)])
+@pytest.mark.parametrize("kind,rows,qtype,want", [
+    ("auto", 128256, Q.Q6_K, "gemv_chunk"), ("auto", 128256, Q.Q8_0, "gemv_chunk"), ("auto", 8192, Q.Q4_K, "gemv"),
+    ("auto", 128256, Q.BF16, "gemv"), ("vec4", 128256, Q.Q6_K, "gemv"), ("chunk", 64, Q.F16, "gemv_chunk")])
+def test_gemv_shader_choice(kind, rows, qtype, want):
+    """auto: the chunked program only for LM-head-sized matrices in a type with its own chunk_dot."""
+    assert K.Kernels(get_context(), gemv_kind=kind).gemv_shader(rows, gpu_quant(qtype)) == want
+
+
+def test_gemv_kind_names_what_it_expects(monkeypatch):
+    monkeypatch.setenv("AIRFRAME_GEMV_KIND", "fast")
+    with pytest.raises(ParameterError, match="'auto', 'chunk' or 'vec4'"):
+        K.Kernels(get_context())
+
+
+@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemv_chunk", 1), ("gemm", 20), ("gemm_rows", 9)])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_matmul_norm_gated_activation(kernels, vec4_kernels, shader, n_tokens, activation):
+def test_matmul_norm_gated_activation(kernels, shader, n_tokens, activation):
     """act(gate . rmsnorm(x)) * (up . rmsnorm(x)) with gate and up in one buffer after the norm weight."""
-    if shader == "gemv.vec4":
-        kernels, shader = vec4_kernels, "gemv"
     rng = np.random.default_rng(1)
     rows, cols = 45, 576  # SmolLM2's width
     gate_w, gate = quantized(rng, rows, cols, Q.Q4_1)
@@ -148,7 +167,7 @@ def test_matmul_norm_gated_activation(kernels, vec4_kernels, shader, n_tokens, a
     close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), 1e-4)
 
 
-@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemm", 17), ("gemm_rows", 3)])
+@pytest.mark.parametrize("shader,n_tokens", [("gemv", 1), ("gemv_chunk", 1), ("gemm", 17), ("gemm_rows", 3)])
 def test_matmul_segments_and_residual(kernels, shader, n_tokens):
     """Three weights (q, k, v) stacked into one output row at an offset, added to what Y holds."""
     rng = np.random.default_rng(2)

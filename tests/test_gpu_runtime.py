@@ -130,11 +130,15 @@ def test_bad_options_are_named(tiny_llama):
         WebGPUBackend.load(tiny_llama, speed=2)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, monkeypatch, family):
-    """gemv.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end (lavapipe uses gemm_rows)."""
+@pytest.mark.parametrize("family,qtype,gemv_kind", [("llama", "Q4_0", "auto"), ("gemma3", "Q4_0", "auto"),
+                                                     ("llama", "Q4_K_M", "chunk"), ("llama", "Q8_0", "chunk")])
+def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, monkeypatch, family, qtype, gemv_kind):
+    """gemv.wgsl / gemv_chunk.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end
+    (lavapipe uses gemm_rows)."""
     monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
-    path = write_synthetic_gguf(tmp_path / "m.gguf", family, "tiny", "Q4_0")
+    monkeypatch.setenv("AIRFRAME_GEMV_KIND", gemv_kind)
+    shape = "tiny256" if qtype == "Q4_K_M" else "tiny"  # K-quant rows need 256 columns
+    path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
     tokens = list(np.random.default_rng(4).integers(0, 512, 70))
     gpu = WebGPUBackend.load(path, n_ctx=80, progress=False)
     assert gpu.kernels.matmul == "tiled"

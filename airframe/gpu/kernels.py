@@ -33,13 +33,14 @@ PARAMS = {
     "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
     "stream_read": ("n_vec4", "n_threads"),
 }
-PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv"]
+PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv_chunk"] = PARAMS["gemv"]
 FLOAT_FIELDS = {"eps", "scale", "softcap"}
 # fields a family switch turns on: 0 (off) unless given
 OPTIONAL_FIELDS = {"qkv_bias": 0, "q_bias": 0, "k_bias": 0, "v_bias": 0, "softcap": 0.0}
 
 SIGNATURES = {
     "gemv": (R, R, RW, U, U),               # W, X, Y, params, step
+    "gemv_chunk": (R, R, RW, U, U),
     "gemm": (R, R, RW, U, U),
     "gemm_rows": (R, R, RW, U, U),
     "rope": (R, R, RW, RW, U, U),           # W, angle table, QKV, KV cache, params, step
@@ -54,10 +55,16 @@ SIGNATURES = {
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 64x4, 128x4, 256x4 on the H200)
-GEMV_KIND = "chunk"                # "chunk": gemv_chunk.wgsl, "vec4": gemv.wgsl (AIRFRAME_GEMV_KIND)
-# gemv_chunk.wgsl: quant shader -> (chunk_dot file, vec4 per chunk); others use chunk_generic.wgsl
-CHUNK_DOTS = {"q4_k": ("chunk_q4_k", 16), "q6_k": ("chunk_q6_k", 8), "q8_0": ("chunk_q8_0", 8)}
-GENERIC_CHUNK = ("chunk_generic", 8)
+# Which decode matmul (AIRFRAME_GEMV_KIND): "vec4" gemv.wgsl everywhere, "chunk" gemv_chunk.wgsl everywhere,
+# "auto" gemv_chunk.wgsl for matrices of CHUNK_MIN_ROWS rows or more in a type with its own chunk_dot, else
+# gemv.wgsl. Measured on the H200 (docs/BENCHMARKS.md): gemv_chunk.wgsl wins on the 128,256-row LM head
+# (Q6_K 0.46 -> 0.28 ms, Q8_0 0.32 -> 0.26 ms) and loses on the 2,048-8,192-row layer matmuls.
+GEMV_KIND = "auto"
+CHUNK_MIN_ROWS = 32768
+# gemv_chunk.wgsl per quant shader: (chunk_dot file, vec4 per chunk, invocations per workgroup); the
+# workgroup sizes are the best measured on the H200 LM head (q4_k: not measured, as q6_k)
+CHUNK_DOTS = {"q4_k": ("chunk_q4_k", 16, 32), "q6_k": ("chunk_q6_k", 8, 32), "q8_0": ("chunk_q8_0", 8, 64)}
+GENERIC_CHUNK = ("chunk_generic", 8, 32)
 GEMM_ROWS, GEMM_TOKENS, GEMM_K = 64, 64, 32  # tile of gemm.wgsl
 ROWS_WG, ROWS_TOKENS = 256, 8     # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16                    # struct Step: n_past, n_tokens, lm_first, split_len
@@ -101,8 +108,10 @@ class Kernels:
     # gemv.wgsl's workgroup: invocations and output rows (AIRFRAME_GEMV="64,4")
     gemv_wg: int = 0
     gemv_rows: int = 0
-    # "chunk" (gemv_chunk.wgsl) or "vec4" (gemv.wgsl): how a decode matmul walks its rows
+    # "auto", "chunk" (gemv_chunk.wgsl) or "vec4" (gemv.wgsl): see GEMV_KIND
     gemv_kind: str = ""
+    # gemv_chunk.wgsl's invocations per workgroup; 0: CHUNK_DOTS' choice for the quant type
+    chunk_wg: int = 0
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -126,8 +135,10 @@ class Kernels:
                                  f"invocations and 1..4 rows")
         if not self.gemv_kind:
             self.gemv_kind = os.environ.get("AIRFRAME_GEMV_KIND", GEMV_KIND)
-        if self.gemv_kind not in ("chunk", "vec4"):
-            raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected 'chunk' or 'vec4'")
+        if self.gemv_kind not in ("auto", "chunk", "vec4"):
+            raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected 'auto', 'chunk' or 'vec4'")
+        if self.chunk_wg not in (0, 32, 64, 128, 256):
+            raise ParameterError(f"gemv_chunk workgroup of {self.chunk_wg} invocations, expected 32/64/128/256")
         if self.matmul not in ("rows", "tiled"):
             raise ParameterError(f"AIRFRAME_MATMUL={self.matmul!r}, expected 'rows' or 'tiled'")
 
@@ -143,18 +154,25 @@ class Kernels:
             self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[kinds]
 
+    def gemv_shader(self, rows: int, quant: GpuQuant) -> str:
+        """The decode matmul program for a matrix of `rows` rows in `quant`: "gemv" or "gemv_chunk"."""
+        if self.gemv_kind == "auto":
+            own_dot = quant.shader.removesuffix(".wgsl") in CHUNK_DOTS
+            return "gemv_chunk" if own_dot and rows >= CHUNK_MIN_ROWS else "gemv"
+        return "gemv_chunk" if self.gemv_kind == "chunk" else "gemv"
+
     def pipeline(self, shader: str, quant: GpuQuant | None = None):
+        if shader == "gemv" and self.gemv_kind == "chunk":
+            shader = "gemv_chunk"
         key = (shader, quant.shader if quant else None)
         if key not in self._pipelines:
             defines = {"REDUCE": self.reduce, "GEMV_WG": str(self.gemv_wg), "GEMV_ROWS": str(self.gemv_rows)}
-            file = shader
             if quant:
                 defines["QUANT"] = quant.shader.removesuffix(".wgsl")
-                if shader == "gemv" and self.gemv_kind == "chunk":
-                    file = "gemv_chunk"
-                    dot_file, chunk = CHUNK_DOTS.get(defines["QUANT"], GENERIC_CHUNK)
-                    defines.update(CHUNK_DOT=dot_file, CHUNK=str(chunk))
-            source = load_wgsl(f"{file}.wgsl", defines)
+            if shader == "gemv_chunk":
+                dot_file, chunk, wg = CHUNK_DOTS.get(defines["QUANT"], GENERIC_CHUNK)
+                defines.update(CHUNK_DOT=dot_file, CHUNK=str(chunk), GEMV_WG=str(self.chunk_wg or wg))
+            source = load_wgsl(f"{shader}.wgsl", defines)
             module = self.device.create_shader_module(label=f"{shader}/{key[1]}", code=source)
             layout = self.device.create_pipeline_layout(bind_group_layouts=[self.layout(shader)])
             self._pipelines[key] = self.device.create_compute_pipeline(

@@ -30,7 +30,8 @@ class Op:
             if kernels.matmul == "rows":
                 shader, grid = "gemm_rows", (K.ceil_div(self.rows, K.ROWS_WG), K.ceil_div(n_tokens, K.ROWS_TOKENS), 1)
             elif n_tokens == 1 or self.cols % K.GEMM_K:
-                shader, grid = "gemv", (K.ceil_div(self.rows, kernels.gemv_rows), n_tokens, 1)
+                shader = kernels.gemv_shader(self.rows, self.quant)
+                grid = (K.ceil_div(self.rows, kernels.gemv_rows), n_tokens, 1)
             else:
                 shader, grid = "gemm", (K.ceil_div(self.rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
         else:
