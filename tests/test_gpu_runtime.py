@@ -145,3 +145,15 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, monkeypatch, family, qtype,
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
     want = ReferenceBackend.load(path, n_ctx=80).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))
+
+
+def test_compare_gemv_variants_agree(tmp_path, monkeypatch):
+    """bench.compare_gemv (the H200 variant sweep): every variant runs and gives the same logits."""
+    from airframe.gpu.bench import compare_gemv
+
+    monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
+    path = write_synthetic_gguf(tmp_path / "m.gguf", "llama", "tiny256", "Q4_K_M")
+    result = compare_gemv(path, [("vec4", 64, 4), ("chunk", 32, 2)], [1, 8], steps=2, repeats=1)
+    assert [(v["kind"], v["rows"]) for v in result["variants"]] == [("vec4", 4), ("chunk", 2)]
+    assert result["variants"][1]["max_logit_diff"] < 1e-4
+    assert all(v["decode_ms"][8] > 0 and "lm_head" in v["gpu"][1]["ops_ms"] for v in result["variants"])

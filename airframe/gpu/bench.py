@@ -156,3 +156,30 @@ def format_result(r: dict) -> str:
         lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
                      f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:5.1f}%")
     return "\n".join(lines + head)
+
+
+def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int], steps: int = 32,
+                 repeats: int = 20) -> dict:
+    """Decode matmul variants on one loaded model: for each (kind, invocations, rows) of gemv.wgsl
+    ("vec4") or gemv_chunk.wgsl ("chunk"), the GPU breakdown and median decode ms at each context,
+    and the largest logit difference from the first variant over three tokens."""
+    be = WebGPUBackend.load(path, n_ctx=max(ctx_list) + steps + 1, progress=True)
+    out = {"adapter": be.ctx.name, "model": str(path), "variants": []}
+    first = None
+    for kind, wg, rows in variants:
+        k = be.kernels
+        k.gemv_kind, k.gemv_rows = kind, rows
+        k.gemv_wg = k.chunk_wg = wg
+        k._pipelines.clear()
+        for ops in be.layer_ops:
+            ops._cache.clear()
+        be._next_decode = None
+        be.reset()
+        logits = np.stack([be.forward([t]) for t in (1, 5, 9)])
+        first = logits if first is None else first
+        row = {"kind": kind, "wg": wg, "rows": rows, "max_logit_diff": float(np.abs(logits - first).max()),
+               "gpu": {c: gpu_breakdown(be, c, repeats) for c in ctx_list}}
+        with tqdm(total=steps * len(ctx_list), desc=f"{kind} {wg}x{rows}", unit="tok") as bar:
+            row["decode_ms"] = {c: _median_decode_ms(be, c, steps, bar) for c in ctx_list}
+        out["variants"].append(row)
+    return out
