@@ -31,20 +31,23 @@ struct Step {
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = 64u;
-const MAX_GROUP: u32 = 16u;   // query heads per K/V head
-const MAX_ACC: u32 = 16u;     // group size x head_dim / WG accumulators per invocation
+// The model's shape is fixed per pipeline (kernels.attention_defines), so every per-head loop has a
+// constant trip count and the per-head arrays below can live in registers.
+const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head (P.n_head / P.n_head_kv)
+const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim (P.head_dim), a multiple of 4
+const DIMS: u32 = {ATTN_DIMS}u;       // head dims per invocation and query head: ceil(HD / WG)
 const EMPTY: f32 = -1.0e30;   // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 
-var<workgroup> q: array<f32, 2048>;                      // (group, head_dim), pre-scaled
-var<workgroup> weights: array<array<f32, WG>, MAX_GROUP>; // (group, block position)
-var<workgroup> block_max: array<f32, MAX_GROUP>;
-var<workgroup> block_sum: array<f32, MAX_GROUP>;
+var<workgroup> q: array<f32, {ATTN_Q}>;                  // (GROUP, HD), pre-scaled
+var<workgroup> weights: array<array<f32, WG>, GROUP>;    // (group, block position)
+var<workgroup> block_max: array<f32, GROUP>;
+var<workgroup> block_sum: array<f32, GROUP>;
 
 // Row-wise max (is_max) or sum of weights[0..group) over the block, into block_max / block_sum.
-fn reduce_rows(group: u32, lid: u32, is_max: bool) {
+fn reduce_rows(lid: u32, is_max: bool) {
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
         if (lid < stride) {
-            for (var g = 0u; g < group; g++) {
+            for (var g = 0u; g < GROUP; g++) {
                 let a = weights[g][lid];
                 let b = weights[g][lid + stride];
                 weights[g][lid] = select(a + b, max(a, b), is_max);
@@ -52,7 +55,7 @@ fn reduce_rows(group: u32, lid: u32, is_max: bool) {
         }
         workgroupBarrier();
     }
-    if (lid < group) {
+    if (lid < GROUP) {
         if (is_max) {
             block_max[lid] = weights[lid][0];
         } else {
@@ -68,9 +71,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let split = wid.x;
     let kv_head = wid.y;
     let token = wid.z;
-    let hd = P.head_dim;
-    let group = P.n_head / P.n_head_kv;
-    let dims = (hd + WG - 1u) / WG;   // dims per invocation and query head
+    let hd = HD;
     let pos = S.n_past + token;
     var lo = 0u;
     if (P.window > 0u && pos + 1u > P.window) {
@@ -81,43 +82,42 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let k_base = kv_head * P.n_ctx * hd;
     let v_base = P.n_head_kv * P.n_ctx * hd + k_base;
 
-    let q_src = token * P.qkv_stride + kv_head * group * hd;
-    for (var d = lid; d < group * hd; d += WG) {
+    let q_src = token * P.qkv_stride + kv_head * GROUP * hd;
+    for (var d = lid; d < GROUP * hd; d += WG) {
         q[d] = QKV[q_src + d] * P.scale;
     }
     workgroupBarrier();
 
-    var m: array<f32, MAX_GROUP>;
-    var l: array<f32, MAX_GROUP>;
-    var acc: array<f32, MAX_ACC>;
-    for (var g = 0u; g < group; g++) {
+    var m: array<f32, GROUP>;
+    var l: array<f32, GROUP>;
+    var acc: array<f32, {ATTN_ACC}>;  // (GROUP, DIMS)
+    for (var g = 0u; g < GROUP; g++) {
         m[g] = EMPTY;
     }
     for (var b = begin; b < end; b += WG) {
         let j = b + lid;
         let k_row = k_base + min(j, end - 1u) * hd;
-        for (var g = 0u; g < group; g++) {
-            var score = 0.0;
-            for (var d = 0u; d < hd; d += 4u) {
-                let k = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
+        // each K value is loaded once and used for every query head of the group
+        var scores: array<f32, GROUP>;
+        for (var d = 0u; d < hd; d += 4u) {
+            let k = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
+            for (var g = 0u; g < GROUP; g++) {
                 let qv = vec4<f32>(q[g * hd + d], q[g * hd + d + 1u], q[g * hd + d + 2u], q[g * hd + d + 3u]);
-                score += dot(qv, k);
+                scores[g] += dot(qv, k);
             }
+        }
+        for (var g = 0u; g < GROUP; g++) {
+            var score = scores[g];
             if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
                 score = P.softcap * tanh(clamp(score / P.softcap, -20.0, 20.0));
             }
+            scores[g] = score;
             weights[g][lid] = select(EMPTY, score, j < end);
         }
         workgroupBarrier();
-        // keep this invocation's scores: the reduction below overwrites `weights`
-        var scores: array<f32, MAX_GROUP>;
-        for (var g = 0u; g < group; g++) {
-            scores[g] = weights[g][lid];
-        }
-        workgroupBarrier();
-        reduce_rows(group, lid, true);
-        var correction: array<f32, MAX_GROUP>;
-        for (var g = 0u; g < group; g++) {
+        reduce_rows(lid, true);
+        var correction: array<f32, GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
             let new_m = max(m[g], block_max[g]);
             correction[g] = exp(m[g] - new_m);
             m[g] = new_m;
@@ -125,46 +125,46 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         workgroupBarrier();
         // sum a copy: `weights` must survive for the V accumulation
-        var p: array<f32, MAX_GROUP>;
-        for (var g = 0u; g < group; g++) {
+        var p: array<f32, GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
             p[g] = weights[g][lid];
         }
         workgroupBarrier();
-        reduce_rows(group, lid, false);
-        for (var g = 0u; g < group; g++) {
+        reduce_rows(lid, false);
+        for (var g = 0u; g < GROUP; g++) {
             l[g] = l[g] * correction[g] + block_sum[g];
             weights[g][lid] = p[g];
         }
         workgroupBarrier();
         let n = min(WG, end - b);
-        for (var k = 0u; k < dims; k++) {
+        for (var k = 0u; k < DIMS; k++) {
             let d = lid + k * WG;
             if (d < hd) {
-                var sums: array<f32, MAX_GROUP>;
-                for (var g = 0u; g < group; g++) {
-                    sums[g] = acc[g * dims + k] * correction[g];
+                var sums: array<f32, GROUP>;
+                for (var g = 0u; g < GROUP; g++) {
+                    sums[g] = acc[g * DIMS + k] * correction[g];
                 }
                 for (var jj = 0u; jj < n; jj++) {
                     let v = KV[v_base + (b + jj) * hd + d];
-                    for (var g = 0u; g < group; g++) {
+                    for (var g = 0u; g < GROUP; g++) {
                         sums[g] += weights[g][jj] * v;
                     }
                 }
-                for (var g = 0u; g < group; g++) {
-                    acc[g * dims + k] = sums[g];
+                for (var g = 0u; g < GROUP; g++) {
+                    acc[g * DIMS + k] = sums[g];
                 }
             }
         }
         workgroupBarrier();
     }
     let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
-    for (var g = 0u; g < group; g++) {
-        let h = kv_head * group + g;
+    for (var g = 0u; g < GROUP; g++) {
+        let h = kv_head * GROUP + g;
         let out = ((token * P.n_head + h) * n_splits + split) * (hd + 2u);
-        for (var k = 0u; k < dims; k++) {
+        for (var k = 0u; k < DIMS; k++) {
             let d = lid + k * WG;
             if (d < hd) {
-                PART[out + d] = acc[g * dims + k];
+                PART[out + d] = acc[g * DIMS + k];
             }
         }
         if (lid == 0u) {

@@ -236,9 +236,9 @@ def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
     (40, 30, 16, 64),     # sliding window crossing split borders
     (700, 2, 0, 8),       # 88 splits: more than the merge's invocations
 ])
-def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len):
+@pytest.mark.parametrize("n_head,n_kv,hd", [(9, 3, 64), (8, 2, 128), (4, 1, 256)])  # SmolLM2, Llama 3 8B, Gemma 3
+def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len, n_head, n_kv, hd):
     rng = np.random.default_rng(5)
-    n_head, n_kv, hd = 9, 3, 64
     n_ctx = n_past + tokens + 3
     stride = (n_head + 2 * n_kv) * hd
     qkv = rng.standard_normal((tokens, stride)).astype(np.float32)
@@ -248,7 +248,8 @@ def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len):
     step = K.pack_step(n_past, tokens, 0, split_len)
     params = K.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
                            window=window, scale=hd ** -0.5, qkv_stride=stride)
-    (part,) = K.run_once(kernels, "attention_decode", None, [qkv, kv, part, params, step], (n_splits, n_kv, tokens))
+    (part,) = K.run_once(kernels, "attention_decode", None, [qkv, kv, part, params, step], (n_splits, n_kv, tokens),
+                         K.attention_defines(n_head, n_kv, hd))
     merge = K.pack_params("attention_merge", n_head=n_head, head_dim=hd)
     out = np.zeros((tokens, n_head * hd), np.float32)
     (got,) = K.run_once(kernels, "attention_merge", None, [part, out, merge, step], (n_head, tokens, 1))

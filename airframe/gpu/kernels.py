@@ -161,12 +161,15 @@ class Kernels:
             return "gemv_chunk" if own_dot and rows >= CHUNK_MIN_ROWS else "gemv"
         return "gemv_chunk" if self.gemv_kind == "chunk" else "gemv"
 
-    def pipeline(self, shader: str, quant: GpuQuant | None = None):
+    def pipeline(self, shader: str, quant: GpuQuant | None = None, shape: dict | None = None):
+        """The compute pipeline of `shader` for `quant`; `shape` fills the program's model-shape
+        placeholders (attention_defines)."""
         if shader == "gemv" and self.gemv_kind == "chunk":
             shader = "gemv_chunk"
-        key = (shader, quant.shader if quant else None)
+        key = (shader, quant.shader if quant else None, tuple(sorted((shape or {}).items())))
         if key not in self._pipelines:
-            defines = {"REDUCE": self.reduce, "GEMV_WG": str(self.gemv_wg), "GEMV_ROWS": str(self.gemv_rows)}
+            defines = {"REDUCE": self.reduce, "GEMV_WG": str(self.gemv_wg), "GEMV_ROWS": str(self.gemv_rows),
+                       **{name: str(value) for name, value in (shape or {}).items()}}
             if quant:
                 defines["QUANT"] = quant.shader.removesuffix(".wgsl")
             if shader == "gemv_chunk":
@@ -199,6 +202,14 @@ class Kernels:
     def storage(self, n_bytes: int, label: str, readable: bool = False):
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
+
+
+def attention_defines(n_head: int, n_head_kv: int, head_dim: int) -> dict:
+    """attention_decode.wgsl's shape placeholders: query heads per K/V head, head size, and the
+    sizes derived from them (its workgroup is 64 invocations)."""
+    group, dims = n_head // n_head_kv, ceil_div(head_dim, 64)
+    return {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_DIMS": dims, "ATTN_Q": group * head_dim,
+            "ATTN_ACC": group * dims}
 
 
 def _raw_lib():
@@ -246,7 +257,7 @@ Grid = Callable[[int, int], tuple[int, int, int]]
 
 
 def run_once(kernels: Kernels, shader: str, quant: GpuQuant | None, resources: list,
-             grid: tuple[int, int, int]) -> list:
+             grid: tuple[int, int, int], shape: dict | None = None) -> list:
     """Run one dispatch on fresh buffers (tests, debugging): numpy arrays become storage buffers,
     bytes become uniforms, in binding order. Returns the writable bindings read back, as their dtypes."""
     device = kernels.device
@@ -263,7 +274,7 @@ def run_once(kernels: Kernels, shader: str, quant: GpuQuant | None, resources: l
             written.append((buffer, data))
     group = kernels.bind(shader, buffers)
     encoder = device.create_command_encoder()
-    record(encoder, [Dispatch(shader, kernels.pipeline(shader, quant), group, grid)])
+    record(encoder, [Dispatch(shader, kernels.pipeline(shader, quant, shape), group, grid)])
     device.queue.submit([encoder.finish()])
     return [np.frombuffer(device.queue.read_buffer(b, 0, d.nbytes), dtype=d.dtype).reshape(d.shape)
             for b, d in written]

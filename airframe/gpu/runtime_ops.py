@@ -24,6 +24,7 @@ class Op:
     rows: int = 0
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
+    shape: dict | None = None        # the program's model-shape placeholders (K.attention_defines)
 
     def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
         if self.shader == "matmul":
@@ -37,7 +38,7 @@ class Op:
         else:
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
-        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant), self.bind_group, grid, out)
+        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant, self.shape), self.bind_group, grid, out)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def build_layer(be, i: int) -> LayerOps:
                          softcap=c.attn_logit_softcap)
     group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, k.uniform(attn), s.step])
     ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
-                  grid=lambda t, n: (n, c.n_head_kv, t)))
+                  grid=lambda t, n: (n, c.n_head_kv, t), shape=K.attention_defines(c.n_head, c.n_head_kv, c.head_dim)))
     merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
