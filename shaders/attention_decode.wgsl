@@ -25,7 +25,7 @@ struct Step {
 }
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (tokens, n_q + 2 n_kv), Q rotated
-@group(0) @binding(1) var<storage, read> KV: array<f32>;             // K then V: (n_head_kv, n_ctx, head_dim)
+@group(0) @binding(1) var<storage, read> KV: array<vec4<f32>>;       // K then V: (n_head_kv, n_ctx, head_dim / 4)
 @group(0) @binding(2) var<storage, read_write> PART: array<f32>;     // (tokens, n_head, splits, head_dim + 2)
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
@@ -100,7 +100,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         // each K value is loaded once and used for every query head of the group
         var scores: array<f32, GROUP>;
         for (var d = 0u; d < hd; d += 4u) {
-            let k = vec4<f32>(KV[k_row + d], KV[k_row + d + 1u], KV[k_row + d + 2u], KV[k_row + d + 3u]);
+            let k = KV[(k_row + d) / 4u];
             for (var g = 0u; g < GROUP; g++) {
                 let qv = vec4<f32>(q[g * hd + d], q[g * hd + d + 1u], q[g * hd + d + 2u], q[g * hd + d + 3u]);
                 scores[g] += dot(qv, k);
@@ -144,8 +144,10 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 for (var g = 0u; g < GROUP; g++) {
                     sums[g] = acc[g * DIMS + k] * correction[g];
                 }
+                // V element d of position b + jj: vec4 number (v_base + (b + jj) hd + d) / 4, component d % 4
+                let row4 = (v_base + b * hd + d - d % 4u) / 4u;
                 for (var jj = 0u; jj < n; jj++) {
-                    let v = KV[v_base + (b + jj) * hd + d];
+                    let v = KV[row4 + jj * (hd / 4u)][d % 4u];
                     for (var g = 0u; g < GROUP; g++) {
                         sums[g] += weights[g][jj] * v;
                     }
