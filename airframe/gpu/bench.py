@@ -121,7 +121,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     bandwidth = streaming_bandwidth(ctx)
     result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "bandwidth_GBps": bandwidth / 1e9,
               "dispatches_per_token": be.dispatch_count(1), "weight_bytes_per_token": weight_bytes_per_token(be),
-              "matmul": be.kernels.matmul, "decode": []}
+              "matmul": be.kernels.matmul, "gemv_kind": be.kernels.gemv_kind, "decode": []}
     result["record_ms"] = _record_ms(be)
     result["gpu"] = {c: gpu_breakdown(be, c) for c in ctx_list}
     ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, prefill_tokens))
@@ -142,7 +142,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
 
 def format_result(r: dict) -> str:
     head = []
-    lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls)",
+    lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls, decode gemv {r.get('gemv_kind', '?')})",
              f"model: {r['model']}",
              f"streaming read: {r['bandwidth_GBps']:.1f} GB/s; dispatches per decode token: {r['dispatches_per_token']}; "
              f"recording them: {r['record_ms']:.3f} ms",
