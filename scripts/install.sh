@@ -22,10 +22,15 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# pip, minus the warnings some machines' pip configuration prints for index folders that do not exist
+venv_pip() {
+  .venv/bin/python -m pip "$@" --disable-pip-version-check \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+venv_pip install -q --upgrade pip >/dev/null
+venv_pip install -q -e '.[test]'
 if [ "${AIRFRAME_WITH_HF:-0}" = "1" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements-hf.txt
+  venv_pip install -q -r scripts/requirements-hf.txt
 fi
 
 if [ "${AIRFRAME_SKIP_MODELS:-0}" != "1" ]; then

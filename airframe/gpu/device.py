@@ -13,6 +13,10 @@ from functools import lru_cache
 
 from ..errors import GPUError
 
+# Mesa's Vulkan loader prints "error: XDG_RUNTIME_DIR is invalid" when the variable is unset (a
+# headless server, CI); compute needs no display, so give it a harmless value before wgpu loads.
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 # the limits we raise to the adapter's maximum; the others keep WebGPU's defaults
 WANTED_LIMITS = (
