@@ -28,7 +28,7 @@ from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig, family_for
 from .gguf_file import GGUFFile
 from .models import KNOWN_MODELS, resolve_model
-from .sampling import History, Sampler, SamplingParams, log_softmax, top_logprobs
+from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
 
@@ -147,10 +147,8 @@ class Engine:
     def _in_kernel_greedy(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel) does so when asking it
         changes nothing: greedy, no penalties or bias, no logprobs."""
-        s = params.sampling
-        return (hasattr(self.backend, "generate_greedy") and params.logprobs is None and s.temperature == 0
-                and s.repeat_penalty == 1.0 and s.presence_penalty == 0 and s.frequency_penalty == 0
-                and not s.logit_bias)
+        return (hasattr(self.backend, "generate_greedy") and params.logprobs is None
+                and not greedy_blockers(params.sampling))
 
     def _generate_in_kernel(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[Piece | Finish]:
         """Greedy tokens chosen on the GPU, up to 64 per launch; stop strings are applied to the text.

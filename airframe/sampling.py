@@ -47,6 +47,22 @@ class SamplingParams:
         build_chain(self, vocab_size=None)  # refuse a bad value where it is made
 
 
+# The values under which a step changes nothing once temperature is 0 (argmax): top-k, top-p and
+# min-p keep the argmax, so only these can make a greedy pick differ from plain argmax.
+GREEDY_NEUTRAL = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def greedy_blockers(params: SamplingParams) -> list[str]:
+    """Which settings keep `params` from being plain greedy decoding (argmax of the raw logits):
+    empty for a request that a backend choosing tokens itself (the CUDA megakernel) may serve."""
+    blockers = [] if params.temperature == 0 else [f"temperature = {params.temperature}"]
+    blockers += [f"{name} = {getattr(params, name)}" for name, neutral in GREEDY_NEUTRAL.items()
+                 if getattr(params, name) != neutral]
+    if params.logit_bias:
+        blockers.append("logit_bias")
+    return blockers
+
+
 @dataclass
 class History:
     """The tokens a step may look at: the prompt, then what was generated so far."""

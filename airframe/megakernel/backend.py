@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
 from ..family import ModelConfig
+from ..sampling import greedy_blockers
 from .build import cache_dir
 from .cuda_runtime import MAX_STEPS, Device, Runtime, Worker
 from .package import Package, write_package
@@ -37,13 +38,10 @@ def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Pat
 
 def check_greedy(params) -> None:
     """ParameterError unless `params` (a SamplingParams) asks for plain greedy decoding."""
-    off = {"temperature": 0.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-    for name, value in off.items():
-        if getattr(params, name, value) != value:
-            raise ParameterError(f"{name} = {getattr(params, name)}: the cuda backend's in-kernel loop is greedy "
-                                 f"only, expected {name} = {value} (or use forward() and the host sampler)")
-    if getattr(params, "logit_bias", None):
-        raise ParameterError("logit_bias given: the cuda backend's in-kernel loop is greedy only, expected none")
+    blockers = greedy_blockers(params)
+    if blockers:
+        raise ParameterError(f"{', '.join(blockers)}: the cuda backend's in-kernel loop is greedy only, expected "
+                             "temperature 0 with no penalties or logit bias (or use forward() and the host sampler)")
 
 
 class CudaBackend:
