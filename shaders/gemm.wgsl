@@ -2,31 +2,10 @@
 // Each step over the input dimension decodes a TILE_R x KSTEP slice of W (dq4 from quant/{QUANT}.wgsl)
 // and a TILE_T x KSTEP slice of X into workgroup memory; each of the 256 invocations then owns
 // 4 rows x 4 tokens of the tile.
-// Same Params, Step, bindings and P.mode fusions as gemv.wgsl. Needs cols % KSTEP == 0.
+// Params and Step from matmul_params.wgsl; the same bindings and P.mode fusions as gemv.wgsl.
+// Needs cols % KSTEP == 0.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_words: u32,
-    mode: u32,
-    w0: u32,
-    w1: u32,
-    w2: u32,
-    seg1: u32,
-    seg2: u32,
-    norm_w: u32,
-    eps: f32,
-    x_stride: u32,
-    y_stride: u32,
-    y_off: u32,
-}
-
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
-}
+#include "matmul_params.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
@@ -46,16 +25,6 @@ var<workgroup> w_a: array<array<f32, 33>, TILE_R>;  // padded against bank confl
 var<workgroup> w_b: array<array<f32, 33>, TILE_R>;
 var<workgroup> x_t: array<array<f32, 33>, TILE_T>;
 var<workgroup> inv_rms: array<f32, TILE_T>;
-
-fn row_base(row: u32) -> u32 {
-    if (row >= P.seg2) {
-        return P.w2 + (row - P.seg2) * P.row_words;
-    }
-    if (row >= P.seg1) {
-        return P.w1 + (row - P.seg1) * P.row_words;
-    }
-    return P.w0 + row * P.row_words;
-}
 
 fn first_x_token() -> u32 {
     if ((P.mode & MODE_X_STEP) != 0u) {

@@ -1,31 +1,9 @@
 // Y = X W^T with ROWS weight rows x TOKENS tokens per invocation and no workgroup memory in the inner
 // loop: the variant for CPU adapters (lavapipe), which run invocations as SIMD lanes, so every load
-// is a gather; decoded weights and loaded inputs are each reused ROWS x TOKENS / (ROWS + TOKENS) times. Same Params, Step, bindings and P.mode fusions as gemv.wgsl.
+// is a gather; decoded weights and loaded inputs are each reused ROWS x TOKENS / (ROWS + TOKENS) times. Params and Step from matmul_params.wgsl; the same bindings and P.mode fusions as gemv.wgsl.
 // With MODE_NORM the norm weight is folded into the weights and 1/rms applied to the sums.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_words: u32,
-    mode: u32,
-    w0: u32,
-    w1: u32,
-    w2: u32,
-    seg1: u32,
-    seg2: u32,
-    norm_w: u32,
-    eps: f32,
-    x_stride: u32,
-    y_stride: u32,
-    y_off: u32,
-}
-
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
-}
+#include "matmul_params.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
@@ -42,24 +20,9 @@ const ROWS: u32 = 4u;
 
 var<workgroup> inv_rms: array<f32, TOKENS>;
 
-fn row_base(row: u32) -> u32 {
-    if (row >= P.seg2) {
-        return P.w2 + (row - P.seg2) * P.row_words;
-    }
-    if (row >= P.seg1) {
-        return P.w1 + (row - P.seg1) * P.row_words;
-    }
-    return P.w0 + row * P.row_words;
-}
-
 // values 4i..4i+3 of the input row that starts at float `base` (a multiple of 4)
 fn load_x(base: u32, i: u32) -> vec4<f32> {
     return X[base / 4u + i];
-}
-
-fn norm_weight(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
 }
 
 // Values 4i..4i+3 of the ROWS rows at base_a (then of the gate's partner rows at base_b, or zeros),

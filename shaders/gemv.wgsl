@@ -5,29 +5,7 @@
 // RMSNorm of the input (every workgroup recomputes the RMS of x), the gated activation, residual add.
 // Up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output vector.
 
-struct Params {
-    rows: u32,       // output rows, all segments together
-    cols: u32,       // input length
-    row_words: u32,  // u32 words per weight row
-    mode: u32,       // MODE_* bits from activation.wgsl
-    w0: u32,         // word offset of segment 0 (or of the gate weight)
-    w1: u32,         // word offset of segment 1 (or of the up weight)
-    w2: u32,         // word offset of segment 2
-    seg1: u32,       // first row of segment 1 (0xffffffff: none)
-    seg2: u32,       // first row of segment 2 (0xffffffff: none)
-    norm_w: u32,     // word offset of the f32 norm weight (MODE_NORM)
-    eps: f32,
-    x_stride: u32,   // floats between two tokens of X
-    y_stride: u32,   // floats between two tokens of Y
-    y_off: u32,      // first float of this output inside a token's row of Y
-}
-
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
-}
+#include "matmul_params.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
@@ -42,24 +20,9 @@ const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
 #include "activation.wgsl"
 #include "reduce_{REDUCE}.wgsl"
 
-fn row_base(row: u32) -> u32 {
-    if (row >= P.seg2) {
-        return P.w2 + (row - P.seg2) * P.row_words;
-    }
-    if (row >= P.seg1) {
-        return P.w1 + (row - P.seg1) * P.row_words;
-    }
-    return P.w0 + row * P.row_words;
-}
-
 // values 4i..4i+3 of the input row that starts at float `base` (a multiple of 4): one wide load
 fn load_x(base: u32, i: u32) -> vec4<f32> {
     return X[base / 4u + i];
-}
-
-fn norm_weight(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
 }
 
 // 1 / sqrt(mean(x^2) + eps) of the token's input row, the same in every thread.

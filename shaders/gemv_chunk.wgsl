@@ -7,29 +7,7 @@
 // x: rmsnorm(x) . w = inv_rms * ((x * norm) . w), so each invocation adds up x^2 of the chunks it
 // already loaded and the scale is applied once, after the reduction.
 
-struct Params {
-    rows: u32,       // output rows, all segments together
-    cols: u32,       // input length
-    row_words: u32,  // u32 words per weight row
-    mode: u32,       // MODE_* bits from activation.wgsl
-    w0: u32,         // word offset of segment 0 (or of the gate weight)
-    w1: u32,         // word offset of segment 1 (or of the up weight)
-    w2: u32,         // word offset of segment 2
-    seg1: u32,       // first row of segment 1 (0xffffffff: none)
-    seg2: u32,       // first row of segment 2 (0xffffffff: none)
-    norm_w: u32,     // word offset of the f32 norm weight (MODE_NORM)
-    eps: f32,
-    x_stride: u32,   // floats between two tokens of X
-    y_stride: u32,   // floats between two tokens of Y
-    y_off: u32,      // first float of this output inside a token's row of Y
-}
-
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "matmul_params.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
@@ -48,21 +26,6 @@ var<private> xs: array<vec4<f32>, CHUNK>;
 #include "{CHUNK_DOT}.wgsl"
 #include "activation.wgsl"
 #include "reduce_{REDUCE}.wgsl"
-
-fn row_base(row: u32) -> u32 {
-    if (row >= P.seg2) {
-        return P.w2 + (row - P.seg2) * P.row_words;
-    }
-    if (row >= P.seg1) {
-        return P.w1 + (row - P.seg1) * P.row_words;
-    }
-    return P.w0 + row * P.row_words;
-}
-
-fn norm_weight(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return vec4<f32>(bitcast<f32>(W[o]), bitcast<f32>(W[o + 1u]), bitcast<f32>(W[o + 2u]), bitcast<f32>(W[o + 3u]));
-}
 
 // x vec4 number i of the token (times the norm weight with MODE_NORM); adds its squares to *sq
 fn load_x(x_base: u32, i: u32, use_norm: bool, sq: ptr<function, f32>) -> vec4<f32> {
