@@ -36,6 +36,7 @@ from airframe.gpu.runtime import WebGPUBackend
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.rope_scaling import RopeScaling
 from airframe.synthetic import write_synthetic_gguf
+from hf_rope import hf_rope_parameters
 from airframe.tokenizer import load_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,17 +94,6 @@ def hf_overrides(name: str, config) -> dict:
     if scaling is not None:
         out["rope_parameters"] = hf_rope_parameters(scaling, config.rope_base)
     return out
-
-
-def hf_rope_parameters(s: RopeScaling, base: float) -> dict:
-    params = {"rope_type": s.type, "factor": s.factor, "rope_theta": base}
-    if s.type != "linear":
-        params["original_max_position_embeddings"] = s.original_ctx
-    if s.type == "yarn":
-        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow)
-    if s.type == "llama3":
-        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
-    return params
 
 
 def hf_model(path: Path, overrides: dict, as_mistral: bool = False):

@@ -26,6 +26,7 @@ from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.rope_scaling import (NONE, RopeScaling, inv_frequencies, llama3_freq_factors, mscale,
                                    read_rope_scaling, requested, yarn_corr_dims)
 from airframe.synthetic import write_synthetic_gguf
+from hf_rope import hf_rope_parameters
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -72,17 +73,6 @@ def hf_logits(path: Path, overrides: dict, tokens: list[int]) -> np.ndarray:
         str(path.parent), gguf_file=path.name, dtype=torch.float32, **overrides).eval()
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float().numpy()
-
-
-def hf_rope_parameters(s: RopeScaling, base: float) -> dict:
-    params = {"rope_type": s.type, "factor": s.factor, "rope_theta": base}
-    if s.type != "linear":
-        params["original_max_position_embeddings"] = s.original_ctx
-    if s.type == "yarn":
-        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow)
-    if s.type == "llama3":
-        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
-    return params
 
 
 # ---- the frequencies -----------------------------------------------------------------------------
