@@ -4,7 +4,9 @@
 // the group: it covers positions [split * S.split_len, (split + 1) * S.split_len) that the query
 // sees (j <= pos, and pos - j < window on sliding-window layers), runs an online softmax over blocks
 // of 64 positions and writes, per query head, its unnormalized output with its running max and sum;
-// attention_merge.wgsl combines the splits. Serves decode (one token) and prefill chunks alike.
+// attention_merge.wgsl combines the splits. When there is a single split (short contexts) the
+// workgroup also writes the normalized output to OUT itself, exactly what the merge would write
+// (acc / l), and the runtime skips the merge dispatch. Serves decode and prefill chunks alike.
 
 struct Params {
     n_head: u32,
@@ -27,8 +29,9 @@ struct Step {
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (tokens, n_q + 2 n_kv), Q rotated
 @group(0) @binding(1) var<storage, read> KV: array<vec4<f32>>;       // K then V: (n_head_kv, n_ctx, head_dim / 4)
 @group(0) @binding(2) var<storage, read_write> PART: array<f32>;     // (tokens, n_head, splits, head_dim + 2)
-@group(0) @binding(3) var<uniform> P: Params;
-@group(0) @binding(4) var<uniform> S: Step;
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;      // (tokens, n_head * head_dim), one split only
+@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(5) var<uniform> S: Step;
 
 const WG: u32 = 64u;
 // The model's shape is fixed per pipeline (kernels.attention_defines), so every per-head loop has a
@@ -99,6 +102,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let k_row = k_base + min(j, end - 1u) * hd;
         // each K value is loaded once and used for every query head of the group
         var scores: array<f32, GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
+            scores[g] = 0.0;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
+        }
         for (var d = 0u; d < hd; d += 4u) {
             let k = KV[(k_row + d) / 4u];
             for (var g = 0u; g < GROUP; g++) {
@@ -167,6 +173,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             let d = lid + k * WG;
             if (d < hd) {
                 PART[out + d] = acc[g * DIMS + k];
+                if (n_splits == 1u) {
+                    OUT[(token * P.n_head + h) * hd + d] = acc[g * DIMS + k] / l[g];
+                }
             }
         }
         if (lid == 0u) {

@@ -32,6 +32,7 @@ PARAMS = {
     "rmsnorm": ("n", "norm_w", "eps", "add", "x_stride", "y_stride"),
     "embedding": ("first_row", "n_rows", "cols", "row_words", "scale"),
     "stream_read": ("n_vec4", "n_threads"),
+    "argmax": ("n", "n_groups", "ring_len"),
 }
 PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv_chunk"] = PARAMS["gemv"]
 FLOAT_FIELDS = {"eps", "scale", "softcap"}
@@ -44,11 +45,12 @@ SIGNATURES = {
     "gemm": (R, R, RW, U, U),
     "gemm_rows": (R, R, RW, U, U),
     "rope": (R, R, RW, RW, U, U),           # W, angle table, QKV, KV cache, params, step
-    "attention_decode": (R, R, RW, U, U),   # QKV, KV cache, partials, params, step
+    "attention_decode": (R, R, RW, RW, U, U),  # QKV, KV cache, partials, output (one split), params, step
     "attention_merge": (R, RW, U, U),       # partials, output, params, step
     "rmsnorm": (R, R, RW, U, U),            # W, X, Y, params, step
     "embedding": (R, R, RW, U, U),          # W (a row chunk), token ids, Y, params, step
     "stream_read": (R, RW, U),              # source, sums, params (bench.py's bandwidth probe)
+    "argmax": (R, RW, RW, RW, U, U),        # logits, candidates, token ids, id ring, params, step
 }
 
 # P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)

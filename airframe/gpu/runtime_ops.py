@@ -25,6 +25,7 @@ class Op:
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
     shape: dict | None = None        # the program's model-shape placeholders (K.attention_defines)
+    merge: bool = False              # merges attention splits: skipped when there is one split
 
     def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
         if self.shader == "matmul":
@@ -52,7 +53,9 @@ class LayerOps:
         if key not in self._cache:
             if len(self._cache) > 64:
                 self._cache.clear()
-            self._cache[key] = [op.dispatch(self.kernels, n_tokens, n_splits) for op in self.ops]
+            # with one split attention_decode.wgsl writes its output itself: no merge
+            self._cache[key] = [op.dispatch(self.kernels, n_tokens, n_splits) for op in self.ops
+                                if not (op.merge and n_splits == 1)]
         return list(self._cache[key])
 
 
@@ -131,13 +134,13 @@ def build_layer(be, i: int) -> LayerOps:
     attn = K.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
                          n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
                          softcap=c.attn_logit_softcap)
-    group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, k.uniform(attn), s.step])
+    group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, s.attn, k.uniform(attn), s.step])
     ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
                   grid=lambda t, n: (n, c.n_head_kv, t), shape=K.attention_defines(c.n_head, c.n_head_kv, c.head_dim)))
     merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
-                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q)))
+                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q), merge=True))
 
     if c.post_norms:
         ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd))
