@@ -220,6 +220,7 @@ def corrupted(worker, package, work: Path) -> dict:
     from dataclasses import replace
 
     from airframe.megakernel.cuda_runtime import Runtime
+    from airframe.megakernel.opcodes import TASK_BYTES, TASK_DTYPE
     from airframe.megakernel.package import Package, write_plan
     from airframe.megakernel.planner import make_plan
 
@@ -234,7 +235,8 @@ def corrupted(worker, package, work: Path) -> dict:
 
     f = folder("task")
     raw = bytearray((f / "tasks.bin").read_bytes())
-    raw[64 * 100 + 16:64 * 100 + 20] = (10 ** 9).to_bytes(4, "little")  # task 100: row_start far out of range
+    at = TASK_BYTES * 100 + TASK_DTYPE.fields["row_start"][1]
+    raw[at:at + 4] = (10 ** 9).to_bytes(4, "little")  # task 100: row_start far out of range
     (f / "tasks.bin").write_bytes(bytes(raw))
     os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
     out["task_row_out_of_range"] = _refused(lambda: Package.load(f))
@@ -283,7 +285,8 @@ def non_finite(runtime, package) -> dict:
 
 # Worker builds timed beside the default one in the bench section (defines of worker.cu); every
 # variant must give the default's bits.
-VARIANTS = (("AF_UNROLL=4",),)
+# RING_SLOTS=n is the runtime's ring size, not a define.
+VARIANTS = (("AF_THREADS=480",), ("RING_SLOTS=8",))
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
@@ -343,7 +346,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
     parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
-    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_PIPE=0,AF_UNROLL=2")
+    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_THREADS=480")
     args = parser.parse_args(argv)
     models = args.models.split(",")
     if args.reference:
