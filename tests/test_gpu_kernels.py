@@ -136,16 +136,18 @@ def test_gemv_row_not_whole_chunks(request, variant, qtype):
 
 
 @pytest.mark.parametrize("kind,rows,qtype,want", [
-    ("auto", 128256, Q.Q6_K, "gemv_chunk"), ("auto", 128256, Q.Q8_0, "gemv_chunk"), ("auto", 8192, Q.Q4_K, "gemv"),
-    ("auto", 128256, Q.BF16, "gemv"), ("vec4", 128256, Q.Q6_K, "gemv"), ("chunk", 64, Q.F16, "gemv_chunk")])
+    ("chunked-head", 128256, Q.Q6_K, "gemv_chunk"), ("chunked-head", 128256, Q.Q8_0, "gemv_chunk"),
+    ("chunked-head", 8192, Q.Q4_K, "gemv"), ("chunked-head", 128256, Q.BF16, "gemv"), ("vec4", 128256, Q.Q6_K, "gemv"),
+    ("chunk", 64, Q.F16, "gemv_chunk")])
 def test_gemv_shader_choice(kind, rows, qtype, want):
-    """auto: the chunked program only for LM-head-sized matrices in a type with its own chunk_dot."""
-    assert K.Kernels(get_context(), gemv_kind=kind).gemv_shader(rows, gpu_quant(qtype)) == want
+    """chunked-head: the chunked program only for LM-head-sized matrices in a type with its own chunk_dot
+    (the typed kernels' choices: tests/test_gpu_gemv.py)."""
+    assert K.Kernels(get_context(), gemv_kind=kind).decode_matmul(rows, 2048, gpu_quant(qtype))[0] == want
 
 
 def test_gemv_kind_names_what_it_expects(monkeypatch):
     monkeypatch.setenv("AIRFRAME_GEMV_KIND", "fast")
-    with pytest.raises(ParameterError, match="'auto', 'chunk' or 'vec4'"):
+    with pytest.raises(ParameterError, match="expected one of auto, typed"):
         K.Kernels(get_context())
 
 

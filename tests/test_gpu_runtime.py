@@ -131,7 +131,9 @@ def test_bad_options_are_named(tiny_llama):
 
 
 @pytest.mark.parametrize("family,qtype,gemv_kind", [("llama", "Q4_0", "auto"), ("gemma3", "Q4_0", "auto"),
-                                                     ("llama", "Q4_K_M", "chunk"), ("llama", "Q8_0", "chunk")])
+                                                     ("llama", "Q4_K_M", "chunk"), ("llama", "Q8_0", "chunk"),
+                                                     ("llama", "Q4_K_M", "typed"), ("llama", "Q8_0", "typed"),
+                                                     ("llama", "BF16", "typed")])
 def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, monkeypatch, family, qtype, gemv_kind):
     """gemv.wgsl / gemv_chunk.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end
     (lavapipe uses gemm_rows)."""
@@ -153,7 +155,7 @@ def test_compare_gemv_variants_agree(tmp_path, monkeypatch):
 
     monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
     path = write_synthetic_gguf(tmp_path / "m.gguf", "llama", "tiny256", "Q4_K_M")
-    result = compare_gemv(path, [("vec4", 64, 4), ("chunk", 32, 2)], [1, 8], steps=2, repeats=1)
-    assert [(v["kind"], v["rows"]) for v in result["variants"]] == [("vec4", 4), ("chunk", 2)]
-    assert result["variants"][1]["max_logit_diff"] < 1e-4
+    result = compare_gemv(path, [("vec4", 64, 4), ("chunk", 32, 2), ("typed", 0, 2)], [1, 8], steps=2, repeats=1)
+    assert [(v["kind"], v["rows"]) for v in result["variants"]] == [("vec4", 4), ("chunk", 2), ("typed", 2)]
+    assert all(v["max_logit_diff"] < 1e-4 for v in result["variants"])
     assert all(v["decode_ms"][8] > 0 and "lm_head" in v["gpu"][1]["ops_ms"] for v in result["variants"])

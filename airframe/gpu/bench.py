@@ -160,16 +160,21 @@ def format_result(r: dict) -> str:
 
 def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int], steps: int = 32,
                  repeats: int = 20) -> dict:
-    """Decode matmul variants on one loaded model: for each (kind, invocations, rows) of gemv.wgsl
-    ("vec4") or gemv_chunk.wgsl ("chunk"), the GPU breakdown and median decode ms at each context,
-    and the largest logit difference from the first variant over three tokens."""
+    """Decode matmul variants on one loaded model: for each (kind, invocations, rows) of a
+    K.GEMV_KINDS kind (for "typed": the largest workgroup and rows per workgroup, 0 for the
+    defaults), the GPU breakdown and median decode ms at each context, and the largest logit
+    difference from the first variant over three tokens."""
     be = WebGPUBackend.load(path, n_ctx=max(ctx_list) + steps + 1, progress=True)
     out = {"adapter": be.ctx.name, "model": str(path), "variants": []}
     first = None
     for kind, wg, rows in variants:
         k = be.kernels
-        k.gemv_kind, k.gemv_rows = kind, rows
-        k.gemv_wg = k.chunk_wg = wg
+        k.gemv_kind = kind
+        if kind == "typed":
+            k.typed_wg, k.typed_rows = wg, rows
+        else:
+            k.gemv_rows = rows
+            k.gemv_wg = k.chunk_wg = wg
         k._pipelines.clear()
         for ops in be.layer_ops:
             ops._cache.clear()

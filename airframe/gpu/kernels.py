@@ -34,7 +34,10 @@ PARAMS = {
     "stream_read": ("n_vec4", "n_threads"),
     "argmax": ("n", "n_groups", "ring_len"),
 }
+# typed decode matmuls: gemv_<quant shader>.wgsl for these quant shaders (see decode_matmul)
+TYPED_GEMV = ("q4_k", "q6_k", "q8_0", "bf16")
 PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv_chunk"] = PARAMS["gemv"]
+PARAMS.update({f"gemv_{name}": PARAMS["gemv"] for name in TYPED_GEMV})
 FLOAT_FIELDS = {"eps", "scale", "softcap"}
 # fields a family switch turns on: 0 (off) unless given
 OPTIONAL_FIELDS = {"qkv_bias": 0, "q_bias": 0, "k_bias": 0, "v_bias": 0, "softcap": 0.0}
@@ -52,17 +55,23 @@ SIGNATURES = {
     "stream_read": (R, RW, U),              # source, sums, params (bench.py's bandwidth probe)
     "argmax": (R, RW, RW, RW, U, U),        # logits, candidates, token ids, id ring, params, step
 }
+SIGNATURES.update({f"gemv_{name}": SIGNATURES["gemv"] for name in TYPED_GEMV})
 
 # P.mode bits of gemv.wgsl / gemm.wgsl (activation.wgsl)
 MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = 1, 2, 4, 8, 16
 NO_SEGMENT = 0xFFFFFFFF
 GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 64x4, 128x4, 256x4 on the H200)
-# Which decode matmul (AIRFRAME_GEMV_KIND): "vec4" gemv.wgsl everywhere, "chunk" gemv_chunk.wgsl everywhere,
-# "auto" gemv_chunk.wgsl for matrices of CHUNK_MIN_ROWS rows or more in a type with its own chunk_dot, else
-# gemv.wgsl. Measured on the H200 (docs/BENCHMARKS.md): gemv_chunk.wgsl wins on the 128,256-row LM head
-# (Q6_K 0.46 -> 0.28 ms, Q8_0 0.32 -> 0.26 ms) and loses on the 2,048-8,192-row layer matmuls.
+# Which decode matmul (AIRFRAME_GEMV_KIND): "typed" gemv_<type>.wgsl for the types in TYPED_GEMV (rows of a
+# whole number of TYPED_UNIT weights), gemv.wgsl for the others; "vec4" gemv.wgsl everywhere, "chunk"
+# gemv_chunk.wgsl everywhere; "chunked-head" (the previous default) gemv_chunk.wgsl for matrices of
+# CHUNK_MIN_ROWS rows or more in a type with its own chunk_dot, else gemv.wgsl. "auto" is typed.
+GEMV_KINDS = ("auto", "typed", "chunked-head", "chunk", "vec4")
 GEMV_KIND = "auto"
 CHUNK_MIN_ROWS = 32768
+# typed kernels: one invocation per TYPED_UNIT weights of a row, as many as a row has (a power of two, at
+# least 32, at most TYPED_MAX_WG), TYPED_ROWS output rows per workgroup
+TYPED_UNIT = 32
+TYPED_MAX_WG, TYPED_ROWS = 256, 4
 # gemv_chunk.wgsl per quant shader: (chunk_dot file, vec4 per chunk, invocations per workgroup); the
 # workgroup sizes are the best measured on the H200 LM head (q4_k: not measured, as q6_k)
 CHUNK_DOTS = {"q4_k": ("chunk_q4_k", 16, 32), "q6_k": ("chunk_q6_k", 8, 32), "q8_0": ("chunk_q8_0", 8, 64)}
@@ -110,10 +119,13 @@ class Kernels:
     # gemv.wgsl's workgroup: invocations and output rows (AIRFRAME_GEMV="64,4")
     gemv_wg: int = 0
     gemv_rows: int = 0
-    # "auto", "chunk" (gemv_chunk.wgsl) or "vec4" (gemv.wgsl): see GEMV_KIND
+    # one of GEMV_KINDS: see GEMV_KIND
     gemv_kind: str = ""
     # gemv_chunk.wgsl's invocations per workgroup; 0: CHUNK_DOTS' choice for the quant type
     chunk_wg: int = 0
+    # the typed kernels' largest workgroup and rows per workgroup; 0: TYPED_MAX_WG, TYPED_ROWS
+    typed_wg: int = 0
+    typed_rows: int = 0
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -137,8 +149,11 @@ class Kernels:
                                  f"invocations and 1..4 rows")
         if not self.gemv_kind:
             self.gemv_kind = os.environ.get("AIRFRAME_GEMV_KIND", GEMV_KIND)
-        if self.gemv_kind not in ("auto", "chunk", "vec4"):
-            raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected 'auto', 'chunk' or 'vec4'")
+        if self.gemv_kind not in GEMV_KINDS:
+            raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected one of {', '.join(GEMV_KINDS)}")
+        if self.typed_wg not in (0, 32, 64, 128, 256) or self.typed_rows not in (0, 1, 2, 3, 4):
+            raise ParameterError(f"typed gemv workgroup of {self.typed_wg} invocations x {self.typed_rows} rows, "
+                                 f"expected 32/64/128/256 (or 0) invocations and 1..4 (or 0) rows")
         if self.chunk_wg not in (0, 32, 64, 128, 256):
             raise ParameterError(f"gemv_chunk workgroup of {self.chunk_wg} invocations, expected 32/64/128/256")
         if self.matmul not in ("rows", "tiled"):
@@ -156,12 +171,17 @@ class Kernels:
             self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[kinds]
 
-    def gemv_shader(self, rows: int, quant: GpuQuant) -> str:
-        """The decode matmul program for a matrix of `rows` rows in `quant`: "gemv" or "gemv_chunk"."""
-        if self.gemv_kind == "auto":
-            own_dot = quant.shader.removesuffix(".wgsl") in CHUNK_DOTS
-            return "gemv_chunk" if own_dot and rows >= CHUNK_MIN_ROWS else "gemv"
-        return "gemv_chunk" if self.gemv_kind == "chunk" else "gemv"
+    def decode_matmul(self, rows: int, cols: int, quant: GpuQuant) -> tuple[str, int, dict | None]:
+        """The one-token matmul program for a (rows, cols) matrix in `quant`: (shader, output rows per
+        workgroup, its placeholder values or None for the defaults)."""
+        name = quant.shader.removesuffix(".wgsl")
+        if self.gemv_kind in ("auto", "typed") and name in TYPED_GEMV and cols % TYPED_UNIT == 0:
+            wg = min(self.typed_wg or TYPED_MAX_WG, max(32, 1 << (cols // TYPED_UNIT - 1).bit_length()))
+            rows_per_group = self.typed_rows or TYPED_ROWS
+            return f"gemv_{name}", rows_per_group, {"GEMV_WG": wg, "GEMV_ROWS": rows_per_group}
+        chunked = self.gemv_kind == "chunk" or (self.gemv_kind == "chunked-head" and name in CHUNK_DOTS
+                                                and rows >= CHUNK_MIN_ROWS)
+        return "gemv_chunk" if chunked else "gemv", self.gemv_rows, None
 
     def pipeline(self, shader: str, quant: GpuQuant | None = None, shape: dict | None = None):
         """The compute pipeline of `shader` for `quant`; `shape` fills the program's model-shape

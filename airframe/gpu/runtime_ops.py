@@ -28,18 +28,19 @@ class Op:
     merge: bool = False              # merges attention splits: skipped when there is one split
 
     def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
+        shape = self.shape
         if self.shader == "matmul":
             if kernels.matmul == "rows":
                 shader, grid = "gemm_rows", (K.ceil_div(self.rows, K.ROWS_WG), K.ceil_div(n_tokens, K.ROWS_TOKENS), 1)
             elif n_tokens == 1 or self.cols % K.GEMM_K:
-                shader = kernels.gemv_shader(self.rows, self.quant)
-                grid = (K.ceil_div(self.rows, kernels.gemv_rows), n_tokens, 1)
+                shader, rows_per_group, shape = kernels.decode_matmul(self.rows, self.cols, self.quant)
+                grid = (K.ceil_div(self.rows, rows_per_group), n_tokens, 1)
             else:
                 shader, grid = "gemm", (K.ceil_div(self.rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
         else:
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
-        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant, self.shape), self.bind_group, grid, out)
+        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant, shape), self.bind_group, grid, out)
 
 
 @dataclass
