@@ -140,36 +140,61 @@ class Engine:
         prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
         if self._in_kernel_greedy(params):
-            return self._generate_in_kernel(prompt_ids, params)
+            return self._generate_in_kernel(prompt_ids, params, cancel)
         sampler = Sampler(params.sampling, self.config.vocab_size)
         return self._generate(prompt_ids, params, sampler, cancel)
 
     def _in_kernel_greedy(self, params: GenerationParams) -> bool:
-        """A backend that picks greedy tokens itself (the CUDA megakernel) does so when asking it
-        changes nothing: greedy, no penalties or bias, no logprobs."""
+        """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
+        does so when asking it changes nothing: greedy, no penalties or bias, no logprobs."""
         return (hasattr(self.backend, "generate_greedy") and params.logprobs is None
                 and not greedy_blockers(params.sampling))
 
-    def _generate_in_kernel(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[Piece | Finish]:
-        """Greedy tokens chosen on the GPU, up to 64 per launch; stop strings are applied to the text.
+    def _generate_in_kernel(self, prompt_ids: list[int], params: GenerationParams,
+                            cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
+        """Greedy tokens chosen on the GPU; stop strings are applied to the text, cancel is asked
+        before every token handed out.
 
-        Prompt and generation run in the same launches, so the time to the first token cannot be
-        told apart: all of it is reported as decode time (prefill_seconds = 0).
+        A backend with `greedy_stream` (WebGPU) hands tokens over in small batches as they are read
+        back, the first token alone, so pieces stream and the time to the first token is measured.
+        One with only `generate_greedy` (CUDA: prompt and generation in the same launches) gives all
+        tokens at the end, and all of the time is reported as decode time (prefill_seconds = 0).
         """
         pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), False)
         started = time.perf_counter()
         limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
-        tokens, reason = self.backend.generate_greedy(prompt_ids, limit, eos=sorted(self.eog_ids | set(params.stop_token_ids)))
-        n_sampled = len(tokens) + (reason == "stop")  # the stopping token counts, as in _generate
-        for i, token in enumerate(tokens):
-            if piece := pieces.add(token, None):
-                yield piece
-            if pieces.assembler.stopped:
-                reason, n_sampled = "stop", i + 1
-                break
+        eos = sorted(self.eog_ids | set(params.stop_token_ids))
+        streamed = hasattr(self.backend, "greedy_stream")
+        if streamed:
+            batches = self.backend.greedy_stream(prompt_ids, limit, eos)
+        else:
+            batches = iter([self.backend.generate_greedy(prompt_ids, limit, eos)])
+        reason, n_sampled, first_at = "length", 0, started
+        try:
+            for tokens, finish in batches:
+                if streamed and n_sampled == 0:
+                    first_at = time.perf_counter()
+                for token in tokens:
+                    if cancel is not None and cancel():
+                        reason = "cancelled"
+                        break
+                    n_sampled += 1
+                    if piece := pieces.add(token, None):
+                        yield piece
+                    if pieces.assembler.stopped:
+                        reason = "stop"
+                        break
+                if reason in ("cancelled", "stop"):
+                    break
+                if finish is not None:
+                    reason = finish
+                    n_sampled += finish == "stop"  # the end-of-generation token counts, as in _generate
+        finally:
+            if hasattr(batches, "close"):
+                batches.close()
         if piece := pieces.finish():
             yield piece
-        yield Finish(reason, len(prompt_ids), n_sampled, 0.0, time.perf_counter() - started)
+        yield Finish(reason, len(prompt_ids), n_sampled, first_at - started, time.perf_counter() - first_at)
 
     def _generate(self, prompt_ids: list[int], params: GenerationParams, sampler: Sampler,
                   cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:

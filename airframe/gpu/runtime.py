@@ -7,6 +7,7 @@ K/V cache once. A forward over T tokens records one compute pass: embedding, the
   -> down projection (+ residual, or post-norm + residual),
 then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
 Prompts are prefilled in chunks of `prefill_chunk` tokens; decode reads back only the logits.
+Greedy requests skip even that: the argmax runs on the GPU and feeds the next token (greedy.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import wgpu
@@ -28,6 +29,7 @@ from ..gguf_file import GGUFFile
 from ..rope_scaling import RopeScaling, cos_sin, freq_factors
 from . import kernels as K
 from .device import get_context
+from .greedy import build_argmax, greedy_stream
 from .pack import LayerPack, pack_rows, pack_tensors
 from .runtime_ops import LayerOps, build_globals, build_layer
 
@@ -94,6 +96,7 @@ class WebGPUBackend:
             self.layer_ops.append(build_layer(self, i))
             bar.update(1)
         self.globals_ops = build_globals(self)
+        self.argmax = build_argmax(self)
         bar.update(1)
         bar.close()
         self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
@@ -179,7 +182,8 @@ class WebGPUBackend:
             encoder.clear_buffer(kv)
         self.ctx.device.queue.submit([encoder.finish()])
 
-    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
+        """The ids as an array, or ParameterError / ContextOverflowError if they cannot run at n_past."""
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise ParameterError(f"forward needs a non-empty 1-D sequence of token ids, got shape {ids.shape}")
@@ -190,6 +194,32 @@ class WebGPUBackend:
         if end > self.n_ctx:
             raise ContextOverflowError(f"{self.n_past} cached + {ids.size} new positions = {end} do not fit "
                                        f"in the context of {self.n_ctx} tokens")
+        return ids
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Run tokens into the K/V cache in chunks, computing no logits."""
+        ids = self.check_tokens(tokens)
+        for first in range(0, ids.size, self.scratch.tokens):
+            self._chunk(ids[first:first + self.scratch.tokens], all_logits=False, last=False)
+
+    def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int,
+                        eos: Sequence[int] = ()) -> tuple[list[int], str]:
+        """Greedy tokens after `prompt` (which starts a new request) and the finish reason:
+        "stop" (an `eos` token, not included), "length" (max_new_tokens or the context).
+        The argmax runs on the GPU and feeds the next token there (greedy.py)."""
+        out, reason = [], "length"
+        for ids, finish in self.greedy_stream(prompt, max_new_tokens, eos):
+            out += ids
+            reason = finish or reason
+        return out, reason
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int,
+                      eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
+        """generate_greedy in batches as they are read back: (ids, None) ... then (ids, reason)."""
+        return greedy_stream(self, prompt, max_new_tokens, eos)
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        ids = self.check_tokens(tokens)
         outputs = []
         step = self.scratch.tokens
         for first in range(0, ids.size, step):

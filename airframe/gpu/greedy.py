@@ -1,0 +1,146 @@
+"""Greedy decoding chained on the GPU: each token's argmax becomes the next token's input without
+the host in between.
+
+argmax.wgsl (two dispatches after the LM head) writes the chosen id into the token-ids buffer that
+the next token's embedding reads, and into a ring of ids by position. The host submits one command
+buffer per token without waiting for it (the step uniform's write before each submit is ordered
+with the submits) and records the next while the GPU runs. The ids are copied out in batches: the
+first batch is the first token alone (time to first token), then `batch` tokens each; a batch is
+read back only once the next one is queued, so the GPU never waits for the host. Tokens computed
+past an end-of-generation token are dropped and n_past set back: their K/V rows are overwritten later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import wgpu
+
+from ..errors import ParameterError
+from . import kernels as K
+
+GREEDY_BATCH = 16     # ids read back together after the first token
+ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
+
+
+@dataclass
+class ArgmaxOps:
+    """The two argmax dispatches, the ring of chosen ids (one per position) and two read-back buffers."""
+
+    dispatches: list[K.Dispatch]
+    ring: object        # (n_ctx,) u32: the id chosen from position p's logits at p
+    staging: list       # two MAP_READ buffers of `batch` ids, used by alternate batches
+    batch: int
+
+
+def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
+    """argmax.wgsl over logits row 0, writing the ids buffer and the ring; made once at load."""
+    k = be.kernels
+    vocab = be.config.vocab_size
+    n_groups = K.ceil_div(vocab, ARGMAX_PER_GROUP)
+    candidates = k.storage(n_groups * 8, "argmax_candidates")
+    ring = k.storage(be.n_ctx * 4, "greedy_ring")
+    params = k.uniform(K.pack_params("argmax", n=vocab, n_groups=n_groups, ring_len=be.n_ctx), "argmax")
+    logits = (be.scratch.logits, 0, vocab * 4)
+    group = k.bind("argmax", [logits, candidates, be.scratch.ids, ring, params, be.scratch.step])
+    dispatches = [K.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
+                  for stage, grid in ((1, (n_groups, 1, 1)), (2, (1, 1, 1)))]
+    staging = [be.ctx.device.create_buffer(label=f"greedy_readback#{i}", size=max(16, batch * 4),
+                                           usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+               for i in range(2)]
+    return ArgmaxOps(dispatches, ring, staging, batch)
+
+
+def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
+    """Token steps [lo, hi) read back together: the first token alone, then `batch` at a time."""
+    bounds = [(0, min(1, total))] if total else []
+    lo = 1
+    while lo < total:
+        bounds.append((lo, min(total, lo + batch)))
+        lo += batch
+    return bounds
+
+
+def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
+    """Greedy tokens after `token`, fed at position be.n_past: yields (ids, None) per batch and ends
+    with (ids, "stop") at an `eos` id (not included) or (ids, "length") at max_new_tokens or the
+    full context. n_past ends after the last token run whose output was kept."""
+    first = be.n_past
+    total = max(0, min(max_new_tokens, be.n_ctx - first))
+    if total == 0:
+        yield [], "length"
+        return
+    ops: ArgmaxOps = be.argmax
+    stops = {int(t) for t in eos}
+    bounds = batch_bounds(total, ops.batch)
+    queue = be.ctx.device.queue
+    be._next_decode = None
+    queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
+    be._write_head_step(1, 0)
+    in_flight: deque[int] = deque()  # batches submitted, not read
+    kept = 0
+    try:
+        commands = _record(be, ops, first, bounds, 0)
+        for b, (lo, hi) in enumerate(bounds):
+            for step in range(lo, hi):
+                be.n_past = first + step
+                be._write_step(1)
+                queue.submit([commands])
+                if step + 1 < total:
+                    be.n_past = first + step + 1
+                    commands = _record(be, ops, first, bounds, step + 1)
+            in_flight.append(b)
+            while len(in_flight) > 1 or (in_flight and b == len(bounds) - 1):
+                done = in_flight.popleft()
+                lo_done, hi_done = bounds[done]
+                ids = _read(ops, done, hi_done - lo_done)
+                hit = next((i for i, t in enumerate(ids) if t in stops), None)
+                if hit is not None:
+                    kept = lo_done + hit + 1
+                    yield ids[:hit], "stop"
+                    return
+                kept = hi_done
+                yield ids, "length" if hi_done == total else None
+    finally:
+        be.n_past = first + kept
+
+
+def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step: int):
+    """The command buffer of token step `step` at be.n_past; the last step of a batch copies the
+    batch's ids to its read-back buffer."""
+    encoder = be.ctx.device.create_command_encoder()
+    K.record(encoder, be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1) + ops.dispatches)
+    b = 0 if step == 0 else 1 + (step - 1) // ops.batch
+    lo, hi = bounds[b]
+    if step == hi - 1:
+        encoder.copy_buffer_to_buffer(ops.ring, (first + lo) * 4, ops.staging[b % 2], 0, (hi - lo) * 4)
+    return encoder.finish()
+
+
+def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
+    staging = ops.staging[b % 2]
+    staging.map_sync(wgpu.MapMode.READ, 0, count * 4)
+    ids = np.frombuffer(staging.read_mapped(0, count * 4, copy=True), dtype=np.uint32)
+    staging.unmap()
+    return [int(t) for t in ids]
+
+
+def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,
+                  eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
+    """A new request: reset, prefill all of `prompt` but its last token (no logits), then chain()."""
+    if max_new_tokens < 0:
+        raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ParameterError("an empty prompt, expected at least one token")
+    be.reset()
+    be.check_tokens(prompt)
+    if max_new_tokens == 0:
+        yield [], "length"
+        return
+    if len(prompt) > 1:
+        be.prefill(prompt[:-1])
+    yield from chain(be, prompt[-1], max_new_tokens, eos)
