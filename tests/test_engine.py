@@ -371,3 +371,62 @@ def test_in_kernel_greedy_is_not_used_when_sampling(smollm2):
     engine.generate("Hi", GenerationParams(max_tokens=2, sampling=SamplingParams(temperature=0.7, seed=1)))
     engine.generate("Hi", GenerationParams(max_tokens=2, sampling=GREEDY, logprobs=2))
     assert backend.greedy_calls == 0
+
+
+class StreamingGreedyBackend(InKernelGreedyBackend):
+    """Like WebGPU's argmax chain: greedy tokens in batches (the first alone, then 3 at a time)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches_given = 0
+        self.closed = False
+
+    def greedy_stream(self, prompt, max_new_tokens, eos=()):
+        tokens, reason = self.generate_greedy(prompt, max_new_tokens, eos)
+        try:
+            bounds = [0, 1] + list(range(4, len(tokens), 3)) + [len(tokens)]
+            for lo, hi in zip(bounds, bounds[1:]):
+                self.batches_given += 1
+                yield tokens[lo:hi], reason if hi == len(tokens) else None
+        finally:
+            self.closed = True
+
+
+@pytest.mark.parametrize("stop,eos", [([], True), (["lo w"], True), ([], False)])
+def test_streamed_in_kernel_greedy_gives_what_host_greedy_gives(smollm2, stop, eos):
+    script = smollm2.tokenizer.encode(" hello world and more words", add_special=False)
+    script += [smollm2.tokenizer.eos_id] if eos else []
+    params = GenerationParams(max_tokens=20, sampling=GREEDY, stop=stop)
+    host = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "host")
+    backend = StreamingGreedyBackend(smollm2.config, script)
+    fused = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+    text_host, finish_host, _ = host.generate("Hi", params)
+    text_fused, finish_fused, _ = fused.generate("Hi", params)
+    assert text_fused == text_host and backend.closed
+    assert (finish_fused.reason, finish_fused.completion_tokens) == (finish_host.reason, finish_host.completion_tokens)
+
+
+def test_streamed_in_kernel_greedy_yields_pieces_before_the_last_batch(smollm2):
+    script = smollm2.tokenizer.encode(" one two three four five six seven", add_special=False)
+    backend = StreamingGreedyBackend(smollm2.config, script)
+    engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+    stream = engine.stream("Count:", GenerationParams(max_tokens=len(script), sampling=GREEDY))
+    first = next(stream)
+    assert isinstance(first, Piece) and backend.batches_given == 1
+    rest = list(stream)
+    assert backend.batches_given > 2 and rest[-1].reason == "length"
+
+
+def test_streamed_in_kernel_greedy_asks_cancel_before_every_token(smollm2):
+    script = smollm2.tokenizer.encode(" one two three four five six", add_special=False)
+    asked = []
+
+    def cancel():
+        asked.append(True)
+        return len(asked) > 3
+
+    backend = StreamingGreedyBackend(smollm2.config, script)
+    engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+    text, finish, _ = engine.generate("Count:", GenerationParams(sampling=GREEDY), cancel)
+    assert finish.reason == "cancelled" and finish.completion_tokens == 3 and backend.closed
+    assert text == smollm2.tokenizer.decode(script[:3])
