@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from . import kernels as K
 from .device import get_context
+from .greedy import chain
 from .runtime import WebGPUBackend
 
 PROBE_BYTES = 1 << 30
@@ -61,6 +62,42 @@ def _median_decode_ms(be: WebGPUBackend, context: int, steps: int, bar) -> float
         times.append(time.perf_counter() - started)
         bar.update(1)
     return 1000 * statistics.median(times)
+
+
+def _chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3) -> float:
+    """ms/token of `steps` greedy tokens chained on the GPU (greedy.py) from position context - 1,
+    the ids read back in batches: median of `runs` whole chains, each timed to its last id."""
+    times = []
+    for _ in range(runs):
+        be.reset()
+        be.n_past = context - 1
+        started = time.perf_counter()
+        for _ in chain(be, 1, steps):
+            pass
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times) / steps
+
+
+def _chained(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weight_bytes: int) -> dict:
+    """The greedy chain's numbers at each context, next to the per-token decode's."""
+    be.reset()
+    chain_dispatches = {}
+    for context in ctx_list:
+        be.n_past = context - 1
+        chain_dispatches[context] = be.dispatch_count(1) + len(be.argmax.dispatches)
+    empty = _timed_submit(be, [], 1)
+    out = {"batch": be.argmax.batch, "argmax_gpu_ms": 1000 * (_timed_submit(be, be.argmax.dispatches, 20) - empty) / 20,
+           "decode": []}
+    _chained_decode_ms(be, ctx_list[0], min(steps, 8), runs=1)  # warm-up: the argmax pipelines
+    with tqdm(total=len(ctx_list), desc="chained decode", unit="ctx") as bar:
+        for context in ctx_list:
+            ms = _chained_decode_ms(be, context, steps)
+            floor_ms = 1000 * (weight_bytes + kv_bytes_per_token(be, context)) / bandwidth
+            out["decode"].append({"context": context, "ms_per_token": ms, "floor_ms": floor_ms,
+                                  "floor_share": floor_ms / ms, "dispatches": chain_dispatches[context]})
+            bar.update(1)
+    be.reset()
+    return out
 
 
 def _record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
@@ -135,8 +172,14 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
             ms = _median_decode_ms(be, context, steps, bar)
             n_bytes = result["weight_bytes_per_token"] + kv_bytes_per_token(be, context)
             floor_ms = 1000 * n_bytes / bandwidth
+            be.n_past = context - 1
             result["decode"].append({"context": context, "ms_per_token": ms, "bytes_per_token": n_bytes,
-                                     "floor_ms": floor_ms, "floor_share": floor_ms / ms})
+                                     "floor_ms": floor_ms, "floor_share": floor_ms / ms,
+                                     "dispatches": be.dispatch_count(1)})
+    try:  # the other numbers must survive a failure here
+        result["chained"] = _chained(be, ctx_list, steps, bandwidth, result["weight_bytes_per_token"])
+    except Exception as e:  # noqa: BLE001 - reported in the result instead
+        result["chained_error"] = f"{type(e).__name__}: {e}"
     return result
 
 
@@ -147,15 +190,32 @@ def format_result(r: dict) -> str:
              f"streaming read: {r['bandwidth_GBps']:.1f} GB/s; dispatches per decode token: {r['dispatches_per_token']}; "
              f"recording them: {r['record_ms']:.3f} ms",
              f"prefill (512-token chunk): {r['prefill_tokens_per_s']:.1f} tokens/s",
-             "context  ms/token  tokens/s  MB/token  floor ms  share of floor"]
+             "decode, logits read back every token (the sampling path):",
+             "context  ms/token  tokens/s  MB/token  floor ms  share of floor  dispatches"]
     for context, g in r.get("gpu", {}).items():
         ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
         head += [f"GPU time at context {context}: {g['token_ms']:.3f} ms/token (round trip {g['roundtrip_ms']:.3f} ms); "
                  f"per op class: {ops}"]
     for d in r["decode"]:
         lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
-                     f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:5.1f}%")
-    return "\n".join(lines + head)
+                     f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:13.1f}%  "
+                     f"{d.get('dispatches', '?'):>10}")
+    return "\n".join(lines + _format_chained(r) + head)
+
+
+def _format_chained(r: dict) -> list[str]:
+    if "chained_error" in r:
+        return [f"decode, greedy chained on the GPU: FAILED ({r['chained_error']})"]
+    if "chained" not in r:
+        return []
+    c = r["chained"]
+    lines = [f"decode, greedy chained on the GPU (argmax on the GPU, {c['argmax_gpu_ms']:.3f} ms; no logits read back; "
+             f"ids read back every {c['batch']} tokens; median of 3 chains):",
+             "context  ms/token  tokens/s  floor ms  share of floor  dispatches"]
+    for d in c["decode"]:
+        lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
+                     f"{d['floor_ms']:8.3f}  {100 * d['floor_share']:13.1f}%  {d['dispatches']:>10}")
+    return lines
 
 
 def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int], steps: int = 32,
