@@ -62,6 +62,17 @@ def test_vm_matches_the_reference_across_the_chunk_boundary(llama1b_path, tmp_pa
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
 
 
+def test_h200_split_plan_matches_the_reference(llama1b_path, tmp_path):
+    """Split-K QKV/WO pieces and shared FFN rows (132 workers) on the full 1B shape, 2 positions."""
+    package = write_package(llama1b_path, load_target("h200"), tmp_path / "pkg", ctx=4, progress=False, split=True)
+    assert package.plan.tasks["side"].any() and package.plan.consts["ffn_parts"] == 164
+    got = VM(package.plan, package.weights).forward(TOKENS[:2], all_logits=True)
+    gf = GGUFFile(llama1b_path)
+    want = ReferenceBackend(UncachedReferenceModel(gf, load_config(gf)), 4).forward(TOKENS[:2], all_logits=True)
+    assert np.abs(got - want).max() < LOGIT_TOLERANCE
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
 @pytest.mark.parametrize("target,workers,waves", [("rtx3050", 20, 83), ("h200", 132, 83)])
 def test_stats_command_on_both_targets(llama1b_path, capsys, target, workers, waves):
     assert main(["megakernel", "stats", str(llama1b_path), "--target", target, "--ctx", "4096"]) == 0

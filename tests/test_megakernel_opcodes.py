@@ -11,8 +11,8 @@ def test_committed_header_is_generated_from_opcodes_py():
         "plan_format.h is stale: run `python -m airframe.megakernel.opcodes`"
 
 
-def test_task_word_is_64_bytes_with_u64_fields_aligned():
-    assert TASK_DTYPE.itemsize == 64
+def test_task_word_is_80_bytes_with_u64_fields_aligned():
+    assert TASK_DTYPE.itemsize == 80 and TASK_DTYPE.itemsize % 16 == 0  # copied as 16-byte vectors
     for name, kind, _ in TASK_FIELDS:
         offset = TASK_DTYPE.fields[name][1]
         assert offset % (8 if kind == "u64" else 4) == 0, name
@@ -35,7 +35,7 @@ def test_task_words_round_trip_through_bytes():
     tasks["weight0"] = [0, 1 << 33, (1 << 40) + 6]
     again = np.frombuffer(tasks.tobytes(), dtype=TASK_DTYPE)
     assert again.tobytes() == tasks.tobytes()
-    words = np.frombuffer(tasks.tobytes(), dtype="<u4").reshape(3, 16)
+    words = np.frombuffer(tasks.tobytes(), dtype="<u4").reshape(3, 20)
     assert words[1, 8] == 0 and words[1, 9] == 2  # u64 weight0 = (lo, hi) words 8, 9
 
 

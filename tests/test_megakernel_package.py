@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from airframe.gguf_file import GGUFFile
+from airframe.megakernel.opcodes import TASK_DTYPE
 from airframe.megakernel.package import Package, write_package
 from airframe.megakernel.target import load_target
 from airframe.megakernel.validator import PlanError
@@ -29,7 +30,7 @@ def _tensor(package, name):
 def test_files_and_sizes(package):
     names = sorted(p.name for p in package.path.iterdir())
     assert names == ["plan.json", "target.json", "tasks.bin", "weights.bin"]
-    assert (package.path / "tasks.bin").stat().st_size == 64 * package.plan.consts["n_tasks"]
+    assert (package.path / "tasks.bin").stat().st_size == TASK_DTYPE.itemsize * package.plan.consts["n_tasks"]
     assert json.loads((package.path / "target.json").read_text())["workers"] == 132
 
 
@@ -65,7 +66,7 @@ def test_loading_validates_again(package, tmp_path):
     # a corrupted task word in a copy of the package
     for name in ("plan.json", "target.json", "weights.bin"):
         (tmp_path / name).symlink_to(package.path / name)
-    tasks = np.frombuffer((package.path / "tasks.bin").read_bytes(), dtype="<u4").copy().reshape(-1, 16)
+    tasks = np.frombuffer((package.path / "tasks.bin").read_bytes(), dtype="<u4").copy().reshape(-1, TASK_DTYPE.itemsize // 4)
     tasks[10, 4] += 1  # row_start of an embedding task
     (tmp_path / "tasks.bin").write_bytes(tasks.tobytes())
     with pytest.raises(PlanError, match="task 10"):
@@ -86,6 +87,6 @@ def test_truncated_weights_and_bad_header_are_refused(package, tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps({"format": "something else", "version": 1}))
     with pytest.raises(PlanError, match="expected 'airframe-megakernel-plan'"):
         Package.load(tmp_path)
-    (tmp_path / "tasks.bin").write_bytes(b"\0" * 65)
-    with pytest.raises(PlanError, match="multiple of 64"):
+    (tmp_path / "tasks.bin").write_bytes(b"\0" * 81)
+    with pytest.raises(PlanError, match="multiple of 80"):
         Package.load(tmp_path)

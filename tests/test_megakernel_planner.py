@@ -10,7 +10,8 @@ from airframe.errors import ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.megakernel.opcodes import Op
-from airframe.megakernel.planner import make_plan, plan_stats, split_rows, wave_bytes
+from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_stats,
+                                         split_rows, wave_bytes)
 from airframe.megakernel.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
 from airframe.megakernel.validator import validate
 
@@ -112,3 +113,35 @@ def test_target_file_and_worker_override(tmp_path):
         load_target(str(path))
     with pytest.raises(ParameterError, match="neither a named target"):
         load_target("no-such-gpu")
+
+
+def test_split_plan_brings_every_h200_weight_wave_within_one_percent(llama1b_config):
+    whole = make_plan(llama1b_config, load_target("h200"), ctx=4096, split=False)
+    split = make_plan(llama1b_config, load_target("h200"), ctx=4096, split=True)
+    validate(split)
+    stats = plan_stats(split)
+    assert stats["max_weight_wave_imbalance"] < 0.01
+    # the busiest worker of every weight wave streams no more than with whole rows
+    for a, b in zip(plan_stats(whole)["per_wave"], stats["per_wave"]):
+        if a["opcode"] in ("QKV", "WO", "FFN", "LM_HEAD"):
+            assert b["max_bytes"] <= a["max_bytes"]
+    # 8 leftover FFN rows shared by 4 workers each: their gate and up rows are the only extra bytes
+    assert ffn_sharing(8192, 2048, 132, True) == 4 and split.consts["ffn_parts"] == 132 + 8 * 4
+    assert stats["bytes_per_token"] - plan_stats(whole)["bytes_per_token"] == 16 * 8 * 3 * 2 * 2048 * 2
+
+
+def test_split_changes_nothing_where_whole_rows_are_even(llama1b_config):
+    whole = make_plan(llama1b_config, load_target("rtx3050"), ctx=4096, split=False)
+    split = make_plan(llama1b_config, load_target("rtx3050"), ctx=4096, split=True)
+    assert whole.tasks.tobytes() == split.tasks.tobytes()
+
+
+def test_split_k_fixed_small_case():
+    """5 rows of 2 pieces each over 3 workers: runs of 4, 3, 3 pieces."""
+    tasks = _matrix_wave(Op.QKV, 5, 2 * SPLIT_COLS, 3, True)
+    got = [(t.worker, t.row_start, t.row_count, t.part_start // SPLIT_COLS, t.part_count // SPLIT_COLS, t.side)
+           for t in tasks]
+    assert got == [(0, 0, 2, 0, 2, 0),                     # rows 0-1
+                   (1, 2, 1, 0, 2, 0), (1, 3, 1, 0, 1, 0),  # row 2, first half of row 3
+                   (2, 3, 1, 1, 1, 1), (2, 4, 1, 0, 2, 0)]  # second half of row 3 (side), row 4
+    assert _matrix_wave(Op.QKV, 5, 2 * SPLIT_COLS, 3, False)[1].part_count == 2 * SPLIT_COLS

@@ -16,11 +16,17 @@ from airframe.megakernel.validator import PlanError, task_ranges, validate
 N_CASES = 25  # corruptions per kind and target
 
 
-@pytest.fixture(scope="module", params=["rtx3050", "h200"])
+# (target, workers, split): whole rows on both targets; split-K QKV/WO pieces on the H200; and
+# 127 workers, where SmolLM2's leftover FFN rows are shared too (ffn_parts > workers)
+PLANS = [("rtx3050", None, False), ("h200", None, False), ("h200", None, True), ("h200", 127, True)]
+
+
+@pytest.fixture(scope="module", params=PLANS, ids=lambda p: f"{p[0]}-{p[1] or 'all'}-{'split' if p[2] else 'rows'}")
 def plan(request, smollm2_path):
     """A two-layer SmolLM2-shaped plan: small enough to validate hundreds of corruptions."""
     config = dataclasses.replace(load_config(GGUFFile(smollm2_path)), n_layers=2)
-    return make_plan(config, load_target(request.param), ctx=96)
+    name, workers, split = request.param
+    return make_plan(config, load_target(name, workers), ctx=96, split=split)
 
 
 def _with_tasks(plan, tasks):
@@ -41,7 +47,8 @@ def test_planner_output_is_accepted(plan):
 def test_smollm2_full_plans_are_accepted(smollm2_path):
     config = load_config(GGUFFile(smollm2_path))
     for name in ("rtx3050", "h200"):
-        validate(make_plan(config, load_target(name), ctx=256))
+        for split in (False, True):
+            validate(make_plan(config, load_target(name), ctx=256, split=split))
 
 
 def _corrupt_range(plan, rng):
@@ -102,8 +109,26 @@ def _wrong_worker_or_opcode(plan, rng):
     return _with_tasks(plan, tasks)
 
 
+def _corrupt_part(plan, rng):
+    """Move, resize or re-route a QKV/WO/FFN task's part (a split-K piece where the plan has them)."""
+    tasks = plan.tasks.copy()
+    op = rng.choice([Op.QKV, Op.WO, Op.FFN])
+    rows = _rows_of(plan, op)
+    split = rows[tasks["part_start"][rows] > 0]
+    i = int(rng.choice(split if split.size and rng.random() < 0.7 else rows))
+    field = rng.choice(["part_start", "part_count", "side", "pad"])
+    if field == "side":
+        tasks[i]["side"] = 1 - int(tasks[i]["side"]) if op != Op.FFN else 1
+    else:
+        delta = int(rng.choice([-8, 8, 16, 3]))
+        tasks[i][field] = max(0, int(tasks[i][field]) + delta) if field != "pad" else 1
+        if tasks[i][field] == plan.tasks[i][field]:
+            tasks[i][field] += 8
+    return _with_tasks(plan, tasks)
+
+
 CORRUPTIONS = [_corrupt_range, _corrupt_wave, _duplicate_writer, _read_inside_wave, _wrong_fingerprint,
-               _wrong_worker_or_opcode]
+               _wrong_worker_or_opcode, _corrupt_part]
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.strip("_"))
@@ -144,3 +169,17 @@ def test_ranges_of_attention_stay_inside_the_chunk(plan):
         assert past.start == (lh * k["ctx"] + first) * k["head_dim"]
         assert past.end <= (lh + 1) * k["ctx"] * k["head_dim"]
         assert any(b.buf == "know" for b in writes) == (int(t["slot"]) == 0)
+
+
+def test_split_pieces_are_two_per_row_at_most_and_tile_it(plan):
+    k = plan.consts
+    for op, width in ((Op.QKV, k["n_embd"]), (Op.WO, k["n_head"] * k["head_dim_v"])):
+        tasks = plan.tasks[(plan.tasks["opcode"] == op) & (plan.tasks["layer"] == 0)]
+        pieces = tasks[tasks["part_count"] < width]
+        assert np.all(pieces["row_count"] == 1)
+        for row in np.unique(pieces["row_start"]):
+            parts = sorted((int(t["part_start"]), int(t["part_count"]), int(t["side"]))
+                           for t in pieces[pieces["row_start"] == row])
+            assert len(parts) == 2 and parts[0][0] == 0 and parts[0][2] == 0 and parts[1][2] == 1
+            assert parts[0][1] == parts[1][0] and parts[1][0] + parts[1][1] == width
+        assert (pieces.size > 0) == (plan.target.name == "h200" and bool(plan.tasks["side"].any()))

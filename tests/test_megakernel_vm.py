@@ -127,3 +127,32 @@ def test_bf16_rounding_is_to_nearest_even():
     values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf], np.float32)  # 1 + 2^-8 is a tie
     assert bf16_to_f32(f32_to_bf16(values)).tolist() == [1.0, 1.0, 1.015625, -2.5, np.inf]
     assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+@pytest.fixture(scope="module")
+def smollm2_split_package(smollm2_path, tmp_path_factory):
+    """127 workers, split: QKV and WO rows cut into split-K pieces, leftover FFN rows shared."""
+    out = tmp_path_factory.mktemp("smollm2_split")
+    return write_package(smollm2_path, load_target("h200", workers=127), out, ctx=32, progress=False, split=True)
+
+
+def test_split_plan_matches_the_bf16_reference(smollm2_path, smollm2_split_package, english_ids):
+    plan = smollm2_split_package.plan
+    assert plan.tasks["side"].any()  # split-K pieces exist
+    assert plan.consts["ffn_parts"] > plan.target.workers  # shared FFN rows exist
+    gf = GGUFFile(smollm2_path)
+    ids = english_ids[:10]  # ~2 s a token in the VM: 127 workers, ~1,200 tasks a layer
+    want = ReferenceBackend(Bf16ReferenceModel(gf, load_config(gf)), 32).forward(ids, all_logits=True)
+    got = VM(plan, smollm2_split_package.weights).forward(ids, all_logits=True)
+    assert np.abs(got - want).max() < LOGIT_TOLERANCE
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+def test_split_plan_is_order_free_inside_a_wave(smollm2_split_package):
+    tokens = [504, 3575]
+    runs = []
+    for seed in (None, 3):
+        vm = VM(smollm2_split_package.plan, smollm2_split_package.weights)
+        rng = None if seed is None else np.random.default_rng(seed)
+        runs.append(vm.forward(tokens, all_logits=True, rng=rng))
+    assert runs[0].tobytes() == runs[1].tobytes()

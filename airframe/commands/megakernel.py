@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -17,6 +18,9 @@ def _target_arguments(p) -> None:
     p.add_argument("--workers", type=int, help="override the target's worker count")
     p.add_argument("--ctx", type=int, help="K/V cache positions the plan is made for (default: min(train, 4096))")
     p.add_argument("--attn-chunk", type=int, help="positions per attention chunk (default: ctx / (workers // kv_heads))")
+    p.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
+                   help="cut weight waves finer than whole rows where whole rows are more than 1%% uneven: "
+                        "split-K pieces for QKV/WO, shared leftover FFN rows (default: what the worker runs)")
 
 
 def add_arguments(p) -> None:
@@ -42,6 +46,12 @@ def _check_positive(args) -> None:
             raise ParameterError(f"--{name.replace('_', '-')} {value}, expected a positive integer")
 
 
+def _split(args) -> bool:
+    from ..megakernel.planner import SPLIT_DEFAULT
+
+    return SPLIT_DEFAULT if args.split is None else args.split
+
+
 def run(args) -> int:
     return {"plan": _plan, "stats": _stats, "show": _show}[args.action](args)
 
@@ -55,7 +65,7 @@ def _plan(args) -> int:
     _check_positive(args)
     target = load_target(args.target, args.workers)
     package = write_package(resolve_model(args.model), target, args.output, args.ctx, args.attn_chunk,
-                            progress=not args.quiet)
+                            progress=not args.quiet, split=_split(args))
     stats = plan_stats(package.plan)
     print(f"{package.path}: {stats['tasks']} tasks in {stats['waves']} waves on {target.workers} workers, "
           f"{stats['bytes_per_token'] / 1e9:.3f} GB per token at full context, "
@@ -72,7 +82,8 @@ def _stats(args) -> int:
 
     _check_positive(args)
     target = load_target(args.target, args.workers)
-    plan = make_plan(load_config(GGUFFile(resolve_model(args.model))), target, args.ctx, args.attn_chunk)
+    plan = make_plan(load_config(GGUFFile(resolve_model(args.model))), target, args.ctx, args.attn_chunk,
+                     split=_split(args))
     stats = plan_stats(plan)
     if args.json:
         print(json.dumps(stats, indent=1))

@@ -4,8 +4,9 @@ Everything the CUDA worker needs to decode a plan is declared here as data. `ren
 turns these tables into `plan_format.h`; `python -m airframe.megakernel.opcodes` rewrites that
 file, and a test fails when the committed header is out of date. Never edit the header by hand.
 
-A task is 64 bytes (little-endian): eight u32 fields, then four u64 byte offsets into
-`weights.bin`. What each field means per opcode is in docs/MEGAKERNEL.md and in OPCODE_DOCS.
+A task is 80 bytes (little-endian): eight u32 fields, four u64 byte offsets into `weights.bin`,
+then four u32 fields of the split-K extension. What each field means per opcode is in
+docs/MEGAKERNEL.md and in OPCODE_DOCS.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 HEADER_PATH = Path(__file__).with_name("plan_format.h")
 
 
@@ -37,12 +38,14 @@ class Op(IntEnum):
 OPCODE_DOCS = {
     Op.NOP: "does nothing (padding)",
     Op.EMBED: "x[0][rows] = bf16(token_embd[token, rows]) * embed_scale",
-    Op.QKV: "qkv[rows] = W_qkv[rows] . rmsnorm(x[layer], norm); V rows also go to the V cache at pos",
-    Op.ATTN: "one K/V head, one chunk of positions: RoPE on Q and K, flash-decoding partial (m, l, o) "
-             "per query head; chunk 0 writes the roped K to the K cache at pos",
-    Op.WO: "h[rows] = x[layer][rows] + W_o[rows] . merge(attention partials of the active chunks)",
-    Op.FFN: "ffn[slot] = down[:, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(h, norm)",
-    Op.FFN_REDUCE: "x[layer+1][rows] = h[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order",
+    Op.QKV: "qkv[rows] (side: qkv_side[rows]) = W_qkv[rows, part] . rmsnorm(x[layer], norm)[part]",
+    Op.ATTN: "one K/V head, one chunk of positions: RoPE on Q and K (of qkv + qkv_side), flash-decoding "
+             "partial (m, l, o) per query head; chunk 0 writes the roped K and the V row to the caches at pos",
+    Op.WO: "h[rows] = x[layer][rows] + W_o[rows, part] . merge(attention partials)[part] "
+           "(side: h_side[rows], no residual)",
+    Op.FFN: "ffn[slot][part] = down[part, rows] . (silu(gate[rows] . n) * (up[rows] . n)), "
+            "n = rmsnorm(h + h_side, norm)",
+    Op.FFN_REDUCE: "x[layer+1][rows] = (h + h_side)[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order",
     Op.FINAL_NORM: "xn[rows] = rmsnorm(x[n_layers], norm)[rows]",
     Op.LM_HEAD: "logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)",
 }
@@ -62,6 +65,13 @@ TASK_FIELDS = (
     ("weight1", "u64", "FFN: ffn_up; 0 otherwise"),
     ("weight2", "u64", "FFN: ffn_down stored transposed (n_ff rows of n_embd); 0 otherwise"),
     ("norm", "u64", "byte offset of the F32 norm weight (QKV, FFN, FINAL_NORM); 0 otherwise"),
+    ("part_start", "u32", "QKV, WO: first column multiplied (a split-K piece when not the whole row); "
+                          "FFN: first output row of its ffn_down columns; 0 otherwise"),
+    ("part_count", "u32", "QKV, WO: columns multiplied (whole rows: all K); FFN: output rows (whole: n_embd); "
+                          "0 otherwise"),
+    ("side", "u32", "QKV, WO: 1 = write the rows to the layer's side vector (qkv_side, h_side; no residual) "
+                    "instead of qkv / h; 0 otherwise"),
+    ("pad", "u32", "0"),
 )
 
 # Plan constants: plan.json "consts" holds exactly these keys; the header declares a struct in
@@ -80,7 +90,8 @@ PLAN_CONSTS = (
     ("ctx", "u32", "K/V cache capacity in positions"),
     ("attn_chunk", "u32", "positions per attention chunk C: chunk c holds [c*C, (c+1)*C)"),
     ("attn_chunks", "u32", "chunks planned = ceil(ctx / C); active at pos p: p / C + 1"),
-    ("ffn_parts", "u32", "FFN partial slots per layer"),
+    ("ffn_parts", "u32", "FFN partial slots per layer, all summed by FFN_REDUCE in slot order; a slot "
+                         "written only in part (a split FFN task's output rows) is zero elsewhere"),
     ("lm_parts", "u32", "LM_HEAD candidate slots"),
     ("dot_lanes", "u32", "lanes of the fixed dot-product order"),
     ("dot_vec", "u32", "consecutive elements per lane step"),
@@ -93,6 +104,8 @@ PLAN_CONSTS = (
     ("lay_qkv", "u32", "in a layer block: q, k, v before RoPE (n_q + n_kv + n_kv_v)"),
     ("lay_attn", "u32", "in a layer block: partials [chunk][q head][m, l, o[head_dim_v]]"),
     ("lay_h", "u32", "in a layer block: residual stream after attention (n_embd)"),
+    ("lay_qkv_side", "u32", "in a layer block: second split-K pieces of qkv rows; zero where no row is split"),
+    ("lay_h_side", "u32", "in a layer block: second split-K pieces of h rows; zero where no row is split"),
     ("lay_ffn", "u32", "in a layer block: FFN partials [slot][n_embd]"),
     ("act_xn", "u32", "F32 arena offset: final-normed hidden state (n_embd)"),
     ("act_logits", "u32", "F32 arena offset: logits (vocab)"),
@@ -112,7 +125,7 @@ _C = {"u32": "uint32_t", "u64": "uint64_t", "f32": "float"}
 TASK_DTYPE = np.dtype([(name, _NUMPY[kind]) for name, kind, _ in TASK_FIELDS])
 TASK_BYTES = TASK_DTYPE.itemsize
 TASK_WORDS = TASK_BYTES // 4
-assert TASK_BYTES == 64, TASK_BYTES
+assert TASK_BYTES == 80, TASK_BYTES
 CONST_NAMES = tuple(name for name, _, _ in PLAN_CONSTS)
 
 # One task as a Python object, its fields generated from TASK_FIELDS (so they cannot drift).
@@ -146,7 +159,7 @@ def render_header() -> str:
     ]
     for op in Op:
         lines.append(f"    AF_OP_{op.name} = {op.value},  // {OPCODE_DOCS[op]}")
-    lines += ["};", "", "// One task: 64 bytes, little-endian, in tasks.bin sorted by (wave, worker).",
+    lines += ["};", "", f"// One task: {TASK_BYTES} bytes, little-endian, in tasks.bin sorted by (wave, worker).",
               "struct af_task {"]
     for name, kind, doc in TASK_FIELDS:
         lines.append(f"    {_C[kind]} {name};  // {doc}")

@@ -2,7 +2,7 @@
 
     plan.json    header: format version, model shape, target, fingerprint, plan constants, waves,
                  the tensor table of weights.bin, the attention chunk rule
-    tasks.bin    n_tasks x 64-byte task words (opcodes.TASK_FIELDS), sorted by (wave, worker)
+    tasks.bin    n_tasks x 80-byte task words (opcodes.TASK_FIELDS), sorted by (wave, worker)
     weights.bin  matrices as BF16 (quantized ones dequantized, then rounded to nearest even),
                  vectors and RoPE tables as F32; ffn_down transposed; attn_q, attn_k, attn_v adjacent
     target.json  the target description the plan was made for
@@ -26,7 +26,7 @@ from ..family import load_config
 from ..gguf_file import GGUFFile, dequantize_rows
 from ..rope_scaling import cos_sin
 from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE
-from .planner import Plan, TensorSlot, make_plan
+from .planner import SPLIT_DEFAULT, Plan, TensorSlot, make_plan
 from .target import Target, target_from_dict, target_to_dict
 from .validator import PlanError, validate
 from .vm import f32_to_bf16
@@ -104,11 +104,11 @@ def write_plan(plan: Plan, out: Path) -> None:
 
 
 def write_package(model_path: str | Path, target: Target, out: str | Path, ctx: int | None = None,
-                  attn_chunk: int | None = None, progress: bool = True) -> Package:
-    """Plan `model_path` for `target` and write the package folder `out`."""
+                  attn_chunk: int | None = None, progress: bool = True, split: bool = SPLIT_DEFAULT) -> Package:
+    """Plan `model_path` for `target` and write the package folder `out` (planner.make_plan)."""
     out = Path(out)
     gf = GGUFFile(model_path)
-    plan = make_plan(load_config(gf), target, ctx, attn_chunk)
+    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split)
     plan.model["source"] = str(model_path)
     validate(plan, target)
     write_plan(plan, out)

@@ -3,22 +3,22 @@
 #pragma once
 #include <stdint.h>
 
-#define AF_PLAN_VERSION 1
-#define AF_TASK_BYTES 64
+#define AF_PLAN_VERSION 2
+#define AF_TASK_BYTES 80
 
 enum af_opcode : uint32_t {
     AF_OP_NOP = 0,  // does nothing (padding)
     AF_OP_EMBED = 1,  // x[0][rows] = bf16(token_embd[token, rows]) * embed_scale
-    AF_OP_QKV = 2,  // qkv[rows] = W_qkv[rows] . rmsnorm(x[layer], norm); V rows also go to the V cache at pos
-    AF_OP_ATTN = 3,  // one K/V head, one chunk of positions: RoPE on Q and K, flash-decoding partial (m, l, o) per query head; chunk 0 writes the roped K to the K cache at pos
-    AF_OP_WO = 4,  // h[rows] = x[layer][rows] + W_o[rows] . merge(attention partials of the active chunks)
-    AF_OP_FFN = 5,  // ffn[slot] = down[:, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(h, norm)
-    AF_OP_FFN_REDUCE = 6,  // x[layer+1][rows] = h[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order
+    AF_OP_QKV = 2,  // qkv[rows] (side: qkv_side[rows]) = W_qkv[rows, part] . rmsnorm(x[layer], norm)[part]
+    AF_OP_ATTN = 3,  // one K/V head, one chunk of positions: RoPE on Q and K (of qkv + qkv_side), flash-decoding partial (m, l, o) per query head; chunk 0 writes the roped K and the V row to the caches at pos
+    AF_OP_WO = 4,  // h[rows] = x[layer][rows] + W_o[rows, part] . merge(attention partials)[part] (side: h_side[rows], no residual)
+    AF_OP_FFN = 5,  // ffn[slot][part] = down[part, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(h + h_side, norm)
+    AF_OP_FFN_REDUCE = 6,  // x[layer+1][rows] = (h + h_side)[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order
     AF_OP_FINAL_NORM = 7,  // xn[rows] = rmsnorm(x[n_layers], norm)[rows]
     AF_OP_LM_HEAD = 8,  // logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)
 };
 
-// One task: 64 bytes, little-endian, in tasks.bin sorted by (wave, worker).
+// One task: 80 bytes, little-endian, in tasks.bin sorted by (wave, worker).
 struct af_task {
     uint32_t opcode;  // one of AF_OP_*
     uint32_t wave;  // wave index; waves run in order, a grid barrier after each
@@ -32,6 +32,10 @@ struct af_task {
     uint64_t weight1;  // FFN: ffn_up; 0 otherwise
     uint64_t weight2;  // FFN: ffn_down stored transposed (n_ff rows of n_embd); 0 otherwise
     uint64_t norm;  // byte offset of the F32 norm weight (QKV, FFN, FINAL_NORM); 0 otherwise
+    uint32_t part_start;  // QKV, WO: first column multiplied (a split-K piece when not the whole row); FFN: first output row of its ffn_down columns; 0 otherwise
+    uint32_t part_count;  // QKV, WO: columns multiplied (whole rows: all K); FFN: output rows (whole: n_embd); 0 otherwise
+    uint32_t side;  // QKV, WO: 1 = write the rows to the layer's side vector (qkv_side, h_side; no residual) instead of qkv / h; 0 otherwise
+    uint32_t pad;  // 0
 };
 static_assert(sizeof(af_task) == AF_TASK_BYTES, "task layout");
 
@@ -47,6 +51,10 @@ static_assert(__builtin_offsetof(af_task, weight0) == 32, "weight0");
 static_assert(__builtin_offsetof(af_task, weight1) == 40, "weight1");
 static_assert(__builtin_offsetof(af_task, weight2) == 48, "weight2");
 static_assert(__builtin_offsetof(af_task, norm) == 56, "norm");
+static_assert(__builtin_offsetof(af_task, part_start) == 64, "part_start");
+static_assert(__builtin_offsetof(af_task, part_count) == 68, "part_count");
+static_assert(__builtin_offsetof(af_task, side) == 72, "side");
+static_assert(__builtin_offsetof(af_task, pad) == 76, "pad");
 
 // Plan constants, the "consts" of plan.json in this order.
 struct af_plan_consts {
@@ -63,7 +71,7 @@ struct af_plan_consts {
     uint32_t ctx;  // K/V cache capacity in positions
     uint32_t attn_chunk;  // positions per attention chunk C: chunk c holds [c*C, (c+1)*C)
     uint32_t attn_chunks;  // chunks planned = ceil(ctx / C); active at pos p: p / C + 1
-    uint32_t ffn_parts;  // FFN partial slots per layer
+    uint32_t ffn_parts;  // FFN partial slots per layer, all summed by FFN_REDUCE in slot order; a slot written only in part (a split FFN task's output rows) is zero elsewhere
     uint32_t lm_parts;  // LM_HEAD candidate slots
     uint32_t dot_lanes;  // lanes of the fixed dot-product order
     uint32_t dot_vec;  // consecutive elements per lane step
@@ -76,6 +84,8 @@ struct af_plan_consts {
     uint32_t lay_qkv;  // in a layer block: q, k, v before RoPE (n_q + n_kv + n_kv_v)
     uint32_t lay_attn;  // in a layer block: partials [chunk][q head][m, l, o[head_dim_v]]
     uint32_t lay_h;  // in a layer block: residual stream after attention (n_embd)
+    uint32_t lay_qkv_side;  // in a layer block: second split-K pieces of qkv rows; zero where no row is split
+    uint32_t lay_h_side;  // in a layer block: second split-K pieces of h rows; zero where no row is split
     uint32_t lay_ffn;  // in a layer block: FFN partials [slot][n_embd]
     uint32_t act_xn;  // F32 arena offset: final-normed hidden state (n_embd)
     uint32_t act_logits;  // F32 arena offset: logits (vocab)

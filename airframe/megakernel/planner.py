@@ -4,7 +4,16 @@ Llama layout, waves per token: embed, then per layer qkv, attn, wo, ffn, ffn_red
 final_norm and lm_head (1 + 5 * n_layers + 2). Attention is flash-decoding: each (K/V head,
 chunk) task writes a partial (max, sum, weighted values) and the WO tasks merge the active
 chunks, so no barrier sits between scores and values. Weight waves split rows evenly over the
-workers; every row of a matrix is the same number of bytes, so equal rows are equal bytes.
+workers; every row of a matrix is the same number of bytes, so equal rows are equal bytes. Where
+whole rows are too coarse for that (more than SPLIT_LIMIT apart: 3,072 QKV rows over 132 H200
+workers are 23 or 24 rows), `split=True` cuts finer:
+  - QKV and WO (split-K): the rows x (cols / SPLIT_COLS) pieces are dealt out in contiguous runs,
+    so a worker's run may start or end inside a row. A row cut in two has its first columns'
+    piece written to qkv / h as usual and the rest to the layer's side vector (qkv_side, h_side),
+    which stays zero wherever no row is cut; every consumer reads qkv + qkv_side and h + h_side.
+  - FFN: every worker takes n_ff // workers intermediate rows; each of the n_ff % workers rows
+    left over is shared by s workers, each computing its gate and up rows (the only redundant
+    bytes) and 1/s of its ffn_down column, into partial slots of their own beyond the workers'.
 
 The plan is made for a maximum context `ctx` (the K/V cache size) and is valid at every position
 p < ctx: chunk c covers positions [c*C, min((c+1)*C, p+1)) and runs only when c*C <= p.
@@ -27,6 +36,11 @@ ALIGN = 256  # byte alignment of every tensor in weights.bin and of every arena 
 DOT_LANES = 32
 DOT_VEC = 8
 DEFAULT_CTX = 4096
+SPLIT_LIMIT = 0.01  # a weight wave whose whole rows are more uneven than this (max / mean - 1) is cut finer
+SPLIT_COLS = 8      # split-K pieces start and end on multiples of this many columns (16 bytes)
+# Plans cut finer than whole rows only once the CUDA worker executes split tasks (worker.cu);
+# the VM and the validator know them already.
+SPLIT_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -128,9 +142,10 @@ def arena_layout(c: ModelConfig, attn_chunks: int, ffn_parts: int, lm_parts: int
     floats = ALIGN // 4
     x_stride = _align(c.n_embd, floats)
     layer, at = {}, 0
-    for name, size in (("lay_qkv", c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v),
-                       ("lay_attn", attn_chunks * c.n_head * (c.head_dim_v + 2)),
-                       ("lay_h", c.n_embd), ("lay_ffn", ffn_parts * c.n_embd)):
+    n_qkv = c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v
+    for name, size in (("lay_qkv", n_qkv), ("lay_attn", attn_chunks * c.n_head * (c.head_dim_v + 2)),
+                       ("lay_h", c.n_embd), ("lay_qkv_side", n_qkv), ("lay_h_side", c.n_embd),
+                       ("lay_ffn", ffn_parts * c.n_embd)):
         layer[name] = at
         at = _align(at + size, floats)
     out = dict(layer, act_x=0, act_x_stride=x_stride, act_layer=(c.n_layers + 1) * x_stride, act_layer_size=at)
@@ -160,40 +175,115 @@ def _task(op: Op, **fields) -> Task:
 
 
 def _rows_wave(op: Op, total: int, workers: int, **fields) -> list[Task]:
-    return [_task(op, row_start=s, row_count=n, slot=k, **fields)
+    return [_task(op, row_start=s, row_count=n, slot=k, worker=k, **fields)
             for k, (s, n) in enumerate(split_rows(total, workers))]
 
 
-def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int, consts: dict) -> list:
+def uneven(total: int, parts: int) -> float:
+    """max / mean - 1 of `total` equal items dealt to `parts` workers as whole items."""
+    return math.ceil(total / parts) / (total / parts) - 1.0
+
+
+def _matrix_wave(op: Op, rows: int, cols: int, workers: int, split: bool, **fields) -> list[Task]:
+    """Rows of a (rows, cols) matrix over the workers: whole rows, or split-K runs (module doc)."""
+    per_row = cols // SPLIT_COLS
+    fine = (split and uneven(rows, workers) > SPLIT_LIMIT and cols % SPLIT_COLS == 0
+            and rows * per_row // workers >= per_row)  # every run holds a whole row's worth: 2 pieces a row at most
+    if not fine:
+        return _rows_wave(op, rows, workers, part_start=0, part_count=cols, **fields)
+    tasks = []
+    for k, (u0, n) in enumerate(split_rows(rows * per_row, workers)):
+        u1 = u0 + n
+        row, first = divmod(u0, per_row)
+        if first:  # the rest of a row begun by worker k - 1: into the side vector
+            tasks.append(_task(op, row_start=row, row_count=1, slot=k, worker=k, part_start=first * SPLIT_COLS,
+                               part_count=cols - first * SPLIT_COLS, side=1, **fields))
+            row += 1
+        last, tail = divmod(u1, per_row)
+        if last > row:
+            tasks.append(_task(op, row_start=row, row_count=last - row, slot=k, worker=k, part_start=0,
+                               part_count=cols, **fields))
+        if tail:  # the first columns of a row that worker k + 1 finishes
+            tasks.append(_task(op, row_start=last, row_count=1, slot=k, worker=k, part_start=0,
+                               part_count=tail * SPLIT_COLS, **fields))
+    return tasks
+
+
+def ffn_sharing(n_ff: int, n_embd: int, workers: int, split: bool) -> int:
+    """How many workers share each of the n_ff % workers leftover FFN rows (1: none is shared,
+    whole rows as split_rows deals them). A sharer streams the row's gate and up rows again and
+    1/s of its ffn_down column; the shares are dealt round robin. The smallest s that brings the
+    wave within SPLIT_LIMIT while also lowering its busiest worker's bytes (the wave's time)."""
+    base, extra = divmod(n_ff, workers)
+    if not split or not base or not extra or uneven(n_ff, workers) <= SPLIT_LIMIT:
+        return 1
+    unit = 3 * n_embd * 2
+    whole_max = (base + 1) * unit
+    for s in range(2, n_embd // DOT_VEC + 1):
+        sharer = 2 * n_embd * 2 + 2 * _ffn_pieces(n_embd, s)[0][1]
+        most = base * unit + math.ceil(extra * s / workers) * sharer
+        mean = base * unit + extra * s * sharer / workers
+        if most >= whole_max:
+            break  # more shares only add bytes to the busiest worker
+        if most / mean - 1.0 <= SPLIT_LIMIT:
+            return s
+    return 1
+
+
+def _ffn_pieces(n_embd: int, s: int) -> list[tuple[int, int]]:
+    """ffn_down output rows of the s sharers of one row, in runs of DOT_VEC (the largest first)."""
+    return [(start * DOT_VEC, count * DOT_VEC) for start, count in split_rows(n_embd // DOT_VEC, s)]
+
+
+def _ffn_wave(c: ModelConfig, workers: int, share: int, **fields) -> list[Task]:
+    e = c.n_embd
+    if share == 1:
+        return [_task(Op.FFN, row_start=s, row_count=n, slot=k, worker=k, part_start=0, part_count=e, **fields)
+                for k, (s, n) in enumerate(split_rows(c.n_ff, workers))]
+    base, extra = divmod(c.n_ff, workers)
+    tasks = [_task(Op.FFN, row_start=k * base, row_count=base, slot=k, worker=k, part_start=0, part_count=e,
+                   **fields) for k in range(workers)]
+    pieces = _ffn_pieces(e, share)
+    for j in range(extra * share):
+        row, (start, count) = workers * base + j // share, pieces[j % share]
+        tasks.append(_task(Op.FFN, row_start=row, row_count=1, slot=workers + j, worker=j % workers,
+                           part_start=start, part_count=count, **fields))
+    return tasks
+
+
+def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int, consts: dict,
+                 split: bool) -> list:
     def off(name: str) -> int:
         return w[f"blk.{i}.{name}.weight"].offset
 
     n_qkv = c.n_q + c.n_kv + c.n_head_kv * c.head_dim_v
     attn = [_task(Op.ATTN, layer=i, row_start=ch * consts["attn_chunk"], row_count=consts["attn_chunk"],
-                  slot=ch, head=h)
+                  slot=ch, head=h, worker=(ch * c.n_head_kv + h) % workers)
             for ch in range(consts["attn_chunks"]) for h in range(c.n_head_kv)]
-    ffn_rows = split_rows(c.n_ff, workers)
-    ffn = [_task(Op.FFN, layer=i, row_start=s, row_count=n, slot=k, weight0=off("ffn_gate"),
-                 weight1=off("ffn_up"), weight2=off("ffn_down"), norm=off("ffn_norm"))
-           for k, (s, n) in enumerate(ffn_rows)]
+    share = ffn_sharing(c.n_ff, c.n_embd, workers, split)
+    ffn = _ffn_wave(c, workers, share, layer=i, weight0=off("ffn_gate"), weight1=off("ffn_up"),
+                    weight2=off("ffn_down"), norm=off("ffn_norm"))
     return [
-        (f"L{i}.qkv", i, _rows_wave(Op.QKV, n_qkv, workers, layer=i, weight0=off("attn_q"),
-                                    norm=off("attn_norm"))),
+        (f"L{i}.qkv", i, _matrix_wave(Op.QKV, n_qkv, c.n_embd, workers, split, layer=i,
+                                      weight0=off("attn_q"), norm=off("attn_norm"))),
         (f"L{i}.attn", i, attn),
-        (f"L{i}.wo", i, _rows_wave(Op.WO, c.n_embd, workers, layer=i, weight0=off("attn_output"))),
+        (f"L{i}.wo", i, _matrix_wave(Op.WO, c.n_embd, c.n_head * c.head_dim_v, workers, split, layer=i,
+                                     weight0=off("attn_output"))),
         (f"L{i}.ffn", i, ffn),
         (f"L{i}.ffn_reduce", i, _rows_wave(Op.FFN_REDUCE, c.n_embd, workers, layer=i)),
     ]
 
 
 def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
-            w: dict[str, TensorSlot], weights_size: int) -> dict:
+            w: dict[str, TensorSlot], weights_size: int, split: bool) -> dict:
     if attn_chunk is None:
         # enough chunks to give every worker of the attention wave a task at full context
         attn_chunk = -(-ctx // max(1, target.workers // c.n_head_kv))
     attn_chunk = max(1, min(attn_chunk, ctx))
     attn_chunks = -(-ctx // attn_chunk)
-    ffn_parts = min(target.workers, c.n_ff)
+    share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
+    shared = (c.n_ff % target.workers) * share if share > 1 else 0  # slots of the shared leftover rows
+    ffn_parts = min(target.workers, c.n_ff) + shared
     lm_parts = min(target.workers, c.vocab_size)
     consts = dict(
         n_layers=c.n_layers, n_embd=c.n_embd, n_head=c.n_head, n_head_kv=c.n_head_kv,
@@ -210,18 +300,19 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
 
 
 def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
-              attn_chunk: int | None = None) -> Plan:
-    """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions."""
+              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT) -> Plan:
+    """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions; `split`
+    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven."""
     check_supported(config)
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
     w, weights_size = layout_weights(c, ctx)
-    consts = _consts(c, target, ctx, attn_chunk, w, weights_size)
+    consts = _consts(c, target, ctx, attn_chunk, w, weights_size, split)
     head = w.get("output.weight", w["token_embd.weight"])
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
                                      weight0=w["token_embd.weight"].offset))]
     for i in range(c.n_layers):
-        waves += _layer_waves(c, i, w, target.workers, consts)
+        waves += _layer_waves(c, i, w, target.workers, consts, split)
     waves += [("final_norm", 0, _rows_wave(Op.FINAL_NORM, c.n_embd, target.workers,
                                            norm=w["output_norm.weight"].offset)),
               ("lm_head", 0, _rows_wave(Op.LM_HEAD, c.vocab_size, target.workers, weight0=head.offset))]
@@ -235,8 +326,7 @@ def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
 
 
 def _task_array(waves: list, workers: int) -> np.ndarray:
-    placed = [replace(t, wave=wave, worker=k % workers)
-              for wave, (_, _, tasks) in enumerate(waves) for k, t in enumerate(tasks)]
+    placed = [replace(t, wave=wave) for wave, (_, _, tasks) in enumerate(waves) for t in tasks]
     array = tasks_to_array(placed)
     order = np.lexsort((np.arange(len(array)), array["worker"], array["wave"]))
     return array[order]
@@ -250,17 +340,15 @@ def task_bytes(t, k: dict, pos: int | None = None) -> int:
     op, n, e = Op(int(t["opcode"])), int(t["row_count"]), k["n_embd"]
     if op == Op.EMBED:
         return n * 2
-    if op == Op.QKV:
-        return n * e * 2
+    if op in (Op.QKV, Op.WO):
+        return n * int(t["part_count"]) * 2
     if op == Op.ATTN:
         pos = k["ctx"] - 1 if pos is None else pos
         first = int(t["row_start"])
         count = max(0, min(first + n, pos + 1) - first)
         return count * (k["head_dim"] + k["head_dim_v"]) * 4
-    if op == Op.WO:
-        return n * k["n_head"] * k["head_dim_v"] * 2
     if op == Op.FFN:
-        return 3 * n * e * 2
+        return 2 * n * e * 2 + n * int(t["part_count"]) * 2
     if op == Op.LM_HEAD:
         return n * e * 2
     return 0  # FFN_REDUCE and FINAL_NORM read only activations

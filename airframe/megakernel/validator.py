@@ -4,12 +4,16 @@ Each task's reads and writes are derived from its opcode and fields (`task_range
 rows in named buffers. The checks:
   - every block lies inside its buffer, and nothing writes the read-only buffers;
   - within a wave no two tasks write the same element, and each (opcode, layer) writes its whole
-    output exactly once;
+    output exactly once; split-K pieces of a row tile its columns (the first piece to qkv / h,
+    the second to the side vector) and the FFN tasks of a layer cover every (FFN row, output row)
+    pair exactly once;
   - every read of the activation arena or of the current position's K/V rows was written by an
     earlier wave of the same token: never by its own wave, never only by a later one;
   - the plan was made for this target and this plan_format.h (the fingerprint).
 The K/V caches are two buffers each: the past (positions < p, read-only within a token, bounded by
 the chunk envelopes for every p < ctx) and the row at the current position p ("know", "vnow").
+Side vectors and FFN partial slots are "sparse": an element no task writes stays zero from the
+upload, so a read of one needs only the elements that are written to come from an earlier wave.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Block:
     rows: int = 1
     row_len: int = 0
     stride: int = 0
+    sparse: bool = False  # elements no task writes read as zero
 
     @property
     def end(self) -> int:  # one past the last element touched
@@ -51,8 +56,8 @@ class Block:
         return f"{self.buf}[{self.start}:{self.end}] ({self.rows} rows of {self.row_len}, stride {self.stride})"
 
 
-def _flat(buf: str, start: int, length: int) -> Block:
-    return Block(buf, start, 1, length, length)
+def _flat(buf: str, start: int, length: int, sparse: bool = False) -> Block:
+    return Block(buf, start, 1, length, length, sparse)
 
 
 def buffer_sizes(k: dict) -> dict[str, int]:
@@ -72,11 +77,11 @@ def attn_record(k: dict) -> int:
 
 
 def act(k: dict, name: str, layer: int = 0) -> int:
-    """Arena offset of an activation: "x" (x[layer]), "qkv", "attn", "h", "ffn" (of a layer),
-    or "xn", "logits", "cand"."""
+    """Arena offset of an activation: "x" (x[layer]), "qkv", "attn", "h", "qkv_side", "h_side",
+    "ffn" (of a layer), or "xn", "logits", "cand"."""
     if name == "x":
         return k["act_x"] + layer * k["act_x_stride"]
-    if name in ("qkv", "attn", "h", "ffn"):
+    if name in ("qkv", "attn", "h", "qkv_side", "h_side", "ffn"):
         return k["act_layer"] + layer * k["act_layer_size"] + k[f"lay_{name}"]
     return k[f"act_{name}"]
 
@@ -90,29 +95,28 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
         return [_flat("weights", int(t["weight0"]), table)], [_flat("act", act(k, "x", 0) + r0, n)]
     if op == Op.QKV:
         reads = [_flat("act", act(k, "x", layer), e), _flat("weights", int(t["norm"]), e * 4),
-                 _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
-        writes = [_flat("act", act(k, "qkv", layer) + r0, n)]
-        v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
-        lo, hi = max(r0, v_first), r0 + n
-        if hi > lo:  # the task's V rows also go to the V cache at the current position
-            base = layer * k["n_head_kv"] * k["head_dim_v"]
-            writes.append(_flat("vnow", base + lo - v_first, hi - lo))
-        return reads, writes
+                 _piece_block(t, e)]
+        return reads, [_flat("act", act(k, "qkv_side" if int(t["side"]) else "qkv", layer) + r0, n)]
     if op == Op.ATTN:
         return _attn_ranges(t, k)
     if op == Op.WO:
         n_in = k["n_head"] * k["head_dim_v"]
         reads = [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
-                 _flat("weights", int(t["weight0"]) + r0 * n_in * 2, n * n_in * 2),
-                 _flat("act", act(k, "x", layer) + r0, n)]
-        return reads, [_flat("act", act(k, "h", layer) + r0, n)]
+                 _piece_block(t, n_in)]
+        if int(t["side"]):
+            return reads, [_flat("act", act(k, "h_side", layer) + r0, n)]
+        return reads + [_flat("act", act(k, "x", layer) + r0, n)], [_flat("act", act(k, "h", layer) + r0, n)]
     if op == Op.FFN:
-        reads = [_flat("act", act(k, "h", layer), e), _flat("weights", int(t["norm"]), e * 4)]
-        reads += [_flat("weights", int(t[w]) + r0 * e * 2, n * e * 2) for w in ("weight0", "weight1", "weight2")]
-        return reads, [_flat("act", act(k, "ffn", layer) + int(t["slot"]) * e, e)]
+        p0, pn = int(t["part_start"]), int(t["part_count"])
+        reads = [_flat("act", act(k, "h", layer), e), _flat("act", act(k, "h_side", layer), e, sparse=True),
+                 _flat("weights", int(t["norm"]), e * 4)]
+        reads += [_flat("weights", int(t[w]) + r0 * e * 2, n * e * 2) for w in ("weight0", "weight1")]
+        reads.append(Block("weights", int(t["weight2"]) + (r0 * e + p0) * 2, n, pn * 2, e * 2))
+        return reads, [_flat("act", act(k, "ffn", layer) + int(t["slot"]) * e + p0, pn)]
     if op == Op.FFN_REDUCE:
-        parts = Block("act", act(k, "ffn", layer) + r0, k["ffn_parts"], n, e)
-        return [parts, _flat("act", act(k, "h", layer) + r0, n)], [_flat("act", act(k, "x", layer + 1) + r0, n)]
+        parts = Block("act", act(k, "ffn", layer) + r0, k["ffn_parts"], n, e, sparse=True)
+        reads = [parts, _flat("act", act(k, "h", layer) + r0, n), _flat("act", act(k, "h_side", layer) + r0, n, True)]
+        return reads, [_flat("act", act(k, "x", layer + 1) + r0, n)]
     if op == Op.FINAL_NORM:
         reads = [_flat("act", act(k, "x", k["n_layers"]), e), _flat("weights", int(t["norm"]), e * 4)]
         return reads, [_flat("act", act(k, "xn") + r0, n)]
@@ -120,6 +124,12 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
         reads = [_flat("act", act(k, "xn"), e), _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
         return reads, [_flat("act", act(k, "logits") + r0, n), _flat("act", act(k, "cand") + 2 * int(t["slot"]), 2)]
     raise PlanError(f"opcode {op}, expected one of {', '.join(f'{o.value} {o.name}' for o in Op if o)}")
+
+
+def _piece_block(t, cols: int) -> Block:
+    """The weight bytes of a QKV/WO task: its rows, columns [part_start, +part_count)."""
+    r0, n, p0, pn = int(t["row_start"]), int(t["row_count"]), int(t["part_start"]), int(t["part_count"])
+    return Block("weights", int(t["weight0"]) + (r0 * cols + p0) * 2, n, pn * 2, cols * 2)
 
 
 def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
@@ -130,36 +140,44 @@ def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     lh = layer * k["n_head_kv"] + head
     rec = attn_record(k)
     table = k["ctx"] * (k["rope_dim"] // 2) * 4
-    qkv = act(k, "qkv", layer)
-    reads = [_flat("act", qkv + head * g * hd, g * hd),
-             _flat("act", qkv + k["n_head"] * hd + head * hd, hd),
-             _flat("weights", k["rope_cos"], table), _flat("weights", k["rope_sin"], table),
+    v_row = (k["n_head"] + k["n_head_kv"]) * hd + head * hdv
+    reads = [_flat("weights", k["rope_cos"], table), _flat("weights", k["rope_sin"], table),
              _flat("kcache", (lh * k["ctx"] + first) * hd, count * hd),
-             _flat("vcache", (lh * k["ctx"] + first) * hdv, count * hdv),
-             _flat("vnow", lh * hdv, hdv)]
+             _flat("vcache", (lh * k["ctx"] + first) * hdv, count * hdv)]
+    for name, sparse in (("qkv", False), ("qkv_side", True)):  # this head's q, k and v rows
+        base = act(k, name, layer)
+        reads += [_flat("act", base + head * g * hd, g * hd, sparse),
+                  _flat("act", base + k["n_head"] * hd + head * hd, hd, sparse),
+                  _flat("act", base + v_row, hdv, sparse)]
     writes = [_flat("act", act(k, "attn", layer) + (chunk * k["n_head"] + head * g) * rec, g * rec)]
-    if chunk == 0:  # one fixed writer of the roped K row at the current position
-        writes.append(_flat("know", lh * hd, hd))
+    if chunk == 0:  # one fixed writer of the current position's roped K row and V row
+        writes += [_flat("know", lh * hd, hd), _flat("vnow", lh * hdv, hdv)]
     return reads, writes
 
 
-def expected_outputs(op: int, layer: int, k: dict) -> list[Block]:
-    """What the tasks of one (opcode, layer) must write together, each element exactly once."""
+def expected_outputs(op: int, layer: int, k: dict) -> tuple[list[Block], list[Block]]:
+    """(dense, sparse): what the tasks of one (opcode, layer) must write together, each dense
+    element exactly once, and where else they may write (at most once per element)."""
     e = k["n_embd"]
     lh = layer * k["n_head_kv"]
-    table = {
+    dense = {
         Op.EMBED: [_flat("act", act(k, "x", 0), e)],
-        Op.QKV: [_flat("act", act(k, "qkv", layer), n_qkv(k)),
-                         _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
+        Op.QKV: [_flat("act", act(k, "qkv", layer), n_qkv(k))],
         Op.ATTN: [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
-                          _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"])],
+                  _flat("know", lh * k["head_dim"], k["n_head_kv"] * k["head_dim"]),
+                  _flat("vnow", lh * k["head_dim_v"], k["n_head_kv"] * k["head_dim_v"])],
         Op.WO: [_flat("act", act(k, "h", layer), e)],
-        Op.FFN: [_flat("act", act(k, "ffn", layer), k["ffn_parts"] * e)],
+        Op.FFN: [],
         Op.FFN_REDUCE: [_flat("act", act(k, "x", layer + 1), e)],
         Op.FINAL_NORM: [_flat("act", act(k, "xn"), e)],
         Op.LM_HEAD: [_flat("act", act(k, "logits"), k["vocab"]), _flat("act", act(k, "cand"), 2 * k["lm_parts"])],
     }
-    return table[Op(op)]
+    sparse = {
+        Op.QKV: [_flat("act", act(k, "qkv_side", layer), n_qkv(k), True)],
+        Op.WO: [_flat("act", act(k, "h_side", layer), e, True)],
+        Op.FFN: [_flat("act", act(k, "ffn", layer), k["ffn_parts"] * e, True)],  # coverage: _check_pieces
+    }
+    return dense[Op(op)], sparse.get(Op(op), [])
 
 
 # ---- the checks ---------------------------------------------------------------------------------
@@ -172,7 +190,7 @@ def validate(plan, target: Target | None = None) -> None:
     _check_fingerprint(plan, target or plan.target)
     tasks = plan.tasks
     if tasks.dtype != TASK_DTYPE:
-        raise PlanError(f"task array of dtype {tasks.dtype}, expected the 64-byte task layout")
+        raise PlanError(f"task array of dtype {tasks.dtype}, expected the {TASK_DTYPE.itemsize}-byte task layout")
     if len(tasks) != k["n_tasks"]:
         raise PlanError(f"{len(tasks)} tasks, expected n_tasks = {k['n_tasks']}")
     if np.any(np.diff(tasks["wave"].astype(np.int64)) < 0):
@@ -182,6 +200,7 @@ def validate(plan, target: Target | None = None) -> None:
     _check_bounds(plan, ranges)
     _check_dataflow(plan, ranges)
     _check_outputs(plan, ranges)
+    _check_pieces(plan)
 
 
 def describe(plan, i: int) -> str:
@@ -250,6 +269,7 @@ def _checked_fields(plan, i: int):
         raise PlanError(f"{where}: slot {int(t['slot'])}, expected below {slot_limit}")
     if op == Op.ATTN:
         _check_attn_fields(t, k, where)
+    _check_part_fields(t, k, where)
     for name, tensor in _operand_tensors(Op(op), int(t["layer"]), plan.tensors).items():
         if int(t[name]) != (tensor.offset if tensor else 0):
             want = f"{tensor.offset} ({tensor.name})" if tensor else "0 (unused)"
@@ -285,6 +305,62 @@ def _check_attn_fields(t, k: dict, where: _Where) -> None:
                         f"{want[0]}+{want[1]} for chunk {int(t['slot'])} of {k['attn_chunk']} positions")
 
 
+def _part_width(op: int, k: dict) -> int:
+    """The dimension part_start/part_count cut: QKV and WO columns, FFN output rows; 0: unused."""
+    return {Op.QKV: k["n_embd"], Op.WO: k["n_head"] * k["head_dim_v"], Op.FFN: k["n_embd"]}.get(Op(op), 0)
+
+
+def _check_part_fields(t, k: dict, where: _Where) -> None:
+    op, p0, pn, side = int(t["opcode"]), int(t["part_start"]), int(t["part_count"]), int(t["side"])
+    width, vec = _part_width(op, k), k["dot_vec"]
+    if int(t["pad"]):
+        raise PlanError(f"{where}: pad {int(t['pad'])}, expected 0")
+    if not width:
+        if p0 or pn or side:
+            raise PlanError(f"{where}: part {p0}+{pn}, side {side}, expected 0 for {Op(op).name}")
+        return
+    if pn == 0 or p0 + pn > width or p0 % vec or pn % vec:
+        raise PlanError(f"{where}: part {p0}+{pn}, expected a non-empty run of multiples of {vec} inside 0..{width}")
+    if side > 1 or (side and (op == Op.FFN or p0 == 0)):
+        raise PlanError(f"{where}: side {side} with part {p0}+{pn}, expected 1 only for a QKV/WO piece "
+                        f"that does not start a row, else 0")
+    if op != Op.FFN and pn < width and int(t["row_count"]) != 1:
+        raise PlanError(f"{where}: a split-K piece over {int(t['row_count'])} rows, expected one row")
+
+
+def _check_pieces(plan) -> None:
+    """Per (QKV/WO/FFN, layer): every row's parts tile 0..width exactly. For QKV and WO that is the
+    row's split-K pieces (the one from column 0 is the non-side one, checked with the fields);
+    for the FFN, the output rows of each FFN row's ffn_down column."""
+    k, tasks = plan.consts, plan.tasks
+    rows_of = {Op.QKV: n_qkv(k), Op.WO: k["n_embd"], Op.FFN: k["n_ff"]}
+    for op, rows in rows_of.items():
+        width = _part_width(op, k)
+        for layer in range(k["n_layers"]):
+            members = np.flatnonzero((tasks["opcode"] == op) & (tasks["layer"] == layer))
+            cover = np.zeros(rows, dtype=np.int64)
+            pieces: dict[int, list] = defaultdict(list)
+            for i in members:
+                t = tasks[i]
+                r0, n, p0, pn = (int(t[f]) for f in ("row_start", "row_count", "part_start", "part_count"))
+                cover[r0:r0 + n] += pn
+                if pn < width:
+                    for r in range(r0, r0 + n):
+                        pieces[r].append((p0, pn, int(i)))
+            bad = np.flatnonzero(cover != width)
+            if bad.size:
+                r = int(bad[0])
+                raise PlanError(f"{Op(op).name} layer {layer}: row {r} has {int(cover[r])} of its {width} "
+                                f"parts covered, expected each exactly once")
+            for r, parts in pieces.items():
+                at = 0
+                for p0, pn, i in sorted(parts):
+                    if p0 != at:
+                        raise PlanError(f"{describe(plan, i)}: part {p0}+{pn} of row {r}, expected it to start at "
+                                        f"{at} (the row's parts must tile 0..{width})")
+                    at = p0 + pn
+
+
 def _check_bounds(plan, ranges) -> None:
     sizes = buffer_sizes(plan.consts)
     for i, (reads, writes) in enumerate(ranges):
@@ -306,24 +382,26 @@ def _view(array: np.ndarray, b: Block) -> np.ndarray:
 
 
 def _check_outputs(plan, ranges) -> None:
-    """Each (opcode, layer) writes inside its output and as many elements as it has: with one
-    writer per element (checked before), that is every element exactly once."""
+    """Each (opcode, layer) writes inside its outputs and as many dense elements as there are: with
+    one writer per element (checked before), that is every dense element exactly once."""
     groups: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, t in enumerate(plan.tasks):
         groups[(int(t["opcode"]), int(t["layer"]))].append(i)
     for (op, layer), members in groups.items():
-        wanted = expected_outputs(op, layer, plan.consts)
+        dense, sparse = expected_outputs(op, layer, plan.consts)
         written = 0
         for i in members:
             for b in ranges[i][1]:
-                if not any(w.buf == b.buf and w.start <= b.start and b.end <= w.end for w in wanted):
+                inside = [w for w in dense + sparse if w.buf == b.buf and w.start <= b.start and b.end <= w.end]
+                if not inside:
                     raise PlanError(f"{describe(plan, i)} writes {b}, expected inside "
-                                    f"{' or '.join(str(w) for w in wanted)}")
-                written += b.rows * b.row_len
-        expected = sum(w.row_len for w in wanted)
+                                    f"{' or '.join(str(w) for w in dense + sparse)}")
+                if not inside[0].sparse:
+                    written += b.rows * b.row_len
+        expected = sum(w.row_len for w in dense)
         if written != expected:
             raise PlanError(f"{Op(op).name} layer {layer}: tasks {members[0]}..{members[-1]} write {written} "
-                            f"elements, expected all {expected} of {' and '.join(str(w) for w in wanted)}")
+                            f"elements, expected all {expected} of {' and '.join(str(w) for w in dense)}")
 
 
 def _check_dataflow(plan, ranges) -> None:
@@ -354,9 +432,10 @@ def _check_dataflow(plan, ranges) -> None:
 
 def _check_read(plan, i: int, w: int, b: Block, wave_of: np.ndarray, writer: np.ndarray) -> None:
     seen = _view(wave_of, b)
-    if np.all((seen >= 0) & (seen < w)):
+    unwritten_ok = b.sparse  # those elements hold the upload's zeros
+    if np.all(((seen >= 0) | unwritten_ok) & (seen < w)):
         return
-    if np.any(seen < 0):
+    if not unwritten_ok and np.any(seen < 0):
         raise PlanError(f"{describe(plan, i)} reads {b} in wave {w}, part of which no task writes")
     late = seen >= w
     other = int(_view(writer, b)[late][0])

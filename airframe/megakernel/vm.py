@@ -10,6 +10,9 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
     (item i in group i % groups, each group from +0 in increasing i), then add the groups in
     order; groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
   - sums over chunks (the WO merge) run sequentially from +0 in increasing order.
+  - a split-K piece (columns [part_start, +part_count) of a row) is its own lane sum over those
+    columns, lane 0 taking the piece's first 8; the second piece lands in the side vector, and a
+    consumer adds it as qkv + qkv_side (h + h_side) in one rounding.
   - rmsnorm(x): inv = 1 / sqrt(dot(x, x) / n + eps); y = (x * inv) * w.
   - RoPE uses the F32 cos/sin tables in weights.bin: a' = a*cos - b*sin, b' = a*sin + b*cos.
   - exp is the only function not correctly rounded: here numpy's float32 exp.
@@ -184,18 +187,22 @@ class VM:
         scale = F32(self.k["embed_scale"])
         self._region("x", r0, n)[:] = row if scale == 1 else row * scale
 
+    def _piece(self, t, x: np.ndarray) -> np.ndarray:
+        """Rows [row_start, +row_count) of the task's matrix (row length x.size), columns
+        [part_start, +part_count), dotted with the same columns of x."""
+        r0, n, c0, cn = int(t["row_start"]), int(t["row_count"]), int(t["part_start"]), int(t["part_count"])
+        first = int(t["weight0"]) // 2 + r0 * x.size
+        rows = bf16_to_f32(self.w16[first:first + n * x.size]).reshape(n, x.size)
+        return self._dot(np.ascontiguousarray(rows[:, c0:c0 + cn]), x[c0:c0 + cn])
+
+    def _with_side(self, name: str, start: int, count: int, layer: int) -> np.ndarray:
+        """qkv or h as consumers see it: the first pieces plus the side vector's second pieces."""
+        return self._region(name, start, count, layer) + self._region(f"{name}_side", start, count, layer)
+
     def _qkv(self, t) -> None:
-        k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
-        e = k["n_embd"]
-        x = self._norm(self._region("x", 0, e, layer), int(t["norm"]))
-        out = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
-        self._region("qkv", r0, n, layer)[:] = out
-        v_first = (k["n_head"] + k["n_head_kv"]) * k["head_dim"]
-        lo = max(r0, v_first)
-        if r0 + n > lo:
-            hdv = k["head_dim_v"]
-            for row in range(lo - v_first, r0 + n - v_first):
-                self.vcache[int(t["layer"]), row // hdv, self.pos, row % hdv] = out[row + v_first - r0]
+        r0, n, layer = int(t["row_start"]), int(t["row_count"]), int(t["layer"])
+        x = self._norm(self._region("x", 0, self.k["n_embd"], layer), int(t["norm"]))
+        self._region("qkv_side" if int(t["side"]) else "qkv", r0, n, layer)[:] = self._piece(t, x)
 
     def _rope(self, x: np.ndarray) -> np.ndarray:
         """x: (heads, head_dim) at the current position, rotated by the package's tables."""
@@ -220,14 +227,18 @@ class VM:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
         hd, g = k["head_dim"], k["n_head"] // k["n_head_kv"]
-        q = self._rope(self._region("qkv", head * g * hd, g * hd, layer).reshape(g, hd))
-        k_new = self._rope(self._region("qkv", k["n_head"] * hd + head * hd, hd, layer).reshape(1, hd))[0]
-        if chunk == 0:
+        hdv = k["head_dim_v"]
+        q = self._rope(self._with_side("qkv", head * g * hd, g * hd, layer).reshape(g, hd))
+        k_new = self._rope(self._with_side("qkv", k["n_head"] * hd + head * hd, hd, layer).reshape(1, hd))[0]
+        v_new = self._with_side("qkv", (k["n_head"] + k["n_head_kv"]) * hd + head * hdv, hdv, layer)
+        if chunk == 0:  # the one writer of the current position's cache rows
             self.kcache[layer, head, self.pos] = k_new
+            self.vcache[layer, head, self.pos] = v_new
         last = min(first + int(t["row_count"]), self.pos + 1)
         keys = self.kcache[layer, head, first:last].copy()
+        values = self.vcache[layer, head, first:last].copy()
         keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache
-        values = self.vcache[layer, head, first:last]
+        values[self.pos - first:] = v_new
         rec = attn_record(k)
         out = self._region("attn", (chunk * k["n_head"] + head * g) * rec, g * rec, layer).reshape(g, rec)
         products = (q[:, None, :] * keys[None, :, :]).reshape(-1, hd)  # (g * positions, head_dim)
@@ -253,26 +264,30 @@ class VM:
 
     def _wo(self, t) -> None:
         r0, n, layer = int(t["row_start"]), int(t["row_count"]), int(t["layer"])
-        a = self._merged_attention(layer)
-        out = self._dot(self._bf16(int(t["weight0"]) + r0 * a.size * 2, n, a.size), a)
-        self._region("h", r0, n, layer)[:] = self._region("x", r0, n, layer) + out
+        out = self._piece(t, self._merged_attention(layer))
+        if int(t["side"]):
+            self._region("h_side", r0, n, layer)[:] = out
+        else:
+            self._region("h", r0, n, layer)[:] = self._region("x", r0, n, layer) + out
 
     def _ffn(self, t) -> None:
         e, r0, n, layer = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["layer"])
-        x = self._norm(self._region("h", 0, e, layer), int(t["norm"]))
+        x = self._norm(self._with_side("h", 0, e, layer), int(t["norm"]))
         gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
         up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x)
         h = silu(gate) * up
         down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
         threads, cols = self.plan.target.threads_per_worker, e // 8
         groups = threads // cols if cols < threads else 1
-        self._region("ffn", int(t["slot"]) * e, e, layer)[:] = group_sum(h[:, None] * down_t, groups)
+        p0, pn = int(t["part_start"]), int(t["part_count"])  # the output rows this task adds to
+        out = self._region("ffn", int(t["slot"]) * e + p0, pn, layer)
+        out[:] = group_sum(h[:, None] * down_t[:, p0:p0 + pn], groups)
 
     def _ffn_reduce(self, t) -> None:
         k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
         parts = self._region("ffn", 0, k["ffn_parts"] * k["n_embd"], layer).reshape(k["ffn_parts"], k["n_embd"])
         total = lane_sum(np.ascontiguousarray(parts[:, r0:r0 + n].T), 32, 1)  # lane k % 32 sums slot k
-        self._region("x", r0, n, layer + 1)[:] = self._region("h", r0, n, layer) + total
+        self._region("x", r0, n, layer + 1)[:] = self._with_side("h", r0, n, layer) + total
 
     def _final_norm(self, t) -> None:
         e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
