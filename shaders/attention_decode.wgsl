@@ -7,6 +7,12 @@
 // attention_merge.wgsl combines the splits. When there is a single split (short contexts) the
 // workgroup also writes the normalized output to OUT itself, exactly what the merge would write
 // (acc / l), and the runtime skips the merge dispatch. Serves decode and prefill chunks alike.
+// ATTN_ROPE = 1 (decode, one token): QKV holds the raw projections and each workgroup does
+// rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and of the new key,
+// and the split holding the new position writes K and V there before reading them; the runtime
+// then skips the rope dispatch. (Prefill cannot: other tokens' workgroups read the chunk's keys.)
+
+#include "rope_params.wgsl"
 
 struct Params {
     n_head: u32,
@@ -26,12 +32,15 @@ struct Step {
     split_len: u32,
 }
 
-@group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (tokens, n_q + 2 n_kv), Q rotated
-@group(0) @binding(1) var<storage, read> KV: array<vec4<f32>>;       // K then V: (n_head_kv, n_ctx, head_dim / 4)
-@group(0) @binding(2) var<storage, read_write> PART: array<f32>;     // (tokens, n_head, splits, head_dim + 2)
-@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;      // (tokens, n_head * head_dim), one split only
-@group(0) @binding(4) var<uniform> P: Params;
-@group(0) @binding(5) var<uniform> S: Step;
+@group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (tokens, n_q + 2 n_kv); Q rotated unless ATTN_ROPE
+@group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases (ATTN_ROPE)
+@group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table (ATTN_ROPE)
+@group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // K then V: (n_head_kv, n_ctx, head_dim / 4)
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // (tokens, n_head, splits, head_dim + 2)
+@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (tokens, n_head * head_dim), one split only
+@group(0) @binding(6) var<uniform> P: Params;
+@group(0) @binding(7) var<uniform> R: RopeParams;                    // ATTN_ROPE only
+@group(0) @binding(8) var<uniform> S: Step;
 
 const WG: u32 = 64u;
 // The model's shape is fixed per pipeline (kernels.attention_defines), so every per-head loop has a
@@ -40,8 +49,12 @@ const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head (P.n_head / P.
 const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim (P.head_dim), a multiple of 4
 const DIMS: u32 = {ATTN_DIMS}u;       // head dims per invocation and query head: ceil(HD / WG)
 const EMPTY: f32 = -1.0e30;   // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
+const ROPE: u32 = {ATTN_ROPE}u;       // 1: rotate Q and K here and write the new K/V (decode)
+const FRESH: u32 = GROUP + 1u;        // heads made ready by ATTN_ROPE: the group's queries, then the key
 
 var<workgroup> q: array<f32, {ATTN_Q}>;                  // (GROUP, HD), pre-scaled
+var<workgroup> fresh: array<f32, FRESH * HD>;            // (FRESH, HD): ATTN_ROPE's heads at the new position
+var<workgroup> row_scale: array<f32, FRESH>;             // ATTN_ROPE: 1 / rms of each fresh head
 var<workgroup> weights: array<array<f32, WG>, GROUP>;    // (group, block position)
 var<workgroup> block_max: array<f32, GROUP>;
 var<workgroup> block_sum: array<f32, GROUP>;
@@ -68,6 +81,70 @@ fn reduce_rows(lid: u32, is_max: bool) {
     workgroupBarrier();
 }
 
+// ATTN_ROPE: the group's query heads and the K/V head's key at position pos, with bias, QK-norm
+// and RoPE applied as rope.wgsl does, into `fresh`; the split holding pos writes K and V to the cache.
+fn rope_fresh(lid: u32, token: u32, kv_head: u32, pos: u32, holds_pos: bool) {
+    let n_q = R.n_head * HD;
+    let q_src = token * R.qkv_stride + kv_head * GROUP * HD;
+    let k_src = token * R.qkv_stride + n_q + kv_head * HD;
+    for (var e = lid; e < FRESH * HD; e += WG) {
+        let is_k = e >= GROUP * HD;
+        let d = e % HD;
+        var v = QKV[select(q_src + e, k_src + d, is_k)];
+        if (R.qkv_bias == 1u) {
+            v += bitcast<f32>(W[select(R.q_bias + kv_head * GROUP * HD + e, R.k_bias + kv_head * HD + d, is_k)]);
+        }
+        fresh[e] = v;
+    }
+    workgroupBarrier();
+    if (R.qk_norm == 1u) {
+        for (var r = lid; r < FRESH; r += WG) {
+            var sum = 0.0;
+            for (var d = 0u; d < HD; d++) {
+                sum += fresh[r * HD + d] * fresh[r * HD + d];
+            }
+            row_scale[r] = 1.0 / sqrt(sum / f32(HD) + R.eps);
+        }
+        workgroupBarrier();
+        for (var e = lid; e < FRESH * HD; e += WG) {
+            let r = e / HD;
+            let w = select(R.q_norm_w, R.k_norm_w, r == GROUP) + e % HD;
+            fresh[e] = fresh[e] * row_scale[r] * bitcast<f32>(W[w]);
+        }
+        workgroupBarrier();
+    }
+    let half = R.rope_dim / 2u;
+    for (var e = lid; e < FRESH * half; e += WG) {
+        let at = R.table + (pos * half + e % half) * 2u;
+        let c = T[at];
+        let s = T[at + 1u];
+        let p = (e / half) * HD + rope_pair(e % half, R.neox, R.rope_dim);
+        let a = fresh[p.x];
+        let b = fresh[p.y];
+        fresh[p.x] = a * c - b * s;  // every invocation writes only its own pairs
+        fresh[p.y] = a * s + b * c;
+    }
+    workgroupBarrier();
+    if (holds_pos) {
+        let cache = (kv_head * R.n_ctx + pos) * HD / 4u;
+        let v_cache = R.n_head_kv * R.n_ctx * HD / 4u + cache;
+        let v_src = k_src + R.n_head_kv * HD;
+        for (var i = lid; i < HD / 4u; i += WG) {
+            let k = GROUP * HD + 4u * i;
+            KV[cache + i] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
+            var v = vec4<f32>(QKV[v_src + 4u * i], QKV[v_src + 4u * i + 1u], QKV[v_src + 4u * i + 2u],
+                              QKV[v_src + 4u * i + 3u]);
+            if (R.qkv_bias == 1u) {
+                let b = R.v_bias + kv_head * HD + 4u * i;
+                v += vec4<f32>(bitcast<f32>(W[b]), bitcast<f32>(W[b + 1u]), bitcast<f32>(W[b + 2u]),
+                               bitcast<f32>(W[b + 3u]));
+            }
+            KV[v_cache + i] = v;
+        }
+    }
+    storageBarrier();  // the cache rows written above are read below by other invocations
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -85,9 +162,16 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let k_base = kv_head * P.n_ctx * hd;
     let v_base = P.n_head_kv * P.n_ctx * hd + k_base;
 
-    let q_src = token * P.qkv_stride + kv_head * GROUP * hd;
-    for (var d = lid; d < GROUP * hd; d += WG) {
-        q[d] = QKV[q_src + d] * P.scale;
+    if (ROPE == 1u) {
+        rope_fresh(lid, token, kv_head, pos, begin <= pos && pos < end);
+        for (var d = lid; d < GROUP * hd; d += WG) {
+            q[d] = fresh[d] * P.scale;
+        }
+    } else {
+        let q_src = token * P.qkv_stride + kv_head * GROUP * hd;
+        for (var d = lid; d < GROUP * hd; d += WG) {
+            q[d] = QKV[q_src + d] * P.scale;
+        }
     }
     workgroupBarrier();
 

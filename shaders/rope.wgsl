@@ -2,27 +2,10 @@
 // and the K/V cache write, in one dispatch: workgroup (head, token) for head < n_head rotates Q in
 // place; the next n_head_kv workgroups rotate K and store K and V at the token's position.
 // Angles come from a table made on the CPU in float64: cos/sin of p * base^(-2i/rope_dim) (/ freq factor).
-// Pairs: "normal" (2i, 2i+1), "neox" (i, i + rope_dim/2).
+// Decode tokens skip this dispatch: attention_decode.wgsl's ATTN_ROPE variant does the same work.
 // With qkv_bias, the f32 biases in W are added to Q, K and V first (Qwen 2).
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    rope_dim: u32,
-    neox: u32,         // 1: NeoX pairing
-    qk_norm: u32,      // 1: RMSNorm each Q and K head first
-    q_norm_w: u32,     // word offsets of the f32 norm weights in W
-    k_norm_w: u32,
-    eps: f32,
-    qkv_stride: u32,   // floats per token in QKV (q | k | v)
-    n_ctx: u32,        // cache capacity in positions
-    table: u32,        // first float of this layer's angle table in T (per base)
-    qkv_bias: u32,     // 1: add the biases at word offsets q_bias, k_bias, v_bias of W
-    q_bias: u32,
-    k_bias: u32,
-    v_bias: u32,
-}
+#include "rope_params.wgsl"
 
 struct Step {
     n_past: u32,
@@ -35,7 +18,7 @@ struct Step {
 @group(0) @binding(1) var<storage, read> T: array<f32>;           // (bases, n_ctx, rope_dim / 2, 2)
 @group(0) @binding(2) var<storage, read_write> QKV: array<f32>;    // (tokens, n_q + 2 n_kv)
 @group(0) @binding(3) var<storage, read_write> KV: array<f32>;     // K then V: (n_head_kv, n_ctx, head_dim) each
-@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(4) var<uniform> P: RopeParams;
 @group(0) @binding(5) var<uniform> S: Step;
 
 const WG: u32 = 64u;
@@ -56,14 +39,6 @@ fn inverse_rms(lid: u32) -> f32 {
         workgroupBarrier();
     }
     return 1.0 / sqrt(partial[0] / f32(P.head_dim) + P.eps);
-}
-
-// The pair (first, second) of dims rotated by angle index i.
-fn pair(i: u32) -> vec2<u32> {
-    if (P.neox == 1u) {
-        return vec2<u32>(i, i + P.rope_dim / 2u);
-    }
-    return vec2<u32>(2u * i, 2u * i + 1u);
 }
 
 @compute @workgroup_size(64)
@@ -97,7 +72,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let at = P.table + (pos * (P.rope_dim / 2u) + i) * 2u;
         let c = T[at];
         let s = T[at + 1u];
-        let p = pair(i);
+        let p = rope_pair(i, P.neox, P.rope_dim);
         let a = head[p.x];
         let b = head[p.y];
         head[p.x] = a * c - b * s;  // every thread writes only its own pairs

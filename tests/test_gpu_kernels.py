@@ -251,8 +251,10 @@ def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len, 
     params = K.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
                            window=window, scale=hd ** -0.5, qkv_stride=stride)
     out = np.zeros((tokens, n_head * hd), np.float32)  # written by attention_decode only with one split
-    part, _ = K.run_once(kernels, "attention_decode", None, [qkv, kv, part, out, params, step],
-                         (n_splits, n_kv, tokens), K.attention_defines(n_head, n_kv, hd))
+    unused = np.zeros(4, np.float32)  # layer weights, RoPE table and params: ATTN_ROPE only
+    _, part, _ = K.run_once(kernels, "attention_decode", None,
+                            [qkv, unused, unused, kv, part, out, params, bytes(64), step], (n_splits, n_kv, tokens),
+                            {**K.attention_defines(n_head, n_kv, hd), "ATTN_ROPE": 0})
     merge = K.pack_params("attention_merge", n_head=n_head, head_dim=hd)
     out = np.zeros((tokens, n_head * hd), np.float32)
     (got,) = K.run_once(kernels, "attention_merge", None, [part, out, merge, step], (n_head, tokens, 1))

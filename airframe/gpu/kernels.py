@@ -48,7 +48,8 @@ SIGNATURES = {
     "gemm": (R, R, RW, U, U),
     "gemm_rows": (R, R, RW, U, U),
     "rope": (R, R, RW, RW, U, U),           # W, angle table, QKV, KV cache, params, step
-    "attention_decode": (R, R, RW, RW, U, U),  # QKV, KV cache, partials, output (one split), params, step
+    # QKV, layer W, RoPE table, KV cache, partials, output (one split), params, RoPE params, step
+    "attention_decode": (R, R, R, RW, RW, RW, U, U, U),
     "attention_merge": (R, RW, U, U),       # partials, output, params, step
     "rmsnorm": (R, R, RW, U, U),            # W, X, Y, params, step
     "embedding": (R, R, RW, U, U),          # W (a row chunk), token ids, Y, params, step

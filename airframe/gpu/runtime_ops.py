@@ -25,7 +25,8 @@ class Op:
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
     shape: dict | None = None        # the program's model-shape placeholders (K.attention_defines)
-    merge: bool = False              # merges attention splits: skipped when there is one split
+    # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, rope.wgsl 2+ tokens
+    when: Callable[[int, int], bool] | None = None
 
     def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
         shape = self.shape
@@ -54,9 +55,8 @@ class LayerOps:
         if key not in self._cache:
             if len(self._cache) > 64:
                 self._cache.clear()
-            # with one split attention_decode.wgsl writes its output itself: no merge
             self._cache[key] = [op.dispatch(self.kernels, n_tokens, n_splits) for op in self.ops
-                                if not (op.merge and n_splits == 1)]
+                                if op.when is None or op.when(n_tokens, n_splits)]
         return list(self._cache[key])
 
 
@@ -127,21 +127,27 @@ def build_layer(be, i: int) -> LayerOps:
         eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)],
         qkv_bias=int(c.qkv_bias), q_bias=w["attn_q.bias"].offset if c.qkv_bias else 0,
         k_bias=w["attn_k.bias"].offset if c.qkv_bias else 0, v_bias=w["attn_v.bias"].offset if c.qkv_bias else 0)
-    group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], k.uniform(rope), s.step])
+    rope_params = k.uniform(rope)
+    group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], rope_params, s.step])
+    # a decode token's attention does this work itself (ATTN_ROPE)
     ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
-                  output=(s.qkv, n_qkv)))
+                  output=(s.qkv, n_qkv), when=lambda t, n: t > 1))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
     attn = K.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
                          n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
                          softcap=c.attn_logit_softcap)
-    group = k.bind("attention_decode", [s.qkv, be.kv[i], s.part, s.attn, k.uniform(attn), s.step])
-    ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group,
-                  grid=lambda t, n: (n, c.n_head_kv, t), shape=K.attention_defines(c.n_head, c.n_head_kv, c.head_dim)))
+    group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv[i], s.part, s.attn, k.uniform(attn),
+                                        rope_params, s.step])
+    shape = K.attention_defines(c.n_head, c.n_head_kv, c.head_dim)
+    for rope_here, when in ((0, lambda t, n: t > 1), (1, lambda t, n: t == 1)):
+        ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, t),
+                      shape={**shape, "ATTN_ROPE": rope_here}, when=when))
     merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
+    # with one split attention_decode.wgsl writes its output itself
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
-                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q), merge=True))
+                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q), when=lambda t, n: n > 1))
 
     if c.post_norms:
         ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd))
