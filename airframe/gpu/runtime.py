@@ -3,6 +3,7 @@
 Load packs the weights (pack.py), builds every pipeline, bind group, scratch buffer and the F32
 K/V cache once. A forward over T tokens records one compute pass: embedding, then per layer
   QKV matmul (RMSNorm fused) -> QK-norm + RoPE + K/V write -> attention splits -> merge
+  (a decode token's attention does the RoPE and K/V write itself; one split needs no merge)
   -> output projection (+ residual, or post-norm + residual) -> gate/up (+ norm, activation)
   -> down projection (+ residual, or post-norm + residual),
 then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
