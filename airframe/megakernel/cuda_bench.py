@@ -308,14 +308,15 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
         result["contexts"].append(row)
         print(f"context {c}: {row['ms_per_token']:.4f} ms/token, floor {row['floor_ms']:.4f} ms "
               f"({100 * row['floor_share']:.1f}%), 1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
-    result["generation"] = generation_rate(runtime)
-    if variants:
-        result["variants"] = variant_times(runtime, variants)
     for c in sorted({min(contexts), max(contexts)}):
         trace = trace_token(runtime, c)
         result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)
+        print(f"trace at context {c}: {json.dumps(result[f'trace_ctx{c}'], default=str)[:1500]}", flush=True)
         if out is not None:
             write_trace(trace, plan, out, f"trace_ctx{c}")
+    result["generation"] = generation_rate(runtime)
+    if variants:
+        result["variants"] = variant_times(runtime, variants)
     if torch_side:
         result["torch"] = torch_baselines(plan.config, contexts)
     return result

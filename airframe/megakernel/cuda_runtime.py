@@ -298,7 +298,7 @@ def shared_floats(k: dict, ffn_max_rows: int, consumers: int = THREADS) -> int:
     v_groups = consumers // k["head_dim_v"]
     attn = g * k["head_dim"] + k["head_dim"] + g * k["attn_chunk"] + v_groups * g * k["head_dim_v"] + 2 * g
     ffn = 2 * ffn_max_rows + down_groups(k, consumers) * k["n_embd"]
-    return -(-(x_len + 64 + max(attn, ffn, 2 * (consumers // 32))) // 4) * 4
+    return -(-(2 * x_len + 64 + max(attn, ffn, 2 * (consumers // 32))) // 4) * 4  # xs, xp, red, scratch
 
 
 def slot_bytes(k: dict, consumers: int = THREADS) -> int:

@@ -35,6 +35,7 @@
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
 #define AF_MAX_SLOTS 64  // ring slots (mbarrier pairs in static shared memory)
+#define AF_PAGE_ROWS 4  // the most GEMV rows in one ring page (they share each x load)
 #define AF_CONSUMER_BAR 1  // named barrier of the consumer threads
 
 // What the host sets before a launch and reads after it; all 32-bit words.
@@ -140,6 +141,7 @@ struct af_ring {
     uint8_t* data;
     uint64_t* full;
     uint64_t* empty;
+    volatile uint32_t* tag;  // the page a slot was last given to; a parity alone could be a lap old
     uint32_t slots;
     uint32_t slot_bytes;
 };
@@ -169,8 +171,12 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 }
 
 // Wait until page `page` is in its slot; every lane of the warp waits (and so sees the bytes).
+// A warp may ask for a page before the slot's previous page has landed (warps take pages out of
+// order): the tag says the producer has moved on to this page, so the parity wait is for it.
 __device__ __forceinline__ const uint4* ring_acquire(const af_ring& r, uint32_t page) {
     const uint32_t slot = page % r.slots;
+    while (r.tag[slot] != page) {
+    }
     while (!mbar_done(r.full + slot, (page / r.slots) & 1)) {
     }
     return reinterpret_cast<const uint4*>(r.data + (size_t)slot * r.slot_bytes);
@@ -204,10 +210,8 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
     return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
 }
 
-// acc += w . x over 8 consecutive elements, in element order; x is 8 floats in shared memory.
-__device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
-    const float4 a = *reinterpret_cast<const float4*>(x);
-    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+// acc += w . x over 8 consecutive elements, in element order; x is (a.x .. a.w, b.x .. b.w).
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
     acc = madd(acc, bf16_lo(w.x), a.x);
     acc = madd(acc, bf16_hi(w.x), a.y);
     acc = madd(acc, bf16_lo(w.y), a.z);
@@ -217,6 +221,13 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
     acc = madd(acc, bf16_lo(w.w), b.z);
     acc = madd(acc, bf16_hi(w.w), b.w);
     return acc;
+}
+
+// The GEMV input vector in shared memory is stored in two planes, so that lane l's 16-byte reads
+// of its vector j (elements 8j .. 8j+7) are consecutive across lanes (no bank conflicts): element
+// i = 8j + e sits at plane e / 4, index 4j + e % 4; a plane is n / 2 floats.
+__device__ __forceinline__ uint32_t xperm(uint32_t i, uint32_t n) {
+    return ((i >> 2) & 1) * (n >> 1) + (i >> 3) * 4 + (i & 3);
 }
 
 // Fold 32 lane values in halves (l + 16, + 8, + 4, + 2, + 1); every lane gets the total.
@@ -232,40 +243,64 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// `mats` matrices of n rows each, streamed as pages of `per_page` rows of kvec 8-element
-// vectors, pages [page0, page0 + mats * pages per matrix): warp w takes pages w, w + AF_WARPS, ...
-// and each row of a page . xs in the VM's lane order (lane l: vectors j % 32 == l, in increasing
-// j, lanes folded in halves). `emit(m, i, value)` runs on lane 0 for row i of matrix m.
+// `mats` matrices of n rows each, streamed as pages of `per_page` (<= AF_PAGE_ROWS) rows of kvec
+// 8-element vectors, pages [page0, page0 + mats * pages per matrix): warp w takes pages w,
+// w + AF_WARPS, ... and multiplies each row of a page by xp (the two-plane layout of xperm) in the
+// VM's lane order (lane l: vectors j % 32 == l, in increasing j, lanes folded in halves); the
+// rows of a page share each x load. `emit(m, i, value)` runs on lane 0 for row i of matrix m.
 template <class Emit>
 __device__ __forceinline__ void gemv_ring(const af_ring& r, uint32_t page0, uint32_t mats, uint32_t n, uint32_t kvec,
-                                          uint32_t per_page, const float* xs, Emit emit) {
+                                          uint32_t per_page, const float* xp, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t pages = (n + per_page - 1) / per_page;
+    const float4* x4 = reinterpret_cast<const float4*>(xp);
     for (uint32_t k = warp; k < mats * pages; k += AF_WARPS) {
         const uint32_t m = k / pages, first = (k % pages) * per_page, rows = min(per_page, n - first);
         const uint4* w = ring_acquire(r, page0 + k);
-        for (uint32_t i = 0; i < rows; ++i) {
-            float acc = 0.0f;
-            for (uint32_t j = lane; j < kvec; j += 32) acc = dot8(ld_shared16(w + i * kvec + j), xs + 8 * j, acc);
-            acc = warp_fold(acc);
-            if (lane == 0) emit(m, first + i, acc);
+        float acc[AF_PAGE_ROWS];
+#pragma unroll
+        for (int i = 0; i < AF_PAGE_ROWS; ++i) acc[i] = 0.0f;
+        for (uint32_t j = lane; j < kvec; j += 32) {
+            const float4 xa = x4[j], xb = x4[kvec + j];
+#pragma unroll
+            for (int i = 0; i < AF_PAGE_ROWS; ++i)
+                if (i < (int)rows) acc[i] = dot8(ld_shared16(w + i * kvec + j), xa, xb, acc[i]);
         }
         ring_release(r, page0 + k, AF_WARPS);
+#pragma unroll
+        for (int i = 0; i < AF_PAGE_ROWS; ++i) {
+            if (i < (int)rows) {
+                const float v = warp_fold(acc[i]);
+                if (lane == 0) emit(m, first + i, v);
+            }
+        }
     }
 }
 
-// Copy n floats of the arena into shared memory.
-__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n) {
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) dst[i] = ld_act(src + i);
+// Copy n floats of the arena into shared memory (at xperm(i) when `perm`), 4 loads in flight.
+__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n, bool perm) {
+    for (uint32_t base = threadIdx.x; base < n; base += 4 * AF_THREADS) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = base + u * AF_THREADS < n ? ld_act(src + base + u * AF_THREADS) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t i = base + u * AF_THREADS;
+            if (i < n) dst[perm ? xperm(i, n) : i] = v[u];
+        }
+    }
 }
 
-// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
-// y = (x * inv) * w. `red` is shared scratch of at least one float.
-__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red) {
-    // the norm weights of this thread's first two elements load with x, not after the sum
-    const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
-    const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
-    load_shared(xs, x, n);
+// rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
+// y = (x * inv) * w; x goes through xs, y into xp in the two-plane layout (or back into xs when
+// xp is null). `red` is shared scratch of at least one float.
+__device__ void rmsnorm_shared(float* xp, float* xs, const float* x, const float* w, uint32_t n, float eps,
+                               float* red) {
+    // the norm weights of this thread's first four elements load with x, not after the sum
+    float wv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wv[u] = threadIdx.x + u * AF_THREADS < n ? __ldg(w + threadIdx.x + u * AF_THREADS) : 0.0f;
+    load_shared(xs, x, n, false);
     sync_consumers();
     if (threadIdx.x < 32) {
         const uint32_t lane = threadIdx.x, kvec = n / 8;
@@ -282,9 +317,16 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
     }
     sync_consumers();
     const float inv = red[0];
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
-        const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
-        xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), wi);
+    for (uint32_t base = 0; base < n; base += 4 * AF_THREADS) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t i = base + threadIdx.x + u * AF_THREADS;
+            if (i >= n) continue;
+            const float wi = base == 0 ? wv[u] : __ldg(w + i);
+            const float y = __fmul_rn(__fmul_rn(xs[i], inv), wi);
+            if (xp) xp[xperm(i, n)] = y;
+            else xs[i] = y;
+        }
     }
     sync_consumers();
 }
@@ -318,6 +360,11 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
 // `groups` times over (row i of a task in group i % groups); one ring page holds `groups` rows.
 __device__ __forceinline__ uint32_t down_groups(uint32_t cols) { return cols >= AF_THREADS ? 1 : AF_THREADS / cols; }
 
+// GEMV rows of `bytes` to a ring page.
+__device__ __forceinline__ uint32_t rows_per_page(const af_args& a, uint32_t bytes) {
+    return min((uint32_t)AF_PAGE_ROWS, a.slot_bytes / bytes);
+}
+
 // The weight streams of a task, in the order its consumers read them: QKV, WO and LM_HEAD rows
 // (one stream); FFN gate rows, up rows, then ffn_down's transposed rows `groups` to a page.
 __device__ __forceinline__ uint32_t task_stream_count(const af_task& t) {
@@ -340,7 +387,7 @@ __device__ __forceinline__ af_stream task_stream(const af_args& a, const af_task
     s.src = a.weights + matrix + (uint64_t)t.row_start * s.stride;
     s.bytes = width * 2;
     s.rows = t.row_count;
-    s.per_page = k == 2 ? down_groups(width / 8) : a.slot_bytes / s.bytes;
+    s.per_page = k == 2 ? down_groups(width / 8) : rows_per_page(a, s.bytes);
     return s;
 }
 
@@ -350,15 +397,15 @@ __device__ uint32_t task_pages(const af_args& a, const af_task& t) {
     return pages;
 }
 
-__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* red, const af_ring& r,
-                       uint32_t page) {
+__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* xp, float* xs, float* red,
+                       const af_ring& r, uint32_t page) {
     const af_plan_consts& c = a.c;
     const uint32_t v_first = (c.n_head + c.n_head_kv) * c.head_dim;
     float* out = layer_at(a, t.layer, c.lay_qkv);
     float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
-    rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    rmsnorm_shared(xp, xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     const uint32_t kvec = c.n_embd / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, a.slot_bytes / (16 * kvec), xs, [&](uint32_t, uint32_t i, float v) {
+    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
         const uint32_t row = t.row_start + i;
         out[row] = v;
         if (row >= v_first) {
@@ -503,8 +550,9 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
 }
 
-// Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM.
-__device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+// Merge the active chunks' partials for every query head into xp (n_head * hdv, two-plane layout),
+// as the VM.
+__device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xp) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
     const float* parts = layer_at(a, layer, c.lay_attn);
@@ -520,18 +568,18 @@ __device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, 
             total = __fadd_rn(total, __fmul_rn(scale, lc));
             o = __fadd_rn(o, __fmul_rn(scale, oc));
         }
-        xs[i] = __fdiv_rn(o, total);
+        xp[xperm(i, c.n_head * hdv)] = __fdiv_rn(o, total);
     }
     sync_consumers();
 }
 
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, const af_ring& r, uint32_t page) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xp, const af_ring& r, uint32_t page) {
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, c.lay_h);
-    merge_attention(a, t.layer, pos, xs);
+    merge_attention(a, t.layer, pos, xp);
     const uint32_t kvec = c.n_head * c.head_dim_v / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, a.slot_bytes / (16 * kvec), xs, [&](uint32_t, uint32_t i, float v) {
+    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
         const uint32_t row = t.row_start + i;
         h[row] = __fadd_rn(ld_act(x + row), v);
     });
@@ -552,16 +600,16 @@ __device__ __forceinline__ void axpy8(float (&acc)[8], uint4 w, float hv) {
 // gate and up rows, silu(gate) * up into h; then this task's columns of ffn_down (stored
 // transposed, one row of n_embd per FFN row) times h. The down sum: `groups` row groups
 // (row i in group i % groups), each in increasing row order, then summed in group order.
-__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, const af_ring& r,
-                       uint32_t page) {
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xp, float* xs, float* red, float* sm,
+                       const af_ring& r, uint32_t page) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8, n = t.row_count;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
     float* up = sm + a.ffn_max_rows;      // (row_count)
     float* part = up + a.ffn_max_rows;    // (groups, n_embd)
-    rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red);
-    const uint32_t per_page = a.slot_bytes / (16 * cols);
-    gemv_ring(r, page, 2, n, cols, per_page, xs, [&](uint32_t m, uint32_t i, float v) {
+    rmsnorm_shared(xp, xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red);
+    const uint32_t per_page = rows_per_page(a, 16 * cols);
+    gemv_ring(r, page, 2, n, cols, per_page, xp, [&](uint32_t m, uint32_t i, float v) {
         if (m == 0) h[i] = v;
         else up[i] = v;
     });
@@ -646,14 +694,14 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    rmsnorm_shared(nullptr, xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[r];
 }
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
 // A non-finite logit sets bit 0 of the error word.
-__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm, const af_ring& r,
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xp, float* sm, const af_ring& r,
                            uint32_t page) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
@@ -663,10 +711,10 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    load_shared(xs, a.act + c.act_xn, c.n_embd);
+    load_shared(xp, a.act + c.act_xn, c.n_embd, true);
     sync_consumers();
     const uint32_t kvec = c.n_embd / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, a.slot_bytes / (16 * kvec), xs, [&](uint32_t, uint32_t i, float v) {
+    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
         const uint32_t row = t.row_start + i;
         logits[row] = v;
         if (all) all[row] = v;
@@ -709,17 +757,18 @@ struct af_table {
     af_task* tasks;
 };
 
-// Wait (lane 0, the warp follows) until `slot` is free for lap `lap` > 0; false when the
-// consumers stopped the launch instead.
+// Wait (lane 0, the warp follows) until `slot` is free for lap `lap` and tag it with the page;
+// false when the consumers stopped the launch instead.
 __device__ __forceinline__ bool wait_empty(const af_ring& r, uint32_t slot, uint32_t lap, volatile uint32_t* stop) {
     uint32_t go = 1;
     if (threadIdx.x % 32 == 0) {
-        while (!mbar_done(r.empty + slot, (lap - 1) & 1)) {
+        while (lap > 0 && !mbar_done(r.empty + slot, (lap - 1) & 1)) {
             if (*stop) {
                 go = 0;
                 break;
             }
         }
+        if (go) r.tag[slot] = lap * r.slots + slot;
     }
     return __shfl_sync(0xffffffffu, go, 0) != 0;
 }
@@ -764,7 +813,7 @@ __device__ void produce(const af_args& a, const af_table& tb, const af_ring& r, 
                 const af_stream s = task_stream(a, t, k);
                 for (uint32_t first = 0; first < s.rows; first += s.per_page) {
                     const uint32_t slot = page % r.slots, lap = page / r.slots;
-                    if (lap > 0 && !wait_empty(r, slot, lap, stop)) {
+                    if (!wait_empty(r, slot, lap, stop)) {
                         stopped = true;
                         break;
                     }
@@ -785,16 +834,16 @@ __device__ void produce(const af_args& a, const af_table& tb, const af_ring& r, 
 
 // ---- the worker (consumers) ---------------------------------------------------------------
 __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
-                         float* xs, float* red, float* sm, const af_ring& r, uint32_t page) {
+                         float* xp, float* xs, float* red, float* sm, const af_ring& r, uint32_t page) {
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, pos, xs, red, r, page); break;
+        case AF_OP_QKV: op_qkv(a, t, pos, xp, xs, red, r, page); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xs, r, page); break;
-        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, r, page); break;
+        case AF_OP_WO: op_wo(a, t, pos, xp, r, page); break;
+        case AF_OP_FFN: op_ffn(a, t, xp, xs, red, sm, r, page); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
-        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm, r, page); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xp, sm, r, page); break;
         default: break;
     }
     sync_consumers();  // the next task reuses shared memory
@@ -887,6 +936,7 @@ __device__ void init_ring(const af_ring& r) {
             mbar_init(r.full + s, 32);  // one cp.async arrival per producer lane
 #endif
             mbar_init(r.empty + s, AF_WARPS);
+            r.tag[s] = 0xffffffffu;
         }
 #if __CUDA_ARCH__ >= 900
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -900,12 +950,14 @@ extern "C" __global__ void __launch_bounds__(AF_BLOCK, 1) af_worker(__grid_const
     __shared__ uint32_t bcast[2];
     __shared__ volatile uint32_t stop;
     __shared__ alignas(8) uint64_t full[AF_MAX_SLOTS], empty[AF_MAX_SLOTS];
+    __shared__ volatile uint32_t tags[AF_MAX_SLOTS];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
     const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
-    float* red = xs + ((x_len + 3) / 4) * 4;
+    float* xp = xs + ((x_len + 3) / 4) * 4;  // the GEMV input in the two-plane layout (xperm)
+    float* red = xp + ((x_len + 3) / 4) * 4;
     float* sm = red + 64;
-    const af_ring ring = {reinterpret_cast<uint8_t*>(smem4) + a.ring_offset, full, empty,
+    const af_ring ring = {reinterpret_cast<uint8_t*>(smem4) + a.ring_offset, full, empty, tags,
                           min(a.ring_slots, (uint32_t)AF_MAX_SLOTS), a.slot_bytes};
     if (threadIdx.x == 0) stop = 0;
     init_ring(ring);
@@ -929,7 +981,7 @@ extern "C" __global__ void __launch_bounds__(AF_BLOCK, 1) af_worker(__grid_const
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             for (uint32_t i = tb.wave_first[w]; i < tb.wave_first[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                run_task(a, tb.tasks[i], step, pos, token, xs, red, sm, ring, page);
+                run_task(a, tb.tasks[i], step, pos, token, xp, xs, red, sm, ring, page);
                 page += task_pages(a, tb.tasks[i]);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global[w] + i - tb.wave_first[w];
