@@ -1,8 +1,8 @@
 // y = W x for one token, W in BF16: the decode matmul of AIRFRAME_GEMV_KIND=typed for this type.
 // Two bfloat16 per word (element 2k in the low half); a bfloat16 is the high half of an f32, so
-// decoding only moves bits. An invocation's unit of work is 32 weights: 4 vec4 loads of W (bound as
-// vec4: rows of a multiple of 32 weights are 16-byte aligned) against 8 vec4 of x, loaded once for
-// the workgroup's ROWS rows. Fusions as gemv.wgsl (P.mode).
+// decoding only moves bits. An invocation's unit of work is UNIT weights (16 or 32): UNIT / 8 vec4
+// loads of W (bound as vec4: rows of a multiple of 16 weights are 16-byte aligned) for every one of
+// the workgroup's ROWS rows, then the unit's x once for all of them. Fusions as gemv.wgsl (P.mode).
 
 #include "matmul_structs.wgsl"
 
@@ -13,21 +13,22 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = {GEMV_WG}u;      // invocations per workgroup (a power of two)
-const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
+const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup
+const UNIT: u32 = {UNIT}u;       // weights per unit: 16 or 32
+const UNIT_VEC4: u32 = UNIT / 8u;
 
 #include "activation.wgsl"
-#include "reduce_{REDUCE}.wgsl"
 #include "gemv_common.wgsl"
 
 // the unit's x (times the norm weight with MODE_NORM)
-var<private> xs: array<vec4<f32>, 8>;
+var<private> xs: array<vec4<f32>, UNIT / 4u>;
 
-// Loads xs from vec4 at..at+7 of the row; adds x^2 to *sq.
-fn load_x(row: u32, at: u32, use_norm: bool, sq: ptr<function, f32>) {
-    for (var k = 0u; k < 8u; k++) {
+// Loads xs from vec4 at.. of the row; adds x^2 to part[SQ].
+fn load_x(row: u32, at: u32, use_norm: bool) {
+    for (var k = 0u; k < UNIT / 4u; k++) {
         var v = X[row + at + k];
         if (use_norm) {
-            *sq += dot(v, v);
+            part[SQ] += dot(v, v);
             v *= bitcast<vec4<f32>>(W[P.norm_w / 4u + at + k]);
         }
         xs[k] = v;
@@ -39,11 +40,23 @@ fn bf16x4(a: u32, b: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xFFFF0000u, b << 16u, b & 0xFFFF0000u));
 }
 
-// the unit at vec4 `first` dotted with xs
-fn unit_dot(first: u32) -> f32 {
+struct Unit {
+    w: array<vec4<u32>, UNIT_VEC4>,
+}
+
+fn load_unit(first: u32) -> Unit {
+    var unit: Unit;
+    for (var k = 0u; k < UNIT_VEC4; k++) {
+        unit.w[k] = W[first + k];
+    }
+    return unit;
+}
+
+// the unit dotted with xs
+fn unit_dot(unit: Unit) -> f32 {
     var acc = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        let w = W[first + k];
+    for (var k = 0u; k < UNIT_VEC4; k++) {
+        let w = unit.w[k];
         acc += bf16x4(w.x, w.y) * xs[2u * k] + bf16x4(w.z, w.w) * xs[2u * k + 1u];
     }
     return dot(acc, vec4<f32>(1.0));
@@ -64,18 +77,28 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         base_a[r] = row_base(w_row) / 4u;
         base_b[r] = (P.w1 + w_row * P.row_words) / 4u;
     }
-    var acc_a = vec4<f32>(0.0);
-    var acc_b = vec4<f32>(0.0);
-    var sq = 0.0;
-    let n_units = P.cols / 32u;
+    let n_units = P.cols / UNIT;
     for (var u = lid; u < n_units; u += WG) {
-        load_x(row, 8u * u, use_norm, &sq);
+        // every row's weights first, so that all their loads are in flight together
+        var w_a: array<Unit, ROWS>;
+        var w_b: array<Unit, ROWS>;
         for (var r = 0u; r < ROWS; r++) {
-            acc_a[r] += unit_dot(base_a[r] + 4u * u);
-            if (is_gated) {
-                acc_b[r] += unit_dot(base_b[r] + 4u * u);
+            w_a[r] = load_unit(base_a[r] + UNIT_VEC4 * u);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                w_b[r] = load_unit(base_b[r] + UNIT_VEC4 * u);
+            }
+        }
+        load_x(row, UNIT / 4u * u, use_norm);
+        for (var r = 0u; r < ROWS; r++) {
+            part[r] += unit_dot(w_a[r]);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                part[UP + r] += unit_dot(w_b[r]);
             }
         }
     }
-    finish(acc_a, acc_b, sq, lid, row0, token);
+    finish(lid, row0, token);
 }

@@ -17,11 +17,10 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = {GEMV_WG}u;      // invocations per workgroup (a power of two)
-const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
+const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup
 const BLOCK_VEC4: u32 = 9u;
 
 #include "activation.wgsl"
-#include "reduce_{REDUCE}.wgsl"
 #include "gemv_common.wgsl"
 
 // The nibbles stay where they are in the word (bytes 2 and 3 shifted down by 16 to fit the 23-bit
@@ -43,14 +42,14 @@ var<private> x_lo: array<vec4<f32>, 4>;
 var<private> x_hi: array<vec4<f32>, 4>;
 
 // Loads x_lo from vec4 at..at+3 of the row and x_hi from at+8..at+11; returns the plain sums of
-// both halves (what the mins multiply) and adds x^2 to *sq.
-fn load_x(row: u32, at: u32, use_norm: bool, sq: ptr<function, f32>) -> vec2<f32> {
+// both halves (what the mins multiply) and adds x^2 to part[SQ].
+fn load_x(row: u32, at: u32, use_norm: bool) -> vec2<f32> {
     var sums = vec2<f32>(0.0);
     for (var k = 0u; k < 4u; k++) {
         var lo = X[row + at + k];
         var hi = X[row + at + 8u + k];
         if (use_norm) {
-            *sq += dot(lo, lo) + dot(hi, hi);
+            part[SQ] += dot(lo, lo) + dot(hi, hi);
             lo *= bitcast<vec4<f32>>(W[P.norm_w / 4u + at + k]);
             hi *= bitcast<vec4<f32>>(W[P.norm_w / 4u + at + 8u + k]);
         }
@@ -74,17 +73,24 @@ fn scales_mins(head: vec4<u32>, c: u32) -> vec4<f32> {
     return as_floats(vec4<u32>(sc, mn, sc >> 8u, mn >> 8u) & vec4<u32>(0xFFu));
 }
 
-// unit t of the block at vec4 `blk` dotted with x_lo / x_hi:
-// d sc (q . x) - dmin m sum(x), for both sub-blocks
-fn unit_dot(blk: u32, t: u32, sums: vec2<f32>) -> f32 {
-    let head = W[blk];
-    let q = W[blk + 1u + t];
-    let d = unpack2x16float(head.x);
-    let sm = scales_mins(head, t >> 1u);
-    let lo = dot(low_nibbles(q.x), x_lo[0]) + dot(low_nibbles(q.y), x_lo[1])
-           + dot(low_nibbles(q.z), x_lo[2]) + dot(low_nibbles(q.w), x_lo[3]);
-    let hi = dot(high_nibbles(q.x), x_hi[0]) + dot(high_nibbles(q.y), x_hi[1])
-           + dot(high_nibbles(q.z), x_hi[2]) + dot(high_nibbles(q.w), x_hi[3]);
+// one unit of one row: the block's first vec4 (scales) and the unit's quant vec4
+struct Unit {
+    head: vec4<u32>,
+    q: vec4<u32>,
+}
+
+fn load_unit(blk: u32, t: u32) -> Unit {
+    return Unit(W[blk], W[blk + 1u + t]);
+}
+
+// unit t dotted with x_lo / x_hi: d sc (q . x) - dmin m sum(x), for both sub-blocks
+fn unit_dot(w: Unit, t: u32, sums: vec2<f32>) -> f32 {
+    let d = unpack2x16float(w.head.x);
+    let sm = scales_mins(w.head, t >> 1u);
+    let lo = dot(low_nibbles(w.q.x), x_lo[0]) + dot(low_nibbles(w.q.y), x_lo[1])
+           + dot(low_nibbles(w.q.z), x_lo[2]) + dot(low_nibbles(w.q.w), x_lo[3]);
+    let hi = dot(high_nibbles(w.q.x), x_hi[0]) + dot(high_nibbles(w.q.y), x_hi[1])
+           + dot(high_nibbles(w.q.z), x_hi[2]) + dot(high_nibbles(w.q.w), x_hi[3]);
     return d.x * (sm.x * lo + sm.z * hi) - d.y * (sm.y * sums.x + sm.w * sums.y);
 }
 
@@ -103,20 +109,30 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         base_a[r] = row_base(w_row) / 4u;
         base_b[r] = (P.w1 + w_row * P.row_words) / 4u;
     }
-    var acc_a = vec4<f32>(0.0);
-    var acc_b = vec4<f32>(0.0);
-    var sq = 0.0;
     let n_units = P.cols / 32u;
     for (var u = lid; u < n_units; u += WG) {
         let t = u & 7u;
-        let sums = load_x(row, 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u), use_norm, &sq);
         let blk = (u >> 3u) * BLOCK_VEC4;
+        // every row's weights first, so that all their loads are in flight together
+        var w_a: array<Unit, ROWS>;
+        var w_b: array<Unit, ROWS>;
         for (var r = 0u; r < ROWS; r++) {
-            acc_a[r] += unit_dot(base_a[r] + blk, t, sums);
-            if (is_gated) {
-                acc_b[r] += unit_dot(base_b[r] + blk, t, sums);
+            w_a[r] = load_unit(base_a[r] + blk, t);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                w_b[r] = load_unit(base_b[r] + blk, t);
+            }
+        }
+        let sums = load_x(row, 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u), use_norm);
+        for (var r = 0u; r < ROWS; r++) {
+            part[r] += unit_dot(w_a[r], t, sums);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                part[UP + r] += unit_dot(w_b[r], t, sums);
             }
         }
     }
-    finish(acc_a, acc_b, sq, lid, row0, token);
+    finish(lid, row0, token);
 }

@@ -16,11 +16,10 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = {GEMV_WG}u;      // invocations per workgroup (a power of two)
-const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
+const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup
 const BLOCK_WORDS: u32 = 53u;
 
 #include "activation.wgsl"
-#include "reduce_{REDUCE}.wgsl"
 #include "gemv_common.wgsl"
 
 // the unit's x (times the norm weight with MODE_NORM, times BYTE_SCALE): 16 values of the low
@@ -29,14 +28,14 @@ var<private> x_lo: array<vec4<f32>, 4>;
 var<private> x_hi: array<vec4<f32>, 4>;
 
 // Loads x_lo from vec4 at..at+3 of the row and x_hi from at+16..at+19; returns the plain sums of
-// both halves (for the -32 offset of the quants) and adds x^2 to *sq.
-fn load_x(row: u32, at: u32, use_norm: bool, sq: ptr<function, f32>) -> vec2<f32> {
+// both halves (for the -32 offset of the quants) and adds x^2 to part[SQ].
+fn load_x(row: u32, at: u32, use_norm: bool) -> vec2<f32> {
     var sums = vec2<f32>(0.0);
     for (var k = 0u; k < 4u; k++) {
         var lo = X[row + at + k];
         var hi = X[row + at + 16u + k];
         if (use_norm) {
-            *sq += dot(lo, lo) + dot(hi, hi);
+            part[SQ] += dot(lo, lo) + dot(hi, hi);
             lo *= norm_weight(at + k);
             hi *= norm_weight(at + 16u + k);
         }
@@ -52,25 +51,36 @@ fn int8_at(w: u32, b: u32) -> f32 {
     return f32(bitcast<i32>(w << (24u - 8u * b)) >> 24u);
 }
 
-// unit t of the block at word `blk` dotted with x_lo / x_hi: d sc ((q + 32) . x - 32 sum(x)) for both
-// sub-blocks, the 6-bit q + 32 of each byte assembled in place (low nibble | 2 high bits << 4)
-fn unit_dot(blk: u32, t: u32, sums: vec2<f32>) -> f32 {
+// one unit of one row: its 4 ql and 4 qh words, d, and the words of its two scales
+struct Unit {
+    ql: vec4<u32>,
+    qh: vec4<u32>,
+    d: f32,
+    sc_lo: u32,
+    sc_hi: u32,
+}
+
+fn load_unit(blk: u32, t: u32) -> Unit {
     let h = t >> 2u;
+    let ql = blk + 1u + 16u * h + 4u * (t & 3u);
+    let qh = blk + 33u + 8u * h + 4u * (t & 1u);
+    return Unit(vec4<u32>(W[ql], W[ql + 1u], W[ql + 2u], W[ql + 3u]),
+                vec4<u32>(W[qh], W[qh + 1u], W[qh + 2u], W[qh + 3u]),
+                bitcast<f32>(W[blk]), W[blk + 49u + 2u * h], W[blk + 50u + 2u * h]);
+}
+
+// unit t dotted with x_lo / x_hi: d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks, the 6-bit
+// q + 32 of each byte assembled in place (low nibble | 2 high bits << 4)
+fn unit_dot(w: Unit, t: u32, sums: vec2<f32>) -> f32 {
     let a = t & 3u;
-    let ql = blk + 1u + 16u * h + 4u * a;
-    let qh = blk + 33u + 8u * h + 4u * (a & 1u);
-    let shift = 2u * (a >> 1u);
-    var lo = 0.0;
-    var hi = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        let l = W[ql + k];
-        let m = W[qh + k] >> shift;
-        lo += dot(bytes_scaled((l & 0x0F0F0F0Fu) | ((m & 0x03030303u) << 4u)), x_lo[k]);
-        hi += dot(bytes_scaled(((l >> 4u) & 0x0F0F0F0Fu) | (((m >> 4u) & 0x03030303u) << 4u)), x_hi[k]);
-    }
-    let sc_lo = int8_at(W[blk + 49u + 2u * h], a);
-    let sc_hi = int8_at(W[blk + 50u + 2u * h], a);
-    return bitcast<f32>(W[blk]) * (sc_lo * (lo - 32.0 * sums.x) + sc_hi * (hi - 32.0 * sums.y));
+    let m = w.qh >> vec4<u32>(2u * (a >> 1u));
+    let q_lo = (w.ql & vec4<u32>(0x0F0F0F0Fu)) | ((m & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let q_hi = ((w.ql >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu)) | (((m >> vec4<u32>(4u)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let lo = dot(bytes_scaled(q_lo.x), x_lo[0]) + dot(bytes_scaled(q_lo.y), x_lo[1])
+           + dot(bytes_scaled(q_lo.z), x_lo[2]) + dot(bytes_scaled(q_lo.w), x_lo[3]);
+    let hi = dot(bytes_scaled(q_hi.x), x_hi[0]) + dot(bytes_scaled(q_hi.y), x_hi[1])
+           + dot(bytes_scaled(q_hi.z), x_hi[2]) + dot(bytes_scaled(q_hi.w), x_hi[3]);
+    return w.d * (int8_at(w.sc_lo, a) * (lo - 32.0 * sums.x) + int8_at(w.sc_hi, a) * (hi - 32.0 * sums.y));
 }
 
 @compute @workgroup_size(WG)
@@ -88,20 +98,30 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         base_a[r] = row_base(w_row);
         base_b[r] = P.w1 + w_row * P.row_words;
     }
-    var acc_a = vec4<f32>(0.0);
-    var acc_b = vec4<f32>(0.0);
-    var sq = 0.0;
     let n_units = P.cols / 32u;
     for (var u = lid; u < n_units; u += WG) {
         let t = u & 7u;
-        let sums = load_x(row, 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u), use_norm, &sq);
         let blk = (u >> 3u) * BLOCK_WORDS;
+        // every row's weights first, so that all their loads are in flight together
+        var w_a: array<Unit, ROWS>;
+        var w_b: array<Unit, ROWS>;
         for (var r = 0u; r < ROWS; r++) {
-            acc_a[r] += unit_dot(base_a[r] + blk, t, sums);
-            if (is_gated) {
-                acc_b[r] += unit_dot(base_b[r] + blk, t, sums);
+            w_a[r] = load_unit(base_a[r] + blk, t);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                w_b[r] = load_unit(base_b[r] + blk, t);
+            }
+        }
+        let sums = load_x(row, 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u), use_norm);
+        for (var r = 0u; r < ROWS; r++) {
+            part[r] += unit_dot(w_a[r], t, sums);
+        }
+        if (is_gated) {
+            for (var r = 0u; r < ROWS; r++) {
+                part[UP + r] += unit_dot(w_b[r], t, sums);
             }
         }
     }
-    finish(acc_a, acc_b, sq, lid, row0, token);
+    finish(lid, row0, token);
 }

@@ -38,6 +38,12 @@ def one_row():
     return K.Kernels(get_context(), gemv_kind="typed", typed_rows=1)
 
 
+@pytest.fixture(scope="module")
+def eight_rows():
+    """8 rows per workgroup; Q8_0 and BF16 in units of 16 weights (twice the invocations per row)."""
+    return K.Kernels(get_context(), gemv_kind="typed", typed_rows=8, typed_unit=16)
+
+
 def close(got, want, rtol):
     np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max())))
 
@@ -102,7 +108,7 @@ def test_fixed_small_case_bf16(typed):
 
 
 @pytest.mark.parametrize("qtype", TYPED, ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["typed", "narrow_shared", "one_row"])
+@pytest.mark.parametrize("variant", ["typed", "narrow_shared", "one_row", "eight_rows"])
 def test_every_type_and_workgroup(request, variant, qtype):
     """37 rows (no multiple of any rows per workgroup); 2048 columns: 64 units, two per invocation
     with 32 invocations; 576 (SmolLM2: 18 units, most invocations idle) where the type allows."""
@@ -115,8 +121,8 @@ def test_every_type_and_workgroup(request, variant, qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPED, ids=lambda q: q.name)
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_norm_gated_activation(typed, qtype, activation):
+@pytest.mark.parametrize("activation,variant", [("silu", "typed"), ("gelu_tanh", "eight_rows")])
+def test_norm_gated_activation(request, qtype, activation, variant):
     """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), norm weight then gate then up in one buffer."""
     rng = np.random.default_rng(1)
     rows, cols = 45, 512
@@ -126,7 +132,8 @@ def test_norm_gated_activation(typed, qtype, activation):
     buffer, (n_at, g_at, u_at) = aligned(norm, gate_w, up_w)
     x = rng.standard_normal((1, cols)).astype(np.float32) * 3
     mode = K.MODE_NORM | K.MODE_GATED | (K.MODE_GELU if activation == "gelu_tanh" else 0)
-    got = run_typed(typed, qtype, buffer, x, rows, cols, params(rows, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at))
+    p = params(rows, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at)
+    got = run_typed(request.getfixturevalue(variant), qtype, buffer, x, rows, cols, p)
     h = ref.rmsnorm(x, norm, 1e-5)
     close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), RTOL_FUSED)
 
@@ -163,9 +170,9 @@ def test_lm_head_reads_the_step_token(one_row, qtype):
 
 
 @pytest.mark.parametrize("kind,qtype,cols,want", [
-    ("auto", Q.Q4_K, 2048, ("gemv_q4_k", {"GEMV_WG": 64, "GEMV_ROWS": 4})),
-    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 256, "GEMV_ROWS": 4})),
-    ("typed", Q.Q8_0, 576, ("gemv_q8_0", {"GEMV_WG": 32, "GEMV_ROWS": 4})),
+    ("auto", Q.Q4_K, 2048, ("gemv_q4_k", {"GEMV_WG": 64, "GEMV_ROWS": 4, "UNIT": 32})),
+    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 256, "GEMV_ROWS": 4, "UNIT": 32})),
+    ("typed", Q.Q8_0, 576, ("gemv_q8_0", {"GEMV_WG": 32, "GEMV_ROWS": 4, "UNIT": 32})),
     ("typed", Q.BF16, 100, ("gemv", None)),      # not a whole number of 32-weight units
     ("typed", Q.Q4_0, 2048, ("gemv", None)),     # no typed kernel
     ("vec4", Q.Q4_K, 2048, ("gemv", None)),
@@ -175,6 +182,7 @@ def test_decode_matmul_choice(kind, qtype, cols, want):
     assert (shader, shape) == want
 
 
-def test_typed_workgroup_names_what_it_expects():
-    with pytest.raises(ParameterError, match="32/64/128/256"):
-        K.Kernels(get_context(), typed_wg=48)
+@pytest.mark.parametrize("field,value", [("typed_wg", 48), ("typed_rows", 9), ("typed_unit", 8)])
+def test_typed_workgroup_names_what_it_expects(field, value):
+    with pytest.raises(ParameterError, match="32/64/128/256 invocations, 1..8 rows, unit 16 or 32"):
+        K.Kernels(get_context(), **{field: value})
