@@ -98,3 +98,10 @@ def test_closing_the_stream_early_keeps_n_past_at_what_was_handed_out(tiny):
     next(stream)
     stream.close()
     assert tiny.n_past == len(PROMPT) + 5 - 1
+
+
+def test_debug_raw_takes_the_host_loop_with_the_same_tokens(tiny, monkeypatch):
+    want = host_greedy(tiny, PROMPT, 6)
+    monkeypatch.setattr(tiny, "debug_raw", True)
+    assert tiny.generate_greedy(PROMPT, 6) == (want, "length")
+    assert tiny.generate_greedy(PROMPT, 6, eos=[want[3]]) == (want[:want.index(want[3])], "stop")

@@ -141,6 +141,23 @@ def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,
     if max_new_tokens == 0:
         yield [], "length"
         return
+    if be.debug_raw:  # SHIMMY_DEBUG_RAW=1 logs every op of forward(): take the host's loop
+        yield from _host_loop(be, prompt, max_new_tokens, eos)
+        return
     if len(prompt) > 1:
         be.prefill(prompt[:-1])
     yield from chain(be, prompt[-1], max_new_tokens, eos)
+
+
+def _host_loop(be, prompt: list[int], max_new_tokens: int, eos: Sequence[int]):
+    """The same tokens one at a time through forward() and numpy's argmax."""
+    token = int(np.argmax(be.forward(prompt)))
+    for n in range(1, max_new_tokens + 1):
+        if token in eos:
+            yield [], "stop"
+            return
+        if n == max_new_tokens or be.n_past >= be.n_ctx:
+            yield [token], "length"
+            return
+        yield [token], None
+        token = int(np.argmax(be.forward([token])))
