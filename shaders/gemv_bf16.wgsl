@@ -1,8 +1,8 @@
 // y = W x for one token, W in BF16: the decode matmul of AIRFRAME_GEMV_KIND=typed for this type.
 // Two bfloat16 per word (element 2k in the low half); a bfloat16 is the high half of an f32, so
-// decoding only moves bits. An invocation's unit of work is UNIT weights (16 or 32): UNIT / 8 vec4
-// loads of W (bound as vec4: rows of a multiple of 16 weights are 16-byte aligned) for every one of
-// the workgroup's ROWS rows, then the unit's x once for all of them. Fusions as gemv.wgsl (P.mode).
+// decoding only moves bits. An invocation's unit of work is 16 weights: 2 vec4 loads of W (bound as
+// vec4: rows of a multiple of 16 weights are 16-byte aligned) for each of the workgroup's 4 rows,
+// then the unit's 4 vec4 of x once for all of them. Fusions as gemv.wgsl (P.mode).
 
 #include "matmul_structs.wgsl"
 
@@ -12,27 +12,17 @@
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
 
-const WG: u32 = {GEMV_WG}u;      // invocations per workgroup (a power of two)
-const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup
-const UNIT: u32 = {UNIT}u;       // weights per unit: 16 or 32
-const UNIT_VEC4: u32 = UNIT / 8u;
+const WG: u32 = {GEMV_WG}u;  // invocations per workgroup (a power of two)
 
 #include "activation.wgsl"
+#include "reduce_{REDUCE}.wgsl"
 #include "gemv_common.wgsl"
 
-// the unit's x (times the norm weight with MODE_NORM)
-var<private> xs: array<vec4<f32>, UNIT / 4u>;
-
-// Loads xs from vec4 at.. of the row; adds x^2 to part[SQ].
-fn load_x(row: u32, at: u32, use_norm: bool) {
-    for (var k = 0u; k < UNIT / 4u; k++) {
-        var v = X[row + at + k];
-        if (use_norm) {
-            part[SQ] += dot(v, v);
-            v *= bitcast<vec4<f32>>(W[P.norm_w / 4u + at + k]);
-        }
-        xs[k] = v;
-    }
+// 4 vec4 of the f32 norm weight from vec4 i on
+fn norm16(i: u32) -> mat4x4<f32> {
+    let n = P.norm_w / 4u + i;
+    return mat4x4<f32>(bitcast<vec4<f32>>(W[n]), bitcast<vec4<f32>>(W[n + 1u]),
+                       bitcast<vec4<f32>>(W[n + 2u]), bitcast<vec4<f32>>(W[n + 3u]));
 }
 
 // the 2 bfloat16 of each of two words as 4 floats
@@ -40,26 +30,25 @@ fn bf16x4(a: u32, b: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xFFFF0000u, b << 16u, b & 0xFFFF0000u));
 }
 
-struct Unit {
-    w: array<vec4<u32>, UNIT_VEC4>,
-}
-
-fn load_unit(first: u32) -> Unit {
-    var unit: Unit;
-    for (var k = 0u; k < UNIT_VEC4; k++) {
-        unit.w[k] = W[first + k];
-    }
-    return unit;
-}
-
-// the unit dotted with xs
-fn unit_dot(unit: Unit) -> f32 {
-    var acc = vec4<f32>(0.0);
-    for (var k = 0u; k < UNIT_VEC4; k++) {
-        let w = unit.w[k];
-        acc += bf16x4(w.x, w.y) * xs[2u * k] + bf16x4(w.z, w.w) * xs[2u * k + 1u];
-    }
+// 16 weights (two vec4 of words) dotted with their x
+fn unit_dot(w0: vec4<u32>, w1: vec4<u32>, x: X16) -> f32 {
+    let acc = bf16x4(w0.x, w0.y) * x.v[0] + bf16x4(w0.z, w0.w) * x.v[1]
+            + bf16x4(w1.x, w1.y) * x.v[2] + bf16x4(w1.z, w1.w) * x.v[3];
     return dot(acc, vec4<f32>(1.0));
+}
+
+// the unit at vec4 b of each of 4 rows, dotted with its x
+fn rows_dot(b: vec4<u32>, x: X16) -> vec4<f32> {
+    // all 8 loads first, so that they are in flight together
+    let a0 = W[b.x];
+    let a1 = W[b.y];
+    let a2 = W[b.z];
+    let a3 = W[b.w];
+    let c0 = W[b.x + 1u];
+    let c1 = W[b.y + 1u];
+    let c2 = W[b.z + 1u];
+    let c3 = W[b.w + 1u];
+    return vec4<f32>(unit_dot(a0, c0, x), unit_dot(a1, c1, x), unit_dot(a2, c2, x), unit_dot(a3, c3, x));
 }
 
 @compute @workgroup_size(WG)
@@ -70,35 +59,25 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let use_norm = (P.mode & MODE_NORM) != 0u;
     let is_gated = (P.mode & MODE_GATED) != 0u;
     let row0 = wid.x * ROWS;
-    var base_a: array<u32, ROWS>;  // first vec4 of each row (gate rows when gated)
-    var base_b: array<u32, ROWS>;  // first vec4 of the up rows when gated
-    for (var r = 0u; r < ROWS; r++) {
-        let w_row = min(row0 + r, P.rows - 1u);
-        base_a[r] = row_base(w_row) / 4u;
-        base_b[r] = (P.w1 + w_row * P.row_words) / 4u;
-    }
-    let n_units = P.cols / UNIT;
+    let ids = row_ids(row0);
+    // first vec4 of each row (gate rows when gated), and of the up rows when gated
+    let base_a = vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w)) / 4u;
+    let base_b = (vec4<u32>(P.w1) + ids * P.row_words) / 4u;
+    var acc_a = vec4<f32>(0.0);
+    var acc_b = vec4<f32>(0.0);
+    var sq = 0.0;
+    let n_units = P.cols / 16u;
+    var norm = mat4x4<f32>();
     for (var u = lid; u < n_units; u += WG) {
-        // every row's weights first, so that all their loads are in flight together
-        var w_a: array<Unit, ROWS>;
-        var w_b: array<Unit, ROWS>;
-        for (var r = 0u; r < ROWS; r++) {
-            w_a[r] = load_unit(base_a[r] + UNIT_VEC4 * u);
+        if (use_norm) {
+            norm = norm16(4u * u);
         }
+        let x = x16(row, 4u * u, use_norm, norm, vec4<f32>(1.0));
+        sq += x.sq;
+        acc_a += rows_dot(base_a + vec4<u32>(2u * u), x);
         if (is_gated) {
-            for (var r = 0u; r < ROWS; r++) {
-                w_b[r] = load_unit(base_b[r] + UNIT_VEC4 * u);
-            }
-        }
-        load_x(row, UNIT / 4u * u, use_norm);
-        for (var r = 0u; r < ROWS; r++) {
-            part[r] += unit_dot(w_a[r]);
-        }
-        if (is_gated) {
-            for (var r = 0u; r < ROWS; r++) {
-                part[UP + r] += unit_dot(w_b[r]);
-            }
+            acc_b += rows_dot(base_b + vec4<u32>(2u * u), x);
         }
     }
-    finish(lid, row0, token);
+    finish(acc_a, acc_b, sq, lid, row0, token);
 }

@@ -1,6 +1,11 @@
 // What every typed decode matmul (gemv_<type>.wgsl) shares: integers to floats without conversion
-// instructions, the partial sums of an invocation, and the end of the kernel (workgroup sums, 1/rms,
-// activation, the ROWS outputs). Needs the includer's P, S, Y, const WG and ROWS, activation.wgsl.
+// instructions, a unit's x, and the end of the kernel (workgroup sums, 1/rms, activation, the 4
+// outputs). Needs the includer's P, S, Y, const WG, activation.wgsl and reduce_{REDUCE}.wgsl.
+// The typed kernels are written without loops over rows or vec4 indices: loops that index private
+// arrays were measured 1.5x slower on the H200 (docs/BENCHMARKS.md, session 3), so each invocation
+// makes exactly 4 rows, held in vec4, and a unit's x lives in mat4x4 columns.
+
+const ROWS: u32 = 4u;
 
 // 2^23 as an f32. OR an integer below 2^23 into its mantissa, subtract 2^23, and the result is that
 // integer as a float, exactly: two cheap instructions instead of an int-to-float conversion, which
@@ -20,15 +25,24 @@ fn bytes_scaled(w: u32) -> vec4<f32> {
     return as_floats(vec4<u32>(w, w, w >> 16u, w >> 16u) & vec4<u32>(0xFFu, 0xFF00u, 0xFFu, 0xFF00u));
 }
 
-// An invocation's partial sums: part[r] row r's dot product (the gate's when gated), part[ROWS] the
-// x^2 of the x it loaded (for the fused RMSNorm: rmsnorm(x) . w = inv_rms * ((x * norm) . w)),
-// part[ROWS + 1 + r] the up projection's dot product of row r when gated.
-const N_SUMS: u32 = 2u * ROWS + 1u;
-const SQ: u32 = ROWS;
-const UP: u32 = ROWS + 1u;
-var<private> part: array<f32, N_SUMS>;
+// 16 consecutive values of x (4 vec4 as matrix columns) and what the quant formulas need of them
+struct X16 {
+    v: mat4x4<f32>,  // times the norm weight with MODE_NORM, then times the includer's scale
+    sum: f32,        // the plain sum (times the norm weight), for block minimums and offsets
+    sq: f32,         // sum of x^2 before the norm weight (the fused RMSNorm: rmsnorm(x) . w = inv_rms * ((x * norm) . w))
+}
 
-#include "gemv_sums_{REDUCE}.wgsl"
+// x vec4 i..i+3 of the row starting at vec4 `row`, `norm` the 4 norm-weight vec4 (with MODE_NORM), times `scale`
+fn x16(row: u32, i: u32, use_norm: bool, norm: mat4x4<f32>, scale: vec4<f32>) -> X16 {
+    var v = mat4x4<f32>(X[row + i], X[row + i + 1u], X[row + i + 2u], X[row + i + 3u]);
+    var sq = 0.0;
+    if (use_norm) {
+        sq = dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]);
+        v = mat4x4<f32>(v[0] * norm[0], v[1] * norm[1], v[2] * norm[2], v[3] * norm[3]);
+    }
+    let sum = dot(v[0] + v[1] + v[2] + v[3], vec4<f32>(1.0));
+    return X16(mat4x4<f32>(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale), sum, sq);
+}
 
 // first vec4 of the input row of the workgroup's token
 fn x_row(token: u32) -> u32 {
@@ -39,20 +53,25 @@ fn x_row(token: u32) -> u32 {
     return x_token * P.x_stride / 4u;
 }
 
-// Sums `part` over the workgroup; invocation r < ROWS then writes output row row0 + r.
-fn finish(lid: u32, row0: u32, token: u32) {
-    let is_gated = (P.mode & MODE_GATED) != 0u;
-    workgroup_sums(lid, select(ROWS + 1u, N_SUMS, is_gated));
+// the workgroup's 4 rows (the last row repeated past the end)
+fn row_ids(row0: u32) -> vec4<u32> {
+    return min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u));
+}
+
+// Sums every invocation's dot products (acc_a; acc_b: the up projection when gated) and x^2 (sq)
+// over the workgroup; invocation r < 4 then writes output row row0 + r.
+fn finish(acc_a: vec4<f32>, acc_b: vec4<f32>, sq: f32, lid: u32, row0: u32, token: u32) {
+    reduce_three(acc_a, acc_b, sq, lid);
     if (lid >= ROWS || row0 + lid >= P.rows) {
         return;
     }
     var inv = 1.0;
     if ((P.mode & MODE_NORM) != 0u) {
-        inv = 1.0 / sqrt(totals[SQ] / f32(P.cols) + P.eps);
+        inv = 1.0 / sqrt(sum_c[0] / f32(P.cols) + P.eps);
     }
-    var y = inv * totals[lid];
-    if (is_gated) {
-        y = gated(P.mode, y, inv * totals[UP + lid]);
+    var y = inv * sum_a[0][lid];
+    if ((P.mode & MODE_GATED) != 0u) {
+        y = gated(P.mode, y, inv * sum_b[0][lid]);
     }
     let at = token * P.y_stride + P.y_off + row0 + lid;
     if ((P.mode & MODE_ACCUMULATE) != 0u) {

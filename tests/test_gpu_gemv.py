@@ -29,19 +29,8 @@ def typed():
 
 @pytest.fixture(scope="module")
 def narrow_shared():
-    """32 invocations (several units each on long rows), 3 rows per workgroup, workgroup-memory sums."""
-    return K.Kernels(get_context(), gemv_kind="typed", typed_wg=32, typed_rows=3, reduce="shared")
-
-
-@pytest.fixture(scope="module")
-def one_row():
-    return K.Kernels(get_context(), gemv_kind="typed", typed_rows=1)
-
-
-@pytest.fixture(scope="module")
-def eight_rows():
-    """8 rows per workgroup; Q8_0 and BF16 in units of 16 weights (twice the invocations per row)."""
-    return K.Kernels(get_context(), gemv_kind="typed", typed_rows=8, typed_unit=16)
+    """32 invocations (several units each on long rows), workgroup-memory sums."""
+    return K.Kernels(get_context(), gemv_kind="typed", typed_wg=32, reduce="shared")
 
 
 def close(got, want, rtol):
@@ -108,10 +97,10 @@ def test_fixed_small_case_bf16(typed):
 
 
 @pytest.mark.parametrize("qtype", TYPED, ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["typed", "narrow_shared", "one_row", "eight_rows"])
+@pytest.mark.parametrize("variant", ["typed", "narrow_shared"])
 def test_every_type_and_workgroup(request, variant, qtype):
-    """37 rows (no multiple of any rows per workgroup); 2048 columns: 64 units, two per invocation
-    with 32 invocations; 576 (SmolLM2: 18 units, most invocations idle) where the type allows."""
+    """37 rows (not a multiple of the 4 rows per workgroup); 2048 columns (several units per invocation
+    with 32 invocations), and 576 (SmolLM2: 36 units of 16 in 64 invocations) where the type allows."""
     kernels = request.getfixturevalue(variant)
     rng = np.random.default_rng(int(qtype))
     for cols in (2048, 256 if gpu_quant(qtype).block_elems == 256 else 576):
@@ -121,7 +110,7 @@ def test_every_type_and_workgroup(request, variant, qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPED, ids=lambda q: q.name)
-@pytest.mark.parametrize("activation,variant", [("silu", "typed"), ("gelu_tanh", "eight_rows")])
+@pytest.mark.parametrize("activation,variant", [("silu", "typed"), ("gelu_tanh", "narrow_shared")])
 def test_norm_gated_activation(request, qtype, activation, variant):
     """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), norm weight then gate then up in one buffer."""
     rng = np.random.default_rng(1)
@@ -158,22 +147,23 @@ def test_segments_norm_and_residual(narrow_shared, qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPED, ids=lambda q: q.name)
-def test_lm_head_reads_the_step_token(one_row, qtype):
+def test_lm_head_reads_the_step_token(typed, qtype):
     """MODE_X_STEP: the LM head of the last position reads input row S.lm_first."""
     rng = np.random.default_rng(5)
     rows, cols = 19, 256
     words, dense = quantized(rng, rows, cols, qtype)
     x = rng.standard_normal((4, cols)).astype(np.float32)
-    got = run_typed(one_row, qtype, words, x, rows, cols, params(rows, cols, words.shape[1], K.MODE_X_STEP),
+    got = run_typed(typed, qtype, words, x, rows, cols, params(rows, cols, words.shape[1], K.MODE_X_STEP),
                     lm_first=3, n_tokens=1)
     close(got, x[3:] @ dense.T, RTOL)
 
 
 @pytest.mark.parametrize("kind,qtype,cols,want", [
-    ("auto", Q.Q4_K, 2048, ("gemv_q4_k", {"GEMV_WG": 64, "GEMV_ROWS": 4, "UNIT": 32})),
-    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 256, "GEMV_ROWS": 4, "UNIT": 32})),
-    ("typed", Q.Q8_0, 576, ("gemv_q8_0", {"GEMV_WG": 32, "GEMV_ROWS": 4, "UNIT": 32})),
-    ("typed", Q.BF16, 100, ("gemv", None)),      # not a whole number of 32-weight units
+    ("auto", Q.Q4_K, 2048, ("gemv_q4_k", {"GEMV_WG": 64})),     # 64 units of 32 weights
+    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 256})),
+    ("typed", Q.Q8_0, 576, ("gemv_q8_0", {"GEMV_WG": 64})),     # 36 units of 16 weights
+    ("typed", Q.BF16, 16, ("gemv_bf16", {"GEMV_WG": 32})),
+    ("typed", Q.BF16, 100, ("gemv", None)),      # not a whole number of 16-weight units
     ("typed", Q.Q4_0, 2048, ("gemv", None)),     # no typed kernel
     ("vec4", Q.Q4_K, 2048, ("gemv", None)),
     ("chunked-head", Q.Q6_K, 2048, ("gemv_chunk", None))])
@@ -182,7 +172,6 @@ def test_decode_matmul_choice(kind, qtype, cols, want):
     assert (shader, shape) == want
 
 
-@pytest.mark.parametrize("field,value", [("typed_wg", 48), ("typed_rows", 9), ("typed_unit", 8)])
-def test_typed_workgroup_names_what_it_expects(field, value):
-    with pytest.raises(ParameterError, match="32/64/128/256 invocations, 1..8 rows, unit 16 or 32"):
-        K.Kernels(get_context(), **{field: value})
+def test_typed_workgroup_names_what_it_expects():
+    with pytest.raises(ParameterError, match="48 invocations, expected 32/64/128/256"):
+        K.Kernels(get_context(), typed_wg=48)

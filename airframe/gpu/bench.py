@@ -218,19 +218,20 @@ def _format_chained(r: dict) -> list[str]:
     return lines
 
 
-def compare_gemv(path, variants: list[tuple], ctx_list: list[int], steps: int = 32, repeats: int = 20) -> dict:
+def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int], steps: int = 32,
+                 repeats: int = 20) -> dict:
     """Decode matmul variants on one loaded model: for each (kind, invocations, rows) of a
-    K.GEMV_KINDS kind (for "typed": the largest workgroup, rows per workgroup and optionally a
-    fourth item, the Q8_0/BF16 unit; 0 for the defaults), the GPU breakdown and median decode ms at
-    each context, and the largest logit difference from the first variant over three tokens."""
+    K.GEMV_KINDS kind (for "typed": the largest workgroup, 0 for the default; rows are always 4),
+    the GPU breakdown and median decode ms at each context, and the largest logit difference from
+    the first variant over three tokens."""
     be = WebGPUBackend.load(path, n_ctx=max(ctx_list) + steps + 1, progress=True)
     out = {"adapter": be.ctx.name, "model": str(path), "variants": []}
     first = None
-    for kind, wg, rows, *unit in variants:
+    for kind, wg, rows in variants:
         k = be.kernels
         k.gemv_kind = kind
         if kind == "typed":
-            k.typed_wg, k.typed_rows, k.typed_unit = wg, rows, unit[0] if unit else 0
+            k.typed_wg = wg
         else:
             k.gemv_rows = rows
             k.gemv_wg = k.chunk_wg = wg
@@ -241,7 +242,7 @@ def compare_gemv(path, variants: list[tuple], ctx_list: list[int], steps: int = 
         be.reset()
         logits = np.stack([be.forward([t]) for t in (1, 5, 9)])
         first = logits if first is None else first
-        row = {"kind": kind, "wg": wg, "rows": rows, "unit": unit[0] if unit else 0, "max_logit_diff": float(np.abs(logits - first).max()),
+        row = {"kind": kind, "wg": wg, "rows": rows, "max_logit_diff": float(np.abs(logits - first).max()),
                "gpu": {c: gpu_breakdown(be, c, repeats) for c in ctx_list}}
         with tqdm(total=steps * len(ctx_list), desc=f"{kind} {wg}x{rows}", unit="tok") as bar:
             row["decode_ms"] = {c: _median_decode_ms(be, c, steps, bar) for c in ctx_list}

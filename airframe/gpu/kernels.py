@@ -69,10 +69,10 @@ GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 
 GEMV_KINDS = ("auto", "typed", "chunked-head", "chunk", "vec4")
 GEMV_KIND = "auto"
 CHUNK_MIN_ROWS = 32768
-# typed kernels: one invocation per unit of a row (TYPED_UNITS weights; the K-quant kernels' unit is fixed,
-# Q8_0 and BF16 take 16 or 32), as many as a row has units (a power of two, at least 32, at most
-# TYPED_MAX_WG), TYPED_ROWS output rows per workgroup
-TYPED_UNITS = {"q4_k": 32, "q6_k": 32, "q8_0": 32, "bf16": 32}
+# typed kernels: one invocation per unit of TYPED_UNITS weights of a row, as many as a row has units (a
+# power of two, at least 32, at most TYPED_MAX_WG), TYPED_ROWS output rows per workgroup (fixed in the
+# shaders: gemv_common.wgsl)
+TYPED_UNITS = {"q4_k": 32, "q6_k": 32, "q8_0": 16, "bf16": 16}
 TYPED_MAX_WG, TYPED_ROWS = 256, 4
 # gemv_chunk.wgsl per quant shader: (chunk_dot file, vec4 per chunk, invocations per workgroup); the
 # workgroup sizes are the best measured on the H200 LM head (q4_k: not measured, as q6_k)
@@ -125,10 +125,8 @@ class Kernels:
     gemv_kind: str = ""
     # gemv_chunk.wgsl's invocations per workgroup; 0: CHUNK_DOTS' choice for the quant type
     chunk_wg: int = 0
-    # the typed kernels' largest workgroup, rows per workgroup, and Q8_0/BF16 unit; 0: the defaults above
+    # the typed kernels' largest workgroup; 0: TYPED_MAX_WG
     typed_wg: int = 0
-    typed_rows: int = 0
-    typed_unit: int = 0
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
 
@@ -154,9 +152,8 @@ class Kernels:
             self.gemv_kind = os.environ.get("AIRFRAME_GEMV_KIND", GEMV_KIND)
         if self.gemv_kind not in GEMV_KINDS:
             raise ParameterError(f"AIRFRAME_GEMV_KIND={self.gemv_kind!r}, expected one of {', '.join(GEMV_KINDS)}")
-        if self.typed_wg not in (0, 32, 64, 128, 256) or not 0 <= self.typed_rows <= 8 or self.typed_unit not in (0, 16, 32):
-            raise ParameterError(f"typed gemv workgroup of {self.typed_wg} invocations x {self.typed_rows} rows, unit "
-                                 f"{self.typed_unit}, expected 32/64/128/256 invocations, 1..8 rows, unit 16 or 32 (0: default)")
+        if self.typed_wg not in (0, 32, 64, 128, 256):
+            raise ParameterError(f"typed gemv workgroup of {self.typed_wg} invocations, expected 32/64/128/256 (0: default)")
         if self.chunk_wg not in (0, 32, 64, 128, 256):
             raise ParameterError(f"gemv_chunk workgroup of {self.chunk_wg} invocations, expected 32/64/128/256")
         if self.matmul not in ("rows", "tiled"):
@@ -179,12 +176,9 @@ class Kernels:
         workgroup, its placeholder values or None for the defaults)."""
         name = quant.shader.removesuffix(".wgsl")
         unit = TYPED_UNITS.get(name, 0)
-        if quant.block_elems < 256 and self.typed_unit:
-            unit = self.typed_unit
         if self.gemv_kind in ("auto", "typed") and name in TYPED_GEMV and cols % unit == 0:
             wg = min(self.typed_wg or TYPED_MAX_WG, max(32, 1 << (cols // unit - 1).bit_length()))
-            rows_per_group = self.typed_rows or TYPED_ROWS
-            return f"gemv_{name}", rows_per_group, {"GEMV_WG": wg, "GEMV_ROWS": rows_per_group, "UNIT": unit}
+            return f"gemv_{name}", TYPED_ROWS, {"GEMV_WG": wg}
         chunked = self.gemv_kind == "chunk" or (self.gemv_kind == "chunked-head" and name in CHUNK_DOTS
                                                 and rows >= CHUNK_MIN_ROWS)
         return "gemv_chunk" if chunked else "gemv", self.gemv_rows, None
