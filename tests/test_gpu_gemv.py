@@ -160,7 +160,8 @@ def test_lm_head_reads_the_step_token(typed, qtype):
 
 @pytest.mark.parametrize("kind,qtype,cols,want", [
     ("auto", Q.Q4_K, 2048, ("gemv_q4_k", {"GEMV_WG": 64})),     # 64 units of 32 weights
-    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 256})),
+    ("auto", Q.Q6_K, 8192, ("gemv_q6_k", {"GEMV_WG": 128})),   # 256 units, at most 128 invocations
+    ("auto", Q.Q8_0, 8192, ("gemv_q8_0", {"GEMV_WG": 256})),
     ("typed", Q.Q8_0, 576, ("gemv_q8_0", {"GEMV_WG": 64})),     # 36 units of 16 weights
     ("typed", Q.BF16, 16, ("gemv_bf16", {"GEMV_WG": 32})),
     ("typed", Q.BF16, 100, ("gemv", None)),      # not a whole number of 16-weight units

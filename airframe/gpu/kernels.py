@@ -34,8 +34,13 @@ PARAMS = {
     "stream_read": ("n_vec4", "n_threads"),
     "argmax": ("n", "n_groups", "ring_len"),
 }
-# typed decode matmuls: gemv_<quant shader>.wgsl for these quant shaders (see decode_matmul)
-TYPED_GEMV = ("q4_k", "q6_k", "q8_0", "bf16")
+# Typed decode matmuls, gemv_<quant shader>.wgsl, per quant shader: (weights per invocation's unit, largest
+# workgroup). A workgroup has one invocation per unit of a row (a power of two, at least 32, at most the
+# largest) and makes TYPED_ROWS output rows (fixed in the shaders: gemv_common.wgsl). The largest
+# workgroups are the best measured on the H200 (docs/BENCHMARKS.md, session 3): 128 for the K-quants
+# (ffn_down's 8,192 columns: 2 units per invocation), 256 for Q8_0 and BF16.
+TYPED_GEMV = {"q4_k": (32, 128), "q6_k": (32, 128), "q8_0": (16, 256), "bf16": (16, 256)}
+TYPED_ROWS = 4
 PARAMS["gemm"] = PARAMS["gemm_rows"] = PARAMS["gemv_chunk"] = PARAMS["gemv"]
 PARAMS.update({f"gemv_{name}": PARAMS["gemv"] for name in TYPED_GEMV})
 FLOAT_FIELDS = {"eps", "scale", "softcap"}
@@ -65,15 +70,11 @@ GEMV_WG, GEMV_ROWS = 256, 4        # gemv.wgsl default workgroup (best of 32x2, 
 # Which decode matmul (AIRFRAME_GEMV_KIND): "typed" gemv_<type>.wgsl for the types in TYPED_GEMV (rows of a
 # whole number of units), gemv.wgsl for the others; "vec4" gemv.wgsl everywhere, "chunk"
 # gemv_chunk.wgsl everywhere; "chunked-head" (the previous default) gemv_chunk.wgsl for matrices of
-# CHUNK_MIN_ROWS rows or more in a type with its own chunk_dot, else gemv.wgsl. "auto" is typed.
+# CHUNK_MIN_ROWS rows or more in a type with its own chunk_dot, else gemv.wgsl. "auto" is typed: on the H200
+# it was faster than the others on every matrix of Llama 3.2 1B in Q4_K_M, Q8_0 and BF16.
 GEMV_KINDS = ("auto", "typed", "chunked-head", "chunk", "vec4")
 GEMV_KIND = "auto"
 CHUNK_MIN_ROWS = 32768
-# typed kernels: one invocation per unit of TYPED_UNITS weights of a row, as many as a row has units (a
-# power of two, at least 32, at most TYPED_MAX_WG), TYPED_ROWS output rows per workgroup (fixed in the
-# shaders: gemv_common.wgsl)
-TYPED_UNITS = {"q4_k": 32, "q6_k": 32, "q8_0": 16, "bf16": 16}
-TYPED_MAX_WG, TYPED_ROWS = 256, 4
 # gemv_chunk.wgsl per quant shader: (chunk_dot file, vec4 per chunk, invocations per workgroup); the
 # workgroup sizes are the best measured on the H200 LM head (q4_k: not measured, as q6_k)
 CHUNK_DOTS = {"q4_k": ("chunk_q4_k", 16, 32), "q6_k": ("chunk_q6_k", 8, 32), "q8_0": ("chunk_q8_0", 8, 64)}
@@ -125,7 +126,7 @@ class Kernels:
     gemv_kind: str = ""
     # gemv_chunk.wgsl's invocations per workgroup; 0: CHUNK_DOTS' choice for the quant type
     chunk_wg: int = 0
-    # the typed kernels' largest workgroup; 0: TYPED_MAX_WG
+    # the typed kernels' largest workgroup; 0: TYPED_GEMV's per type
     typed_wg: int = 0
     _pipelines: dict = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict)
@@ -175,9 +176,9 @@ class Kernels:
         """The one-token matmul program for a (rows, cols) matrix in `quant`: (shader, output rows per
         workgroup, its placeholder values or None for the defaults)."""
         name = quant.shader.removesuffix(".wgsl")
-        unit = TYPED_UNITS.get(name, 0)
+        unit, max_wg = TYPED_GEMV.get(name, (1, 0))
         if self.gemv_kind in ("auto", "typed") and name in TYPED_GEMV and cols % unit == 0:
-            wg = min(self.typed_wg or TYPED_MAX_WG, max(32, 1 << (cols // unit - 1).bit_length()))
+            wg = min(self.typed_wg or max_wg, max(32, 1 << (cols // unit - 1).bit_length()))
             return f"gemv_{name}", TYPED_ROWS, {"GEMV_WG": wg}
         chunked = self.gemv_kind == "chunk" or (self.gemv_kind == "chunked-head" and name in CHUNK_DOTS
                                                 and rows >= CHUNK_MIN_ROWS)
