@@ -109,7 +109,7 @@ def write_tokenizer_gguf(out: Path) -> Path:
     return out
 
 
-def make_reference(ref: Path, work: Path, models: list[str]) -> None:
+def make_reference(ref: Path, work: Path, models: list[str], split: bool) -> None:
     from airframe.megakernel.package import write_package
     from airframe.megakernel.target import NAMED_TARGETS
 
@@ -119,12 +119,12 @@ def make_reference(ref: Path, work: Path, models: list[str]) -> None:
     for name in models:
         start = time.time()
         gguf = make_model(SHAPES[name], work / f"{name}.gguf", str(tok))
-        package = write_package(gguf, NAMED_TARGETS["h200"], work / f"{name}.pkg", ctx=CTX)
+        package = write_package(gguf, NAMED_TARGETS["h200"], work / f"{name}.pkg", ctx=CTX, split=split)
         data = vm_reference(package)
         arrays = {f"logits_{c}": d["logits"] for c, d in data.items()}
         arrays.update({f"tokens_{c}": d["tokens"] for c, d in data.items()})
         np.savez_compressed(ref / f"ref_{name}.npz", **arrays)
-        meta = {"weights_sha256": file_digest(work / f"{name}.pkg" / "weights.bin"),
+        meta = {"weights_sha256": file_digest(work / f"{name}.pkg" / "weights.bin"), "split": split,
                 "kv_sha256": {str(c): d["kv"] for c, d in data.items()}, "token0": TOKEN0, "steps": STEPS}
         (ref / f"ref_{name}.json").write_text(json.dumps(meta, indent=1))
         print(f"{name}: reference in {time.time() - start:.0f} s", flush=True)
@@ -198,7 +198,10 @@ def twenty_workers(worker, runtime, package, folder: Path) -> dict:
     from airframe.megakernel.planner import make_plan
     from airframe.megakernel.probe import with_workers
 
-    plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX)
+    from airframe.megakernel.cuda_bench import plan_is_split
+
+    plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
+                     split=plan_is_split(package.plan))
     plan.model["source"] = package.plan.model.get("source")
     if folder.exists():
         shutil.rmtree(folder)
@@ -248,7 +251,7 @@ def corrupted(worker, package, work: Path) -> dict:
     if f.exists():
         shutil.rmtree(f)
     other = replace(package.plan.target, binary_sha256="0" * 64)
-    write_plan(make_plan(package.plan.config, other, CTX), f)
+    write_plan(make_plan(package.plan.config, other, CTX), f)  # whole rows or split: refused either way
     os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
     out["other_worker_binary"] = _refused(lambda: Runtime(Package.load(f), worker, progress=False))
     out["ok"] = all(v["refused"] for v in out.values())
@@ -285,12 +288,11 @@ def non_finite(runtime, package) -> dict:
 
 # Worker builds timed beside the default one in the bench section (defines of worker.cu); every
 # variant must give the default's bits.
-# RING_SLOTS=n is the runtime's ring size, not a define.
-VARIANTS = (("AF_THREADS=480",), ("RING_SLOTS=8",))
+VARIANTS = (("AF_UNROLL=4",),)
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
-               variants=VARIANTS, torch_side: bool = True) -> Report:
+               variants=VARIANTS, torch_side: bool = True, split: bool = False) -> Report:
     from airframe.megakernel import cuda_bench
     from airframe.megakernel.build import build_worker
     from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
@@ -312,12 +314,14 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
     tok = str(ref / "tokenizer.gguf")
     for name in models:
         gguf = report.section(f"{name}.model", lambda: str(make_model(SHAPES[name], work / f"{name}.gguf", tok)))
-        package = report.section(f"{name}.package", lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX))
+        package = report.section(f"{name}.package",
+                                 lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX, split=split))
         if package is None:
             continue
         meta = json.loads((ref / f"ref_{name}.json").read_text())
         refs = dict(np.load(ref / f"ref_{name}.npz"))
         report.section(f"{name}.same_inputs_as_reference", lambda: {
+            "split_plans": split, "reference_split_plans": meta.get("split", False),
             "weights": file_digest(package.path / "weights.bin") == meta["weights_sha256"],
             "kv": all(digest(*fill_kv(package.plan.consts, int(c))) == h for c, h in meta["kv_sha256"].items())})
         runtime = report.section(f"{name}.upload", lambda: Runtime(package, worker))
@@ -346,16 +350,21 @@ def main(argv=None) -> int:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
     parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
-    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_THREADS=480")
+    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_UNROLL=4")
+    parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
+                        help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
     models = args.models.split(",")
+    from airframe.megakernel.planner import SPLIT_DEFAULT
+
+    split = SPLIT_DEFAULT if args.split is None else args.split
     if args.reference:
-        make_reference(args.reference, args.work, models)
+        make_reference(args.reference, args.work, models, split)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     defines = tuple(d for d in args.defines.split(",") if d)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
-                        () if args.no_variants else VARIANTS, not args.no_torch)
+                        () if args.no_variants else VARIANTS, not args.no_torch, split)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

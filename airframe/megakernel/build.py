@@ -88,7 +88,8 @@ def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cu
 
 
 def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
-    """Registers, spills, stack and static shared memory of `kernel` from a `ptxas -v` log."""
+    """Registers, spills, stack and static shared memory of `kernel` from a `ptxas -v` log; the
+    spills of the device functions it calls (mangled names, not inlined) are added to its own."""
     start = log.find(f"Function properties for {kernel}")
     if start < 0:
         raise GPUError(f"the compiler log names no function {kernel!r}; expected a ptxas -v report")
@@ -102,6 +103,10 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     for name, pattern in numbers.items():
         match = re.search(pattern, block)
         report[name] = int(match.group(1)) if match else 0
+    for callee in re.finditer(r"Function properties for _Z\w+\s+(\d+) bytes stack frame, (\d+) bytes spill "
+                              r"stores, (\d+) bytes spill loads", log):
+        report["spill_stores"] += int(callee.group(2))
+        report["spill_loads"] += int(callee.group(3))
     return report
 
 

@@ -95,6 +95,15 @@ def same_bits(first, second, context: int = 385, steps: int = 4) -> bool:
     return bool(np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32)))
 
 
+def plan_is_split(plan) -> bool:
+    """Whether `plan` was cut finer than whole rows (planner split=True): a side piece, a QKV/WO
+    piece short of the whole row, or FFN partial slots beyond one per worker."""
+    t, k = plan.tasks, plan.consts
+    matrix = (t["opcode"] == 2) | (t["opcode"] == 4)
+    return bool(np.any(t["side"][matrix] != 0) or np.any(t["part_start"][matrix] != 0)
+                or k["ffn_parts"] > min(plan.target.workers, k["n_ff"]))
+
+
 def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=CONTEXTS, work: Path | None = None) -> list:
     """The same package on worker binaries built with other compile-time settings: each gets its
     own plan (the fingerprint names the binary) over the same weights.bin, and is checked bit for
@@ -123,24 +132,21 @@ def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Pat
     from .package import Package, write_plan
     from .planner import make_plan
 
-    # RING_SLOTS=n caps the runtime's weight ring; the other settings are defines of worker.cu
-    slots = [int(d.split("=")[1]) for d in defines if d.startswith("RING_SLOTS=")]
-    build_defines = tuple(d for d in defines if not d.startswith("RING_SLOTS="))
-    worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=build_defines))
-    target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, threads_per_worker=worker.consumers)
-    plan = make_plan(runtime.plan.config, target, runtime.k["ctx"])
+    worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=defines))
+    plan = make_plan(runtime.plan.config, replace(runtime.plan.target, binary_sha256=worker.build.sha256),
+                     runtime.k["ctx"], split=plan_is_split(runtime.plan))
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
-    other = Runtime(Package.load(folder), worker, progress=False, ring_slots=slots[0] if slots else None)
+    other = Runtime(Package.load(folder), worker, progress=False)
     try:
         random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
         rows = [time_context(other, c, repeats=3) for c in contexts]
         same = same_bits(runtime, other)
     finally:
         other.close()
-    return {"defines": list(defines), "build": worker.build.summary(), "ring_slots": other.ring_slots,
-            "same_bits_as_default": same, "contexts": rows}
+    return {"defines": list(defines), "build": worker.build.summary(), "same_bits_as_default": same,
+            "contexts": rows}
 
 
 # ---- trace ----------------------------------------------------------------------------------------
@@ -298,8 +304,7 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
     plan = runtime.plan
     gbs = worker.stream_read_gbs()
     result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
-              "workers": runtime.workers, "build": worker.build.summary(), "block": worker.block,
-              "ring": {"slots": runtime.ring_slots, "slot_bytes": runtime.slot_bytes}, "contexts": []}
+              "workers": runtime.workers, "build": worker.build.summary(), "contexts": []}
     random_kv(runtime, min(max(contexts) + STEPS - 1, runtime.k["ctx"]))
     for c in contexts:
         row = time_context(runtime, c)

@@ -2,7 +2,7 @@
 
 Everything goes through the CUDA driver API of `cuda-bindings` (present wherever the CUDA
 toolkit's Python packages are; not a dependency of airframe). A launch is cooperative: the plan's
-workers are the grid, one block per SM (consumer threads plus a producer warp), and all of them are resident at once, which
+workers are the grid, one 1024-thread block per SM, and all of them are resident at once, which
 the grid barrier between waves needs. One launch runs up to 64 tokens (`MAX_STEPS`); greedy
 selection and the end-of-generation test happen inside the kernel.
 
@@ -26,9 +26,8 @@ from .opcodes import PLAN_CONSTS, TASK_WORDS
 from .package import Package
 from .validator import PlanError
 
-THREADS = 512  # AF_THREADS in worker.cu: consumer threads of the default build
-BLOCK = THREADS + 32  # AF_BLOCK: the consumers and the producer warp
-MAX_SLOTS = 64  # AF_MAX_SLOTS: ring slots the worker has mbarriers for
+THREADS = 1024  # AF_THREADS in worker.cu
+WARPS = THREADS // 32
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
@@ -40,8 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("ring_offset", "<u4"), ("slot_bytes", "<u4"),
-                       ("ring_slots", "<u4"), ("reserved", "<u4")], align=True)
+                       ("table_tasks", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -161,7 +159,6 @@ class Worker:
         self.local_bytes = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.kernel), "LOCAL_SIZE")
         self.static_shared = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.kernel),
                                    "SHARED_SIZE")
-        self.block, self.consumers = BLOCK, THREADS  # the compiled values, read by check_layout
         self.check_layout()
 
     def set_shared(self, nbytes: int) -> None:
@@ -170,7 +167,7 @@ class Worker:
 
     def blocks_per_sm(self, shared_bytes: int) -> int:
         self.set_shared(shared_bytes)
-        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.kernel, self.block, shared_bytes),
+        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.kernel, THREADS, shared_bytes),
                      "occupancy")
 
     def launch(self, kernel, grid: int, block: int, shared: int, args: Sequence[np.ndarray], cooperative: bool) -> None:
@@ -184,25 +181,21 @@ class Worker:
         check(result, "kernel launch")
 
     def check_layout(self) -> None:
-        """The compiled sizes and offsets of af_args and af_control against the host's; the block
-        and consumer thread counts come from the binary (a variant build may change them)."""
+        """The compiled sizes and offsets of af_args and af_control against the host's."""
         dev = self.device
         out = dev.alloc(64)
         try:
             self.launch(self.layout_kernel, 1, 1, 0, [np.array([out.ptr], dtype=np.uint64)], cooperative=False)
             dev.synchronize("af_layout")
-            found = dev.download(out, np.uint32, 11).tolist()
+            found = dev.download(out, np.uint32, 8).tolist()
         finally:
             dev.free(out)
-        self.block, self.consumers = found[7], found[8]
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
-                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], self.consumers + 32, self.consumers,
-                    ARGS_DTYPE.fields["ring_offset"][1], MAX_SLOTS]
-        if found != expected or self.consumers % 32:
-            raise GPUError(f"worker argument layout {found}, expected {expected} (sizeof args, consts, offsets of "
-                           "tasks, ffn_max_rows, rope_cos, control, outputs, block, consumer threads, ring_offset, "
-                           "ring slots)")
+                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS]
+        if found != expected:
+            raise GPUError(f"worker argument layout {found}, expected {expected} "
+                           "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads)")
 
     def stream_read_gbs(self, nbytes: int = 4 << 30, repeats: int = 10) -> float:
         """Streaming-read bandwidth in GB/s: the median of `repeats` reads of `nbytes`."""
@@ -264,7 +257,7 @@ class LaunchResult:
     trace: dict | None = None
 
 
-def check_model_limits(k: dict, consumers: int = THREADS) -> None:
+def check_model_limits(k: dict) -> None:
     """What worker.cu assumes about the shape; UnsupportedError naming the value otherwise."""
     g = k["n_head"] // max(1, k["n_head_kv"])
     lanes = k["head_dim"] // 8
@@ -276,51 +269,26 @@ def check_model_limits(k: dict, consumers: int = THREADS) -> None:
         problems.append(f"n_head * head_dim_v = {k['n_head'] * k['head_dim_v']} is not a multiple of 8")
     if k["head_dim"] % 8 or lanes < 1 or lanes > 32 or lanes & (lanes - 1):
         problems.append(f"head_dim = {k['head_dim']}, expected 8 times a power of two up to 256")
-    if g > MAX_GROUP or (g + 1) * k["head_dim"] > consumers:
+    if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > THREADS:
         problems.append(f"{g} query heads per K/V head of {k['head_dim']}, expected at most {MAX_GROUP} "
-                        f"and (group + 1) * head_dim <= {consumers}")
-    if k["head_dim_v"] > consumers:
-        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {consumers}")
+                        f"and (group + 1) * head_dim + head_dim_v <= {THREADS}")
+    if k["head_dim_v"] > THREADS:
+        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {THREADS}")
     if problems:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def down_groups(k: dict, consumers: int = THREADS) -> int:
-    """Row groups of the FFN down projection (worker.cu's down_groups): rows to a ring page."""
-    cols = k["n_embd"] // 8
-    return 1 if cols >= consumers else consumers // cols
-
-
-def shared_floats(k: dict, ffn_max_rows: int, consumers: int = THREADS) -> int:
+def shared_floats(k: dict, ffn_max_rows: int) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
     x_len = -(-max(k["n_embd"], k["n_head"] * k["head_dim_v"]) // 4) * 4
+    cols = k["n_embd"] // 8
+    ffn_groups = 1 if cols >= THREADS else THREADS // cols
     g = k["n_head"] // k["n_head_kv"]
-    v_groups = consumers // k["head_dim_v"]
-    attn = g * k["head_dim"] + k["head_dim"] + g * k["attn_chunk"] + v_groups * g * k["head_dim_v"] + 2 * g
-    ffn = 2 * ffn_max_rows + down_groups(k, consumers) * k["n_embd"]
-    return -(-(2 * x_len + 64 + max(attn, ffn, 2 * (consumers // 32))) // 4) * 4  # xs, xp, red, scratch
-
-
-def slot_bytes(k: dict, consumers: int = THREADS) -> int:
-    """Bytes of one ring slot: the longest weight row, or one down page (`down_groups` rows)."""
-    row = 2 * max(k["n_embd"], k["n_head"] * k["head_dim_v"])
-    down = 2 * k["n_embd"] * down_groups(k, consumers)
-    return -(-max(row, down) // 128) * 128
-
-
-def ring_layout(k: dict, before_bytes: int, budget_bytes: int, consumers: int = THREADS,
-                slots: int | None = None) -> tuple[int, int, int]:
-    """(ring offset, slot bytes, slots): the ring after `before_bytes` of dynamic shared memory,
-    as many slots as `budget_bytes` holds (at most MAX_SLOTS, or `slots`)."""
-    offset = -(-before_bytes // 128) * 128
-    size = slot_bytes(k, consumers)
-    fit = min(MAX_SLOTS, (budget_bytes - offset) // size)
-    if slots is not None:
-        fit = min(fit, slots)
-    if fit < 2:
-        raise UnsupportedError(f"the worker's weight ring needs 2 slots of {size} B after {offset} B of shared "
-                               f"memory; {budget_bytes} B allow {max(fit, 0)}")
-    return offset, size, fit
+    v_groups = THREADS // k["head_dim_v"]
+    attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
+            + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
+    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
+    return -(-(x_len + 64 + max(attn, ffn, 2 * WARPS)) // 4) * 4
 
 
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
@@ -340,26 +308,25 @@ def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
 class Runtime:
     """A validated package uploaded to one device, ready to launch."""
 
-    def __init__(self, package: Package, worker: Worker, progress: bool = True, ring_slots: int | None = None):
-        """`ring_slots` caps the weight ring (default: all the shared memory the GPU allows)."""
+    def __init__(self, package: Package, worker: Worker, progress: bool = True):
         self.package, self.worker, self.device = package, worker, worker.device
         self.plan, self.k = package.plan, package.plan.consts
         self.check_target()
-        check_model_limits(self.k, worker.consumers)
+        check_model_limits(self.k)
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.consumers)
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         self.shared_floats = self.table_offset + table
-        budget = self.device.shared_optin - worker.static_shared
-        self.ring_offset, self.slot_bytes, self.ring_slots = ring_layout(
-            self.k, 4 * self.shared_floats, budget, worker.consumers, ring_slots)
-        self.shared_bytes = self.ring_offset + self.slot_bytes * self.ring_slots
+        self.shared_bytes = 4 * self.shared_floats
+        if self.shared_bytes + worker.static_shared > self.device.shared_optin:
+            raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
+                                   f"this GPU allows {self.device.shared_optin} B per block")
         per_sm = worker.blocks_per_sm(self.shared_bytes)
         if self.workers > per_sm * self.device.sm_count:
             raise PlanError(f"plan for {self.workers} workers, this GPU holds {per_sm * self.device.sm_count} "
-                            f"resident blocks of {worker.block} threads ({self.device.sm_count} SMs x {per_sm})")
+                            f"resident blocks of {THREADS} threads ({self.device.sm_count} SMs x {per_sm})")
         self.buffers: dict[str, DeviceBuffer] = {}
         self._upload(progress)
 
@@ -370,9 +337,8 @@ class Runtime:
                             f"{build.sha256} ({build.arch}, {build.compiler}): plan it again for this worker")
         if target.arch != self.device.arch:
             raise PlanError(f"package made for {target.arch}, this GPU is {self.device.arch}")
-        if target.threads_per_worker != self.worker.consumers:
-            raise PlanError(f"package made for {target.threads_per_worker} threads per worker, "
-                            f"the worker computes with {self.worker.consumers}")
+        if target.threads_per_worker != THREADS:
+            raise PlanError(f"package made for {target.threads_per_worker} threads per worker, the worker has {THREADS}")
 
     # ---- memory ---------------------------------------------------------------------------------
     def _upload(self, progress: bool) -> None:
@@ -440,7 +406,6 @@ class Runtime:
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
-        a["ring_offset"], a["slot_bytes"], a["ring_slots"] = self.ring_offset, self.slot_bytes, self.ring_slots
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:
@@ -476,8 +441,7 @@ class Runtime:
         args = self.args(all_logits, trace)
 
         def go():
-            self.worker.launch(self.worker.kernel, self.workers, self.worker.block, self.shared_bytes, [args],
-                               cooperative=True)
+            self.worker.launch(self.worker.kernel, self.workers, THREADS, self.shared_bytes, [args], cooperative=True)
 
         ms = self.worker.timed(go)
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)

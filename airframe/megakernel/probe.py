@@ -1,7 +1,7 @@
 """Probe the GPU with the compiled worker: the target description a plan is made for.
 
 The probe builds worker.cu for this GPU's architecture, loads it, asks the driver how many
-blocks of it (its consumer threads and producer warp) fit on one SM with the shared memory a worker may use, measures the
+1024-thread blocks of it fit on one SM with the shared memory a worker may use, measures the
 streaming-read bandwidth with the worker module's own read kernel, and writes the result as the
 target JSON that the planner takes (`--target FILE.json`). The JSON carries the sha256 of the
 worker binary: the fingerprint of every plan made from it, which the runtime checks.
@@ -17,7 +17,7 @@ import sys
 from dataclasses import replace
 
 from ..errors import AirframeError, GPUError
-from .cuda_runtime import Device, Worker
+from .cuda_runtime import THREADS, Device, Worker
 from .target import Target, target_to_dict
 
 
@@ -28,13 +28,13 @@ def probe(device: Device | None = None, worker: Worker | None = None, bandwidth:
     dynamic = device.shared_optin - worker.static_shared
     per_sm = worker.blocks_per_sm(dynamic)
     if per_sm < 1:
-        raise GPUError(f"the worker ({worker.registers} registers, {worker.block} threads) does not fit on one SM "
+        raise GPUError(f"the worker ({worker.registers} registers, {THREADS} threads) does not fit on one SM "
                        f"of {device.name} with {device.shared_optin} B of shared memory; expected one block per SM")
     if not device.cooperative:
         raise GPUError(f"{device.name} does not support cooperative launches, which the worker needs")
     gbs = worker.stream_read_gbs() if bandwidth else 1.0
     return Target(name=device.name.replace(" ", "-").lower(), arch=device.arch, workers=device.sm_count,
-                  threads_per_worker=worker.consumers, shared_bytes=dynamic,
+                  threads_per_worker=THREADS, shared_bytes=dynamic,
                   registers_per_thread=worker.registers, bandwidth_gbs=round(gbs, 1),
                   binary_sha256=worker.build.sha256)
 

@@ -30,11 +30,10 @@ class Target:
 
 
 NAMED_TARGETS = {
-    # TileInfer's card: 20 SMs, 212.9 GB/s measured. threads_per_worker counts the worker's 512
-    # compute threads (worker.cu's AF_THREADS; its producer warp comes on top), at 96 registers.
-    "rtx3050": Target("rtx3050", "sm_86", 20, 512, 99 * 1024, 96, 212.9),
+    # TileInfer's card: 20 SMs, one 1024-thread block each at 64 registers, 212.9 GB/s measured.
+    "rtx3050": Target("rtx3050", "sm_86", 20, 1024, 99 * 1024, 64, 212.9),
     # Our H200 (PEERS.md): 132 SMs, 4.53 TB/s streaming read.
-    "h200": Target("h200", "sm_90", 132, 512, 227 * 1024, 96, 4530.0),
+    "h200": Target("h200", "sm_90", 132, 1024, 227 * 1024, 64, 4530.0),
 }
 
 _INT_FIELDS = ("workers", "threads_per_worker", "shared_bytes", "registers_per_thread")

@@ -4,39 +4,27 @@
 // worker) says what each block does. Layout and opcodes come from plan_format.h, which
 // airframe/megakernel/opcodes.py generates.
 //
-// A block is AF_THREADS consumer threads plus one producer warp. Weight loads never depend on
-// activations, so the producer walks the block's whole task list (every wave of every step) and
-// streams each weight row its tasks will read into a ring of shared-memory slots, limited only
-// by ring space: it runs ahead across grid barriers, and the next wave's first rows are in shared
-// memory when the barrier opens. Slots complete on mbarriers: on sm_90 one bulk copy per row
-// (cp.async.bulk ... complete_tx), on sm_80/86 16-byte cp.async by the producer's lanes. The
-// consumers compute from shared memory and release a slot through its "empty" mbarrier; they
-// sync among themselves with named barrier 1, never with __syncthreads, and only they take part
-// in the grid barrier.
-//
 // Reduction orders are fixed, so every launch gives the same bits:
 //  - weight dot products follow the numpy VM exactly (lane l of a warp owns the 8-element
 //    vectors j with j % 32 == l, multiply and add rounded separately, lanes folded in halves);
 //  - RMSNorm, RoPE, embedding and residual adds also follow the VM exactly;
 //  - attention sums, the FFN down projection and the FFN reduce use fixed trees of their own
 //    (documented beside each), and exp is CUDA's expf: these are where we differ from the VM.
-//    The down projection's row groups are AF_THREADS / (n_embd / 8) (2 for a 2048-wide model
-//    with 512 consumer threads; the 1024-thread build before the ring had 4).
 #include "plan_format.h"
 
-#ifndef AF_THREADS
-// Consumer threads per block (the producer warp comes on top). With no weight data held in
-// registers, 512 consumers at up to 120 registers each replaced the 1024-thread block at 64.
-#define AF_THREADS 512
-#endif
-#define AF_BLOCK (AF_THREADS + 32)
-#define AF_WARPS (AF_THREADS / 32)  // consumer warps; warp AF_WARPS is the producer
+#define AF_THREADS 1024
+#define AF_WARPS (AF_THREADS / 32)
 #define AF_MAX_STEPS 64
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
-#define AF_MAX_SLOTS 64  // ring slots (mbarrier pairs in static shared memory)
-#define AF_PAGE_ROWS 4  // the most GEMV rows in one ring page (they share each x load)
-#define AF_CONSUMER_BAR 1  // named barrier of the consumer threads
+#ifndef AF_UNROLL
+// 16-byte weight loads per lane per chunk of a GEMV row. Every register counts: a 1024-thread
+// block has 64 per thread, and whatever holds more weight data in flight spills in the hot
+// loops. Measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31 (and
+// double-buffered chunks, L2 bulk prefetch, 8 loads for the QKV/WO rows were all slower:
+// docs/BENCHMARKS.md).
+#define AF_UNROLL 2
+#endif
 
 // What the host sets before a launch and reads after it; all 32-bit words.
 struct af_control {
@@ -73,10 +61,6 @@ struct af_args {
     uint32_t shared_floats;
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
-    uint32_t ring_offset;           // bytes from the start of dynamic shared memory to the ring
-    uint32_t slot_bytes;            // bytes per ring slot (a multiple of 128)
-    uint32_t ring_slots;            // slots in the ring (<= AF_MAX_SLOTS)
-    uint32_t reserved;
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -98,11 +82,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
-// The consumer threads' block-wide sync (the producer warp never joins it).
-__device__ __forceinline__ void sync_consumers() {
-    asm volatile("bar.sync %0, %1;" :: "n"(AF_CONSUMER_BAR), "n"(AF_THREADS) : "memory");
-}
-
 // Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
 // until k * blocks arrivals; the host zeroes the counter before each launch.
 __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
@@ -119,88 +98,18 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 
 __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     target += gridDim.x;
-    sync_consumers();
+    __syncthreads();
     if (threadIdx.x == 0) {
-        // The release is cumulative: it publishes this block's writes, which the consumer sync
+        // The release is cumulative: it publishes this block's writes, which the __syncthreads
         // ordered before it. The acquire that sees the last arrival makes every block's writes
-        // visible here, and the sync below passes that on to the consumers. (Fences around
+        // visible here, and the __syncthreads below passes that on to the block. (Fences around
         // relaxed operations, as before, cost ~0.3 us more per barrier on the H200.)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
         while (ld_acquire(counter) < target) {
         }
     }
-    sync_consumers();
+    __syncthreads();
 }
-
-// ---- the weight ring ----------------------------------------------------------------------
-// Page p (the p-th page this block's producer streams in the launch) lives in slot p % slots;
-// its lap is p / slots. "full" completes when the page's bytes have landed, "empty" when its
-// consumers are done with it (AF_WARPS arrivals: a page one warp reads is released by that
-// warp's first AF_WARPS lanes, a page every warp reads by each warp's lane 0).
-struct af_ring {
-    uint8_t* data;
-    uint64_t* full;
-    uint64_t* empty;
-    volatile uint32_t* tag;  // the page a slot was last given to; a parity alone could be a lap old
-    uint32_t slots;
-    uint32_t slot_bytes;
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ bool mbar_done(uint64_t* bar, uint32_t parity) {
-    uint32_t ok;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-#else
-    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-#endif
-    return ok != 0;
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared.b64 st, [%0];\n}" :: "r"(smem_u32(bar)) : "memory");
-}
-
-// Wait until page `page` is in its slot; every lane of the warp waits (and so sees the bytes).
-// A warp may ask for a page before the slot's previous page has landed (warps take pages out of
-// order): the tag says the producer has moved on to this page, so the parity wait is for it.
-__device__ __forceinline__ const uint4* ring_acquire(const af_ring& r, uint32_t page) {
-    const uint32_t slot = page % r.slots;
-    while (r.tag[slot] != page) {
-    }
-    while (!mbar_done(r.full + slot, (page / r.slots) & 1)) {
-    }
-    return reinterpret_cast<const uint4*>(r.data + (size_t)slot * r.slot_bytes);
-}
-
-// This warp is done with page `page`; `lanes` of its lanes arrive (AF_WARPS or 1, see above).
-__device__ __forceinline__ void ring_release(const af_ring& r, uint32_t page, uint32_t lanes) {
-    __syncwarp();
-    if (threadIdx.x % 32 < lanes) mbar_arrive(r.empty + page % r.slots);
-}
-
-__device__ __forceinline__ uint4 ld_shared16(const uint4* p) { return *p; }
-
-// One weight stream of a task: `rows` pieces of `bytes` each, `stride` bytes apart from `src`,
-// `per_page` pieces to a ring page. Producer and consumers derive the same streams from the task.
-struct af_stream {
-    const uint8_t* src;
-    uint64_t stride;
-    uint32_t bytes;
-    uint32_t rows;
-    uint32_t per_page;
-};
-
-__device__ __forceinline__ uint32_t stream_pages(const af_stream& s) { return (s.rows + s.per_page - 1) / s.per_page; }
 
 // ---- arithmetic in the VM's order ---------------------------------------------------------
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -210,8 +119,10 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
     return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
 }
 
-// acc += w . x over 8 consecutive elements, in element order; x is (a.x .. a.w, b.x .. b.w).
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+// acc += w . x over 8 consecutive elements, in element order; x is 8 floats in shared memory.
+__device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
+    const float4 a = *reinterpret_cast<const float4*>(x);
+    const float4 b = *reinterpret_cast<const float4*>(x + 4);
     acc = madd(acc, bf16_lo(w.x), a.x);
     acc = madd(acc, bf16_hi(w.x), a.y);
     acc = madd(acc, bf16_lo(w.y), a.z);
@@ -221,13 +132,6 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
     acc = madd(acc, bf16_lo(w.w), b.z);
     acc = madd(acc, bf16_hi(w.w), b.w);
     return acc;
-}
-
-// The GEMV input vector in shared memory is stored in two planes, so that lane l's 16-byte reads
-// of its vector j (elements 8j .. 8j+7) are consecutive across lanes (no bank conflicts): element
-// i = 8j + e sits at plane e / 4, index 4j + e % 4; a plane is n / 2 floats.
-__device__ __forceinline__ uint32_t xperm(uint32_t i, uint32_t n) {
-    return ((i >> 2) & 1) * (n >> 1) + (i >> 3) * 4 + (i & 3);
 }
 
 // Fold 32 lane values in halves (l + 16, + 8, + 4, + 2, + 1); every lane gets the total.
@@ -243,65 +147,64 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// `mats` matrices of n rows each, streamed as pages of `per_page` (<= AF_PAGE_ROWS) rows of kvec
-// 8-element vectors, pages [page0, page0 + mats * pages per matrix): warp w takes pages w,
-// w + AF_WARPS, ... and multiplies each row of a page by xp (the two-plane layout of xperm) in the
-// VM's lane order (lane l: vectors j % 32 == l, in increasing j, lanes folded in halves); the
-// rows of a page share each x load. `emit(m, i, value)` runs on lane 0 for row i of matrix m.
-template <class Emit>
-__device__ __forceinline__ void gemv_ring(const af_ring& r, uint32_t page0, uint32_t mats, uint32_t n, uint32_t kvec,
-                                          uint32_t per_page, const float* xp, Emit emit) {
+// 8-element vectors base + u * 32 + lane (u < AF_UNROLL) of one BF16 row; zero past kvec.
+__device__ __forceinline__ void load_chunk(uint4 (&v)[AF_UNROLL], const uint4* w, uint32_t base, uint32_t kvec,
+                                           uint32_t lane) {
+#pragma unroll
+    for (int u = 0; u < AF_UNROLL; ++u) {
+        const uint32_t j = base + u * 32 + lane;
+        v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ float dot_chunk(const uint4 (&v)[AF_UNROLL], const float* xs, uint32_t base,
+                                           uint32_t kvec, uint32_t lane, float acc) {
+#pragma unroll
+    for (int u = 0; u < AF_UNROLL; ++u) {
+        const uint32_t j = base + u * 32 + lane;
+        if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+    }
+    return acc;
+}
+
+// Rows 0..n-1 of a row list (row_ptr(i): the i-th BF16 row of kvec 8-element vectors) . xs, one
+// warp per row, in the VM's lane order. Each warp's first chunk is loaded before `prologue()`
+// runs, so its latency hides behind whatever fills xs (a norm, a merge); the prologue ends with
+// __syncthreads. `emit(i, value)` runs on lane 0.
+template <class RowPtr, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float* xs, RowPtr row_ptr,
+                                          Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t pages = (n + per_page - 1) / per_page;
-    const float4* x4 = reinterpret_cast<const float4*>(xp);
-    for (uint32_t k = warp; k < mats * pages; k += AF_WARPS) {
-        const uint32_t m = k / pages, first = (k % pages) * per_page, rows = min(per_page, n - first);
-        const uint4* w = ring_acquire(r, page0 + k);
-        float acc[AF_PAGE_ROWS];
-#pragma unroll
-        for (int i = 0; i < AF_PAGE_ROWS; ++i) acc[i] = 0.0f;
-        for (uint32_t j = lane; j < kvec; j += 32) {
-            const float4 xa = x4[j], xb = x4[kvec + j];
-#pragma unroll
-            for (int i = 0; i < AF_PAGE_ROWS; ++i)
-                if (i < (int)rows) acc[i] = dot8(ld_shared16(w + i * kvec + j), xa, xb, acc[i]);
+    uint4 v[AF_UNROLL];
+    if (warp < n) load_chunk(v, row_ptr(warp), 0, kvec, lane);
+    prologue();
+    for (uint32_t i = warp; i < n; i += AF_WARPS) {
+        const uint4* w = row_ptr(i);
+        float acc = 0.0f;
+        for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
+            if (i != warp || base != 0) load_chunk(v, w, base, kvec, lane);
+            acc = dot_chunk(v, xs, base, kvec, lane, acc);
         }
-        ring_release(r, page0 + k, AF_WARPS);
-#pragma unroll
-        for (int i = 0; i < AF_PAGE_ROWS; ++i) {
-            if (i < (int)rows) {
-                const float v = warp_fold(acc[i]);
-                if (lane == 0) emit(m, first + i, v);
-            }
-        }
+        acc = warp_fold(acc);
+        if (lane == 0) emit(i, acc);
     }
 }
 
-// Copy n floats of the arena into shared memory (at xperm(i) when `perm`), 4 loads in flight.
-__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n, bool perm) {
-    for (uint32_t base = threadIdx.x; base < n; base += 4 * AF_THREADS) {
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = base + u * AF_THREADS < n ? ld_act(src + base + u * AF_THREADS) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t i = base + u * AF_THREADS;
-            if (i < n) dst[perm ? xperm(i, n) : i] = v[u];
-        }
-    }
+// Copy n floats of the arena into shared memory; with `side`, src + side element-wise (one rounding).
+__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n, const float* side = nullptr) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS)
+        dst[i] = side ? __fadd_rn(ld_act(src + i), ld_act(side + i)) : ld_act(src + i);
 }
 
-// rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
-// y = (x * inv) * w; x goes through xs, y into xp in the two-plane layout (or back into xs when
-// xp is null). `red` is shared scratch of at least one float.
-__device__ void rmsnorm_shared(float* xp, float* xs, const float* x, const float* w, uint32_t n, float eps,
-                               float* red) {
-    // the norm weights of this thread's first four elements load with x, not after the sum
-    float wv[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) wv[u] = threadIdx.x + u * AF_THREADS < n ? __ldg(w + threadIdx.x + u * AF_THREADS) : 0.0f;
-    load_shared(xs, x, n, false);
-    sync_consumers();
+// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
+// y = (x * inv) * w; x is x + side when `side` is given. `red` is shared scratch of one float.
+__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
+                               const float* side = nullptr) {
+    // the norm weights of this thread's first two elements load with x, not after the sum
+    const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
+    const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
+    load_shared(xs, x, n, side);
+    __syncthreads();
     if (threadIdx.x < 32) {
         const uint32_t lane = threadIdx.x, kvec = n / 8;
         float acc = 0.0f;
@@ -315,20 +218,13 @@ __device__ void rmsnorm_shared(float* xp, float* xs, const float* x, const float
             red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
         }
     }
-    sync_consumers();
+    __syncthreads();
     const float inv = red[0];
-    for (uint32_t base = 0; base < n; base += 4 * AF_THREADS) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t i = base + threadIdx.x + u * AF_THREADS;
-            if (i >= n) continue;
-            const float wi = base == 0 ? wv[u] : __ldg(w + i);
-            const float y = __fmul_rn(__fmul_rn(xs[i], inv), wi);
-            if (xp) xp[xperm(i, n)] = y;
-            else xs[i] = y;
-        }
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
+        const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
+        xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), wi);
     }
-    sync_consumers();
+    __syncthreads();
 }
 
 __device__ __forceinline__ const float* f32_at(const af_args& a, uint64_t offset) {
@@ -356,71 +252,37 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
     }
 }
 
-// The down projection's row groups: AF_THREADS threads own the n_embd / 8 column vectors,
-// `groups` times over (row i of a task in group i % groups); one ring page holds `groups` rows.
-__device__ __forceinline__ uint32_t down_groups(uint32_t cols) { return cols >= AF_THREADS ? 1 : AF_THREADS / cols; }
-
-// GEMV rows of `bytes` to a ring page.
-__device__ __forceinline__ uint32_t rows_per_page(const af_args& a, uint32_t bytes) {
-    return min((uint32_t)AF_PAGE_ROWS, a.slot_bytes / bytes);
+// Rows [row_start, +row_count) of a BF16 matrix with k columns, columns [part_start, +part_count)
+// of each (a split-K piece, or the whole row), . the same columns of xs; `emit(row, value)`.
+// Lane 0 takes the piece's first 8 columns, as the VM.
+template <class Prologue, class Emit>
+__device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k, uint32_t row_start,
+                                          uint32_t row_count, uint32_t part_start, uint32_t part_count,
+                                          Prologue prologue, Emit emit) {
+    const uint4* m = reinterpret_cast<const uint4*>(matrix) + (size_t)row_start * (k / 8) + part_start / 8;
+    gemv_list(row_count, part_count / 8, xs + part_start, [&](uint32_t i) { return m + (size_t)i * (k / 8); },
+              prologue, [&](uint32_t i, float v) { emit(row_start + i, v); });
 }
 
-// The weight streams of a task, in the order its consumers read them: QKV, WO and LM_HEAD rows
-// (one stream); FFN gate rows, up rows, then ffn_down's transposed rows `groups` to a page.
-__device__ __forceinline__ uint32_t task_stream_count(const af_task& t) {
-    switch (t.opcode) {
-        case AF_OP_QKV:
-        case AF_OP_WO:
-        case AF_OP_LM_HEAD: return 1;
-        case AF_OP_FFN: return 3;
-        default: return 0;
-    }
-}
-
-// Stream k (< task_stream_count(t)) of task t.
-__device__ __forceinline__ af_stream task_stream(const af_args& a, const af_task& t, uint32_t k) {
+// qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
+// pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
-    const uint32_t width = t.opcode == AF_OP_WO ? c.n_head * c.head_dim_v : c.n_embd;
-    const uint64_t matrix = k == 0 ? t.weight0 : k == 1 ? t.weight1 : t.weight2;
-    af_stream s;
-    s.stride = (uint64_t)width * 2;
-    s.src = a.weights + matrix + (uint64_t)t.row_start * s.stride;
-    s.bytes = width * 2;
-    s.rows = t.row_count;
-    s.per_page = k == 2 ? down_groups(width / 8) : rows_per_page(a, s.bytes);
-    return s;
+    float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
+    auto norm = [&] {
+        if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    };
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, t.part_start, t.part_count, norm,
+              [&](uint32_t r, float v) { out[r] = v; });
 }
 
-__device__ uint32_t task_pages(const af_args& a, const af_task& t) {
-    uint32_t pages = 0;
-    for (uint32_t k = 0; k < task_stream_count(t); ++k) pages += stream_pages(task_stream(a, t, k));
-    return pages;
-}
-
-__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t pos, float* xp, float* xs, float* red,
-                       const af_ring& r, uint32_t page) {
-    const af_plan_consts& c = a.c;
-    const uint32_t v_first = (c.n_head + c.n_head_kv) * c.head_dim;
-    float* out = layer_at(a, t.layer, c.lay_qkv);
-    float* vcache = a.vcache + (size_t)t.layer * c.n_head_kv * c.ctx * c.head_dim_v;
-    rmsnorm_shared(xp, xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
-    const uint32_t kvec = c.n_embd / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
-        const uint32_t row = t.row_start + i;
-        out[row] = v;
-        if (row >= v_first) {
-            const uint32_t vr = row - v_first, h = vr / c.head_dim_v, d = vr % c.head_dim_v;
-            vcache[((size_t)h * c.ctx + pos) * c.head_dim_v + d] = v;
-        }
-    });
-}
-
-// RoPE of one head (hd floats at src) into dst, with the package's tables at `pos`.
-__device__ void rope_head(float* dst, const float* src, const af_args& a, uint32_t pos, uint32_t first_thread) {
+// RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
+__device__ void rope_head(float* dst, const float* src, const float* side, const af_args& a, uint32_t pos,
+                          uint32_t first_thread) {
     const af_plan_consts& c = a.c;
     const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
     if (i >= c.head_dim) return;
-    const float x = ld_act(src + i);
+    const float x = __fadd_rn(ld_act(src + i), ld_act(side + i));
     float y = x;
     const bool neox = c.rope_neox != 0;
     const uint32_t pair = neox ? (i < half ? i : i - half) : i / 2;
@@ -429,7 +291,7 @@ __device__ void rope_head(float* dst, const float* src, const af_args& a, uint32
         const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
         const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
         const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
-        const float o = ld_act(src + other);
+        const float o = __fadd_rn(ld_act(src + other), ld_act(side + other));
         // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
         y = first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
     }
@@ -437,6 +299,8 @@ __device__ void rope_head(float* dst, const float* src, const af_args& a, uint32
 }
 
 // One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
+// q, k and v at pos come from qkv + qkv_side; chunk 0 writes K and V at pos to the caches, and
+// every chunk takes them from shared memory, never from the cache (chunk 0 may be writing it).
 // Scores: head_dim/8 lanes per position, each an 8-element run, folded as the VM folds.
 // l: lane-strided partials over positions, folded in halves. o: 1024/hdv position groups
 // (position p in group p % groups), each in increasing p, then summed in group order.
@@ -446,9 +310,11 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = c.n_head / c.n_head_kv;
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
+    const float* side = layer_at(a, t.layer, c.lay_qkv_side);
     float* q = sm;                       // (g, hd), roped
     float* knew = q + g * hd;            // (hd), roped
-    float* s = knew + hd;                // (g, attn_chunk) scores, then exp
+    float* vnew = knew + hd;             // (hdv)
+    float* s = vnew + hdv;               // (g, attn_chunk) scores, then exp
     const uint32_t groups = AF_THREADS / hdv;
     float* opart = s + g * c.attn_chunk;  // (groups, g, hdv)
     float* lsum = opart + groups * g * hdv;  // (g)
@@ -457,13 +323,20 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     const uint32_t t_id = threadIdx.x;
     for (uint32_t j = 0; j < g; ++j) {
         if (t_id >= j * hd && t_id < (j + 1) * hd)
-            rope_head(q + j * hd, qkv + (t.head * g + j) * hd, a, pos, j * hd);
+            rope_head(q + j * hd, qkv + (t.head * g + j) * hd, side + (t.head * g + j) * hd, a, pos, j * hd);
     }
-    if (t_id >= g * hd && t_id < (g + 1) * hd) rope_head(knew, qkv + c.n_head * hd + t.head * hd, a, pos, g * hd);
-    sync_consumers();
+    const uint32_t k_row = c.n_head * hd + t.head * hd, v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
+    if (t_id >= g * hd && t_id < (g + 1) * hd) rope_head(knew, qkv + k_row, side + k_row, a, pos, g * hd);
+    if (t_id >= (g + 1) * hd && t_id < (g + 1) * hd + hdv) {
+        const uint32_t d = t_id - (g + 1) * hd;
+        vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_act(side + v_row + d));
+    }
+    __syncthreads();
     float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
     const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
+    float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
+    if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
 
     // scores: lanes per position = hd / 8 (a power of two <= 32)
     const uint32_t lpp = hd / 8, per_warp = 32 / lpp;
@@ -490,7 +363,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
             if (live && vl == 0) s[j * c.attn_chunk + p] = __fmul_rn(acc, c.attn_scale);
         }
     }
-    sync_consumers();
+    __syncthreads();
     // max and exp-sum per query head: warp j
     if (warp < g) {
         float m = -INFINITY;
@@ -508,34 +381,42 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
             mmax[warp] = m;
         }
     }
-    sync_consumers();
+    __syncthreads();
     // weighted values: thread (group, d)
+    // The position pos, when this chunk holds it, is its last (n - 1): the largest of its group,
+    // so it is added after the cached ones, from vnew.
     const uint32_t d = t_id % hdv, grp = t_id / hdv;
+    const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
     if (grp < groups) {
         float acc[AF_MAX_GROUP];
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j) acc[j] = 0.0f;
-        for (uint32_t p0 = grp; p0 < n; p0 += 4 * groups) {
+        for (uint32_t p0 = grp; p0 < cached; p0 += 4 * groups) {
             float v[4];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const uint32_t p = p0 + u * groups;
-                v[u] = p < n ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
+                v[u] = p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const uint32_t p = p0 + u * groups;
-                if (p >= n) break;
+                if (p >= cached) break;
 #pragma unroll
                 for (int j = 0; j < AF_MAX_GROUP; ++j)
                     if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v[u]);
             }
         }
+        if (cached < n && (n - 1) % groups == grp) {
+#pragma unroll
+            for (int j = 0; j < AF_MAX_GROUP; ++j)
+                if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + n - 1], vnew[d]);
+        }
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j)
             if (j < (int)g) opart[(grp * g + j) * hdv + d] = acc[j];
     }
-    sync_consumers();
+    __syncthreads();
     const uint32_t rec = hdv + 2;
     float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
@@ -550,9 +431,10 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
 }
 
-// Merge the active chunks' partials for every query head into xp (n_head * hdv, two-plane layout),
-// as the VM.
-__device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xp) {
+// Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM.
+// Not inlined: inside op_wo its loops left the worker 120-150 B of register spills at 64
+// registers per thread (ptxas -v); as a call, the worker and it spill nothing.
+__device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
     const float* parts = layer_at(a, layer, c.lay_attn);
@@ -568,110 +450,111 @@ __device__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, 
             total = __fadd_rn(total, __fmul_rn(scale, lc));
             o = __fadd_rn(o, __fmul_rn(scale, oc));
         }
-        xp[xperm(i, c.n_head * hdv)] = __fdiv_rn(o, total);
+        xs[i] = __fdiv_rn(o, total);
     }
-    sync_consumers();
+    __syncthreads();
 }
 
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xp, const af_ring& r, uint32_t page) {
+// h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
+// h_side[rows] with no residual.
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
-    float* h = layer_at(a, t.layer, c.lay_h);
-    merge_attention(a, t.layer, pos, xp);
-    const uint32_t kvec = c.n_head * c.head_dim_v / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
-        const uint32_t row = t.row_start + i;
-        h[row] = __fadd_rn(ld_act(x + row), v);
-    });
+    float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
+    gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count, t.part_start,
+              t.part_count, [&] { if (!xs_ready) merge_attention(a, t.layer, pos, xs); },
+              [&](uint32_t r, float v) { h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v); });
 }
 
-// acc[k] += w[k] * hv over the 8 elements of one BF16 vector.
-__device__ __forceinline__ void axpy8(float (&acc)[8], uint4 w, float hv) {
-    acc[0] = madd(acc[0], bf16_lo(w.x), hv);
-    acc[1] = madd(acc[1], bf16_hi(w.x), hv);
-    acc[2] = madd(acc[2], bf16_lo(w.y), hv);
-    acc[3] = madd(acc[3], bf16_hi(w.y), hv);
-    acc[4] = madd(acc[4], bf16_lo(w.z), hv);
-    acc[5] = madd(acc[5], bf16_hi(w.z), hv);
-    acc[6] = madd(acc[6], bf16_lo(w.w), hv);
-    acc[7] = madd(acc[7], bf16_hi(w.w), hv);
-}
-
-// gate and up rows, silu(gate) * up into h; then this task's columns of ffn_down (stored
-// transposed, one row of n_embd per FFN row) times h. The down sum: `groups` row groups
-// (row i in group i % groups), each in increasing row order, then summed in group order.
-__device__ void op_ffn(const af_args& a, const af_task& t, float* xp, float* xs, float* red, float* sm,
-                       const af_ring& r, uint32_t page) {
+// gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
+// ffn_down (stored transposed, one row of n_embd per FFN row), output rows [part_start,
+// +part_count) only, times h. The down sum: `groups` row groups (row i in group i % groups),
+// each in increasing row order, then summed in group order.
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
-    const uint32_t e = c.n_embd, cols = e / 8, n = t.row_count;
+    const uint32_t e = c.n_embd, cols = e / 8;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
     float* up = sm + a.ffn_max_rows;      // (row_count)
     float* part = up + a.ffn_max_rows;    // (groups, n_embd)
-    rmsnorm_shared(xp, xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red);
-    const uint32_t per_page = rows_per_page(a, 16 * cols);
-    gemv_ring(r, page, 2, n, cols, per_page, xp, [&](uint32_t m, uint32_t i, float v) {
-        if (m == 0) h[i] = v;
-        else up[i] = v;
-    });
-    page += 2 * ((n + per_page - 1) / per_page);
-    sync_consumers();
+    const uint4* gate_w = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)t.row_start * cols;
+    const uint4* up_w = reinterpret_cast<const uint4*>(a.weights + t.weight1) + (size_t)t.row_start * cols;
+    const uint32_t n = t.row_count;
+    gemv_list(2 * n, cols, xs,
+              [&](uint32_t i) { return i < n ? gate_w + (size_t)i * cols : up_w + (size_t)(i - n) * cols; },
+              [&] {
+                  if (!xs_ready)
+                      rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
+                                     layer_at(a, t.layer, c.lay_h_side));
+              },
+              [&](uint32_t i, float v) {
+                  if (i < n) h[i] = v;
+                  else up[i - n] = v;
+              });
+    const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
+    const uint32_t grp = threadIdx.x / cols;
+    const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
+    __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float gate = h[i];
         h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
     }
-    sync_consumers();
-    // page q holds rows q * groups .. + groups - 1; thread (grp, col) takes row q * groups + grp
-    const uint32_t groups = down_groups(cols), grp = threadIdx.x / cols;
-    const uint32_t stride = cols >= AF_THREADS ? AF_THREADS : cols;
-    const uint32_t pages = (n + groups - 1) / groups;
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    if (cols <= AF_THREADS) {
-        // one column vector per thread: its accumulators stay in registers across pages
-        const uint32_t col = threadIdx.x % cols;
-        for (uint32_t q = 0; q < pages; ++q) {
-            const uint4* w = ring_acquire(r, page + q);
-            const uint32_t i = q * groups + grp;
-            if (grp < groups && i < n) axpy8(acc, ld_shared16(w + grp * cols + col), h[i]);
-            ring_release(r, page + q, 1);
-        }
-        if (grp < groups) {
+    __syncthreads();
+    const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
+    if (grp < groups) {
+        for (uint32_t col = threadIdx.x % cols; col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
+            if (col < col_lo || col >= col_hi) continue;
+            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            uint32_t i = grp;
+            for (; i + 3 * groups < t.row_count; i += 4 * groups) {
+                uint4 w[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float hv = h[i + u * groups];
+                    acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
+                    acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
+                    acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
+                    acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
+                    acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
+                    acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
+                    acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
+                    acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
+                }
+            }
+            for (; i < t.row_count; i += groups) {
+                const uint4 w = ld_weight16(down + (size_t)i * cols + col);
+                const float hv = h[i];
+                acc[0] = madd(acc[0], bf16_lo(w.x), hv);
+                acc[1] = madd(acc[1], bf16_hi(w.x), hv);
+                acc[2] = madd(acc[2], bf16_lo(w.y), hv);
+                acc[3] = madd(acc[3], bf16_hi(w.y), hv);
+                acc[4] = madd(acc[4], bf16_lo(w.z), hv);
+                acc[5] = madd(acc[5], bf16_hi(w.z), hv);
+                acc[6] = madd(acc[6], bf16_lo(w.w), hv);
+                acc[7] = madd(acc[7], bf16_hi(w.w), hv);
+            }
 #pragma unroll
             for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
         }
-    } else {
-        // wider than the block: one row per page, the columns in turns of AF_THREADS; the
-        // partial sums live in `part` between pages
-        for (uint32_t col = threadIdx.x; col < cols; col += stride)
-            for (int k = 0; k < 8; ++k) part[col * 8 + k] = 0.0f;
-        for (uint32_t q = 0; q < pages; ++q) {
-            const uint4* w = ring_acquire(r, page + q);
-            const float hv = h[q];
-            for (uint32_t col = threadIdx.x; col < cols; col += stride) {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) acc[k] = part[col * 8 + k];
-                axpy8(acc, ld_shared16(w + col), hv);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) part[col * 8 + k] = acc[k];
-            }
-            ring_release(r, page + q, 1);
-        }
     }
-    sync_consumers();
+    __syncthreads();
     float* out = layer_at(a, t.layer, c.lay_ffn) + (size_t)t.slot * e;
-    for (uint32_t i = threadIdx.x; i < e; i += AF_THREADS) {
+    for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];
         for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
         out[i] = v;
     }
 }
 
-// x[layer + 1][rows] = h[rows] + the FFN partials: one warp per row, lane l sums slots l, l + 32, ...
-// in increasing order, lanes folded in halves.
+// x[layer + 1][rows] = (h + h_side)[rows] + the FFN partials: one warp per row, lane l sums slots
+// l, l + 32, ... in increasing order, lanes folded in halves.
 __device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
     const af_plan_consts& c = a.c;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* parts = layer_at(a, t.layer, c.lay_ffn);
     const float* h = layer_at(a, t.layer, c.lay_h);
+    const float* h_side = layer_at(a, t.layer, c.lay_h_side);
     float* x = x_at(a, t.layer + 1);
     for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
         const uint32_t r = t.row_start + i;
@@ -688,21 +571,20 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
                 if (k0 + 32 * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
         }
         acc = warp_fold(acc);
-        if (lane == 0) x[r] = __fadd_rn(ld_act(h + r), acc);
+        if (lane == 0) x[r] = __fadd_rn(__fadd_rn(ld_act(h + r), ld_act(h_side + r)), acc);
     }
 }
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(nullptr, xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    rmsnorm_shared(xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[r];
 }
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
 // A non-finite logit sets bit 0 of the error word.
-__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xp, float* sm, const af_ring& r,
-                           uint32_t page) {
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
@@ -711,17 +593,17 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    load_shared(xp, a.act + c.act_xn, c.n_embd, true);
-    sync_consumers();
-    const uint32_t kvec = c.n_embd / 8;
-    gemv_ring(r, page, 1, t.row_count, kvec, rows_per_page(a, 16 * kvec), xp, [&](uint32_t, uint32_t i, float v) {
-        const uint32_t row = t.row_start + i;
-        logits[row] = v;
-        if (all) all[row] = v;
+    auto fill = [&] {
+        load_shared(xs, a.act + c.act_xn, c.n_embd);
+        __syncthreads();
+    };
+    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, 0, c.n_embd, fill, [&](uint32_t r, float v) {
+        logits[r] = v;
+        if (all) all[r] = v;
         if (!isfinite(v)) bad = true;
         if (v > bv || bi == 0xffffffffu) {  // rows come in increasing order per warp
             bv = v;
-            bi = row;
+            bi = r;
         }
     });
     if (bad) atomicOr(&a.ctl->error, 1u);
@@ -730,7 +612,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
         best_v[warp] = bv;
         best_i[warp] = bi;
     }
-    sync_consumers();
+    __syncthreads();
     if (threadIdx.x == 0) {
         float v = -INFINITY;
         uint32_t id = 0xffffffffu;
@@ -747,106 +629,23 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     }
 }
 
-// ---- the producer -------------------------------------------------------------------------
-// This block's tasks, copied once per launch into shared memory by the whole block:
-// wave_first[w] is the local index of wave w's first task (n_waves + 1 entries), wave_global[w]
-// its index in tasks.bin.
-struct af_table {
-    uint32_t* wave_first;
-    uint32_t* wave_global;
-    af_task* tasks;
-};
-
-// Wait (lane 0, the warp follows) until `slot` is free for lap `lap` and tag it with the page;
-// false when the consumers stopped the launch instead.
-__device__ __forceinline__ bool wait_empty(const af_ring& r, uint32_t slot, uint32_t lap, volatile uint32_t* stop) {
-    uint32_t go = 1;
-    if (threadIdx.x % 32 == 0) {
-        while (lap > 0 && !mbar_done(r.empty + slot, (lap - 1) & 1)) {
-            if (*stop) {
-                go = 0;
-                break;
-            }
-        }
-        if (go) r.tag[slot] = lap * r.slots + slot;
-    }
-    return __shfl_sync(0xffffffffu, go, 0) != 0;
-}
-
-// Rows [first, first + rows) of stream `s` into `slot`, completing on its "full" mbarrier.
-__device__ __forceinline__ void fill_slot(const af_ring& r, uint32_t slot, const af_stream& s, uint32_t first,
-                                          uint32_t rows) {
-    const uint32_t lane = threadIdx.x % 32;
-    uint8_t* dst = r.data + (size_t)slot * r.slot_bytes;
-#if __CUDA_ARCH__ >= 900
-    if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                     :: "r"(smem_u32(r.full + slot)), "r"(rows * s.bytes) : "memory");
-    __syncwarp();
-    for (uint32_t i = lane; i < rows; i += 32)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(smem_u32(dst + i * s.bytes)), "l"(s.src + (first + i) * s.stride), "r"(s.bytes),
-                        "r"(smem_u32(r.full + slot)) : "memory");
-#else
-    const uint32_t vecs = s.bytes / 16;
-    for (uint32_t v = lane; v < rows * vecs; v += 32) {
-        const uint32_t i = v / vecs, j = v % vecs;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                     :: "r"(smem_u32(dst + i * s.bytes + 16 * j)), "l"(s.src + (first + i) * s.stride + 16 * j) : "memory");
-    }
-    // each lane's arrival comes when its copies have landed (the barrier counts 32)
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" :: "r"(smem_u32(r.full + slot)) : "memory");
-#endif
-}
-
-// The producer warp: every page of every task of this block, step after step, in the order the
-// consumers read them; it waits only for ring space. Before it returns, every copy it issued
-// has landed (the block must not exit with copies in flight).
-__device__ void produce(const af_args& a, const af_table& tb, const af_ring& r, uint32_t n_steps,
-                        volatile uint32_t* stop) {
-    uint32_t page = 0;
-    bool stopped = false;
-    for (uint32_t step = 0; step < n_steps && !stopped; ++step) {
-        for (uint32_t i = 0; i < tb.wave_first[a.c.n_waves] && !stopped; ++i) {
-            const af_task& t = tb.tasks[i];
-            for (uint32_t k = 0; k < task_stream_count(t) && !stopped; ++k) {
-                const af_stream s = task_stream(a, t, k);
-                for (uint32_t first = 0; first < s.rows; first += s.per_page) {
-                    const uint32_t slot = page % r.slots, lap = page / r.slots;
-                    if (!wait_empty(r, slot, lap, stop)) {
-                        stopped = true;
-                        break;
-                    }
-                    fill_slot(r, slot, s, first, min(s.per_page, s.rows - first));
-                    ++page;
-                }
-            }
-        }
-    }
-    if (threadIdx.x % 32 == 0) {
-        for (uint32_t p = page > r.slots ? page - r.slots : 0; p < page; ++p) {
-            while (!mbar_done(r.full + p % r.slots, (p / r.slots) & 1)) {
-            }
-        }
-    }
-    __syncwarp();
-}
-
-// ---- the worker (consumers) ---------------------------------------------------------------
+// ---- the worker ---------------------------------------------------------------------------
+// A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
 __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
-                         float* xp, float* xs, float* red, float* sm, const af_ring& r, uint32_t page) {
+                         float* xs, float* red, float* sm) {
+    const bool xs_ready = t.pad != 0;
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, pos, xp, xs, red, r, page); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xp, r, page); break;
-        case AF_OP_FFN: op_ffn(a, t, xp, xs, red, sm, r, page); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
+        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
-        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xp, sm, r, page); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
     }
-    sync_consumers();  // the next task reuses shared memory
+    __syncthreads();  // the next task reuses shared memory
 }
 
 // Combine the candidate slots of the step just finished (warp 0; the rule, largest value and
@@ -892,10 +691,18 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
             bcast[1] = error != 0 || eos;
         }
     }
-    sync_consumers();
+    __syncthreads();
     next_token = bcast[0];
     return bcast[1] != 0;
 }
+
+// This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
+struct af_table {
+    uint32_t* wave_first;
+    uint32_t* wave_global;
+    af_task* tasks;
+};
 
 __device__ af_table load_table(const af_args& a, float* base) {
     const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
@@ -903,7 +710,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
     tb.wave_first = reinterpret_cast<uint32_t*>(base);
     tb.wave_global = tb.wave_first + n_waves + 1;
     tb.tasks = reinterpret_cast<af_task*>(base + ((2 * n_waves + 1 + 3) / 4) * 4);
-    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_BLOCK) {
+    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
         const uint32_t lo = __ldg(a.cells + w * workers + me), hi = __ldg(a.cells + w * workers + me + 1);
         tb.wave_first[w + 1] = hi - lo;
         tb.wave_global[w] = lo;
@@ -914,75 +721,49 @@ __device__ af_table load_table(const af_args& a, float* base) {
         for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first[w] += tb.wave_first[w - 1];
     }
     __syncthreads();
-    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_BLOCK) {
+    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
         for (uint32_t k = 0; k < tb.wave_first[w + 1] - tb.wave_first[w]; ++k) {
             const uint4* src = reinterpret_cast<const uint4*>(a.tasks + tb.wave_global[w] + k);
             uint4* dst = reinterpret_cast<uint4*>(tb.tasks + tb.wave_first[w] + k);
 #pragma unroll
             for (int q = 0; q < AF_TASK_BYTES / 16; ++q) dst[q] = __ldg(src + q);
         }
+        // pad (0 in tasks.bin) marks a task that follows one of the same opcode and layer in
+        // this wave: xs already holds its input (the normed x or h + h_side, the merged
+        // attention), so a worker's split-K pieces and shared FFN rows norm or merge once
+        for (uint32_t k = tb.wave_first[w] + 1; k < tb.wave_first[w + 1]; ++k) {
+            af_task& t = tb.tasks[k];
+            const af_task& before = tb.tasks[k - 1];
+            const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
+            t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
+        }
     }
     __syncthreads();
     return tb;
 }
 
-// The ring's mbarriers, set up by thread 0 before the block splits into producer and consumers.
-__device__ void init_ring(const af_ring& r) {
-    if (threadIdx.x == 0) {
-        for (uint32_t s = 0; s < r.slots; ++s) {
-#if __CUDA_ARCH__ >= 900
-            mbar_init(r.full + s, 1);  // the producer's expect_tx arrival; the bytes complete it
-#else
-            mbar_init(r.full + s, 32);  // one cp.async arrival per producer lane
-#endif
-            mbar_init(r.empty + s, AF_WARPS);
-            r.tag[s] = 0xffffffffu;
-        }
-#if __CUDA_ARCH__ >= 900
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-    }
-    __syncthreads();
-}
-
-extern "C" __global__ void __launch_bounds__(AF_BLOCK, 1) af_worker(__grid_constant__ const af_args a) {
+extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
     extern __shared__ float4 smem4[];
     __shared__ uint32_t bcast[2];
-    __shared__ volatile uint32_t stop;
-    __shared__ alignas(8) uint64_t full[AF_MAX_SLOTS], empty[AF_MAX_SLOTS];
-    __shared__ volatile uint32_t tags[AF_MAX_SLOTS];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
     const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
-    float* xp = xs + ((x_len + 3) / 4) * 4;  // the GEMV input in the two-plane layout (xperm)
-    float* red = xp + ((x_len + 3) / 4) * 4;
+    float* red = xs + ((x_len + 3) / 4) * 4;
     float* sm = red + 64;
-    const af_ring ring = {reinterpret_cast<uint8_t*>(smem4) + a.ring_offset, full, empty, tags,
-                          min(a.ring_slots, (uint32_t)AF_MAX_SLOTS), a.slot_bytes};
-    if (threadIdx.x == 0) stop = 0;
-    init_ring(ring);
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
     const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
-    if (threadIdx.x >= AF_THREADS) {
-        produce(a, tb, ring, n_steps, &stop);
-        return;
-    }
     const uint32_t workers = gridDim.x, me = blockIdx.x;
-    uint32_t target = 0, token = 0, page = 0;
+    uint32_t target = 0, token = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {
-        if (step > 0 && finish_step(a, step - 1, token, bcast)) {
-            if (threadIdx.x == 0) stop = 1;  // the producer drains its copies and ends too
-            return;
-        }
+        if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             for (uint32_t i = tb.wave_first[w]; i < tb.wave_first[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                run_task(a, tb.tasks[i], step, pos, token, xp, xs, red, sm, ring, page);
-                page += task_pages(a, tb.tasks[i]);
+                run_task(a, tb.tasks[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global[w] + i - tb.wave_first[w];
                     a.trace[2 * g] = t0;
@@ -1005,10 +786,7 @@ extern "C" __global__ void af_layout(uint32_t* out) {
     out[4] = offsetof(af_plan_consts, rope_cos);
     out[5] = sizeof(af_control);
     out[6] = offsetof(af_control, steps_done);
-    out[7] = AF_BLOCK;
-    out[8] = AF_THREADS;
-    out[9] = offsetof(af_args, ring_offset);
-    out[10] = AF_MAX_SLOTS;
+    out[7] = AF_THREADS;
 }
 
 // Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.
