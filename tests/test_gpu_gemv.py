@@ -176,3 +176,24 @@ def test_decode_matmul_choice(kind, qtype, cols, want):
 def test_typed_workgroup_names_what_it_expects():
     with pytest.raises(ParameterError, match="48 invocations, expected 32/64/128/256"):
         K.Kernels(get_context(), typed_wg=48)
+
+
+@pytest.mark.parametrize("model,max_diff", [("smollm2-135m", 0.02), ("gemma3-270m", 0.05)])
+def test_real_model_decode(monkeypatch, model, max_diff):
+    """Token by token through the typed kernels (SmolLM2: its Q8_0 LM head of 576 columns; Gemma 3:
+    Q4_K attn_output and ffn_down, Q6_K ffn_down, Q8_0 attn_v and the 262,144-row Q8_0 LM head in two
+    binding chunks) against the numpy reference: the same argmax at every position, logits within
+    the teacher-forced test's bound."""
+    from airframe.gpu.runtime import WebGPUBackend
+    from airframe.models import resolve_model
+    from airframe.reference import ReferenceBackend
+
+    monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
+    monkeypatch.setenv("AIRFRAME_GEMV_KIND", "typed")
+    path = resolve_model(model)
+    tokens = [2, 651, 6037, 603, 1105, 578] if model == "gemma3-270m" else [504, 2365, 314, 253, 1345, 28]
+    gpu = WebGPUBackend.load(path, n_ctx=16, progress=False)
+    got = np.stack([gpu.forward([t]) for t in tokens])
+    want = ReferenceBackend.load(path, n_ctx=16).forward(tokens, all_logits=True)
+    np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
+    assert np.abs(got - want).max() < max_diff
