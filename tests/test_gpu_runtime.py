@@ -155,7 +155,7 @@ def test_compare_gemv_variants_agree(tmp_path, monkeypatch):
 
     monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
     path = write_synthetic_gguf(tmp_path / "m.gguf", "llama", "tiny256", "Q4_K_M")
-    result = compare_gemv(path, [("vec4", 64, 4), ("chunk", 32, 2), ("typed", 0, 2)], [1, 8], steps=2, repeats=1)
-    assert [(v["kind"], v["rows"]) for v in result["variants"]] == [("vec4", 4), ("chunk", 2), ("typed", 2)]
+    result = compare_gemv(path, [("vec4", 64, 4), ("chunk", 32, 2), ("typed", 32, 4)], [1, 8], steps=2, repeats=1)
+    assert [(v["kind"], v["rows"]) for v in result["variants"]] == [("vec4", 4), ("chunk", 2), ("typed", 4)]
     assert all(v["max_logit_diff"] < 1e-4 for v in result["variants"])
     assert all(v["decode_ms"][8] > 0 and "lm_head" in v["gpu"][1]["ops_ms"] for v in result["variants"])
