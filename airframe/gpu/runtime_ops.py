@@ -67,6 +67,8 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
     first = weights[0]
     gated = mode & K.MODE_GATED
     offsets = [w.offset for w in weights] + [0] * (3 - len(weights))
+    # gemv_q4_k / gemv_bf16 read 16-byte vectors: pack.py places every tensor on a 64-word boundary
+    assert all(o % 4 == 0 for o in offsets), f"{label}: weight word offsets {offsets} not 16-byte aligned"
     starts = [sum(w.rows for w in weights[:i]) for i in range(1, len(weights))] if not gated else []
     starts += [K.NO_SEGMENT] * (2 - len(starts))
     rows = first.rows if gated else sum(w.rows for w in weights)
