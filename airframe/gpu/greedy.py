@@ -6,8 +6,9 @@ the next token's embedding reads, and into a ring of ids by position. The host s
 buffer per token without waiting for it (the step uniform's write before each submit is ordered
 with the submits) and records the next while the GPU runs. The ids are copied out in batches: the
 first batch is the first token alone (time to first token), then `batch` tokens each; a batch is
-read back only once the next one is queued, so the GPU never waits for the host. Tokens computed
-past an end-of-generation token are dropped and n_past set back: their K/V rows are overwritten later.
+read back only once READ_LAG more tokens are queued behind it, so the GPU does not wait for the host
+while it reads. Tokens computed past an end-of-generation token are dropped and n_past set back:
+their K/V rows are overwritten later.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import ParameterError
 from . import kernels as K
 
 GREEDY_BATCH = 16     # ids read back together after the first token
+READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
 ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
 
 
@@ -81,29 +83,32 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Itera
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
     be._write_head_step(1, 0)
     in_flight: deque[int] = deque()  # batches submitted, not read
-    kept = 0
+    lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
+    kept, b = 0, 0
     try:
         commands = _record(be, ops, first, bounds, 0)
-        for b, (lo, hi) in enumerate(bounds):
-            for step in range(lo, hi):
-                be.n_past = first + step
-                be._write_step(1)
-                queue.submit([commands])
-                if step + 1 < total:
-                    be.n_past = first + step + 1
-                    commands = _record(be, ops, first, bounds, step + 1)
-            in_flight.append(b)
-            while len(in_flight) > 1 or (in_flight and b == len(bounds) - 1):
+        for step in range(total):
+            be.n_past = first + step
+            be._write_step(1)
+            queue.submit([commands])
+            if step + 1 < total:
+                be.n_past = first + step + 1
+                commands = _record(be, ops, first, bounds, step + 1)
+            if step == bounds[b][1] - 1:
+                in_flight.append(b)
+                b += 1
+            # wait for a batch only once `lag` more tokens are queued behind it: the GPU stays busy
+            while in_flight and (step - (bounds[in_flight[0]][1] - 1) >= lag or step == total - 1):
                 done = in_flight.popleft()
-                lo_done, hi_done = bounds[done]
-                ids = _read(ops, done, hi_done - lo_done)
+                lo, hi = bounds[done]
+                ids = _read(ops, done, hi - lo)
                 hit = next((i for i, t in enumerate(ids) if t in stops), None)
                 if hit is not None:
-                    kept = lo_done + hit + 1
+                    kept = lo + hit + 1
                     yield ids[:hit], "stop"
                     return
-                kept = hi_done
-                yield ids, "length" if hi_done == total else None
+                kept = hi
+                yield ids, "length" if hi == total else None
     finally:
         be.n_past = first + kept
 
