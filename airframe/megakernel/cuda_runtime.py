@@ -439,6 +439,9 @@ class Runtime:
         dev.upload(self.buffers["ctl"], self.control(tokens, pos0, n_steps, eos, trace_step or 0))
         check(dev.cu.cuMemsetD32(self.buffers["barrier"].ptr, 0, 4), "cuMemsetD32")
         args = self.args(all_logits, trace)
+        # the kernel's dynamic shared-memory limit is per function: another Runtime on the same
+        # worker (another plan) may have set it lower since this one was made
+        self.worker.set_shared(self.shared_bytes)
 
         def go():
             self.worker.launch(self.worker.kernel, self.workers, THREADS, self.shared_bytes, [args], cooperative=True)
