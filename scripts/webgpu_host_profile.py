@@ -11,8 +11,9 @@ import wgpu
 from airframe.gpu.runtime import WebGPUBackend
 from airframe.gpu import kernels as K
 from airframe.gpu.greedy import chain
+from airframe.models import resolve_model
 
-be = WebGPUBackend.load(sys.argv[1], n_ctx=600, progress=False)
+be = WebGPUBackend.load(resolve_model(sys.argv[1]), n_ctx=600, progress=False)
 dev, q = be.ctx.device, be.ctx.device.queue
 
 def med(f, n=100):
