@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from airframe.engine import Engine, GenerationParams, Piece
-from airframe.gpu.greedy import batch_bounds, build_argmax, chain_slots, token_groups
+from airframe.gpu.greedy import build_argmax
 from airframe.gpu.runtime import WebGPUBackend
 from airframe.sampling import SamplingParams
 from airframe.synthetic import write_synthetic_gguf
@@ -105,19 +105,3 @@ def test_debug_raw_takes_the_host_loop_with_the_same_tokens(tiny, monkeypatch):
     monkeypatch.setattr(tiny, "debug_raw", True)
     assert tiny.generate_greedy(PROMPT, 6) == (want, "length")
     assert tiny.generate_greedy(PROMPT, 6, eos=[want[3]]) == (want[:want.index(want[3])], "stop")
-
-
-def test_command_buffers_carry_up_to_four_tokens_and_never_cross_a_read_back():
-    assert token_groups(batch_bounds(40, 16), 4) == [(0, 1), (1, 5), (5, 9), (9, 13), (13, 17), (17, 21),
-                                                     (21, 25), (25, 29), (29, 33), (33, 37), (37, 40)]
-    assert token_groups(batch_bounds(3, 16), 4) == [(0, 1), (1, 3)]
-    assert token_groups(batch_bounds(20, 6), 4) == [(0, 1), (1, 5), (5, 7), (7, 11), (11, 13), (13, 17), (17, 19),
-                                                    (19, 20)]
-
-
-def test_chain_slots_have_their_own_step_uniforms(smollm2_path):
-    be = WebGPUBackend.load(smollm2_path, n_ctx=64, progress=False)
-    slots = chain_slots(be)
-    assert len(slots) == 4 and slots[0].step is be.scratch.step
-    assert len({id(slot.step) for slot in slots}) == 4 and len({id(slot.head_step) for slot in slots}) == 4
-    assert chain_slots(be) is slots  # built once

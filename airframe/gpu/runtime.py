@@ -98,7 +98,6 @@ class WebGPUBackend:
             bar.update(1)
         self.globals_ops = build_globals(self)
         self.argmax = build_argmax(self)
-        self.chain_slots = None  # greedy.chain_slots: the ops again for more tokens per command buffer
         bar.update(1)
         bar.close()
         self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
