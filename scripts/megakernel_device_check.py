@@ -198,7 +198,7 @@ def twenty_workers(worker, runtime, package, folder: Path) -> dict:
     from airframe.megakernel.planner import make_plan
     from airframe.megakernel.probe import with_workers
 
-    from airframe.megakernel.cuda_bench import plan_is_split
+    from airframe.megakernel.planner import plan_is_split
 
     plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
                      split=plan_is_split(package.plan))

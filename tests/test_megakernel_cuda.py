@@ -192,11 +192,6 @@ def test_shared_memory_fits_both_gpus(workers):
     assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_plan_is_split_tells_the_two_plans_apart(split):
-    plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=split)
-    assert cuda_bench.plan_is_split(plan) is split
-
 
 def test_unsupported_shapes_are_named():
     k = make_plan(SMOL, NAMED_TARGETS["h200"], ctx=256).consts

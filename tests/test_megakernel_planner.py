@@ -10,8 +10,8 @@ from airframe.errors import ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.megakernel.opcodes import Op
-from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_stats,
-                                         split_rows, wave_bytes)
+from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
+                                         plan_stats, split_rows, wave_bytes)
 from airframe.megakernel.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
 from airframe.megakernel.validator import validate
 
@@ -145,3 +145,9 @@ def test_split_k_fixed_small_case():
                    (1, 2, 1, 0, 2, 0), (1, 3, 1, 0, 1, 0),  # row 2, first half of row 3
                    (2, 3, 1, 1, 1, 1), (2, 4, 1, 0, 2, 0)]  # second half of row 3 (side), row 4
     assert _matrix_wave(Op.QKV, 5, 2 * SPLIT_COLS, 3, False)[1].part_count == 2 * SPLIT_COLS
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_plan_is_split_tells_the_two_plans_apart(llama1b_config, split):
+    plan = make_plan(llama1b_config, load_target("h200"), ctx=4160, split=split)
+    assert plan_is_split(plan) is split

@@ -93,11 +93,12 @@ def _stats(args) -> int:
 
 
 def format_stats(plan, stats: dict) -> str:
+    from ..megakernel.planner import plan_is_split
+
     k = plan.consts
-    cut = bool(plan.tasks["side"].any()) or k["ffn_parts"] > plan.target.workers
     lines = [f"target {plan.target.name} ({plan.target.arch}): {stats['workers']} workers, "
              f"ctx {k['ctx']}, attention chunk {k['attn_chunk']} positions x {k['attn_chunks']}, "
-             f"{'split-K pieces and shared FFN rows' if cut else 'whole rows'}",
+             f"{'split-K pieces and shared FFN rows' if plan_is_split(plan) else 'whole rows'}",
              f"tasks {stats['tasks']}, waves {stats['waves']}, "
              f"bytes per token {stats['bytes_per_token']:,} (weights + K/V at full context)",
              f"largest imbalance in a weight wave: {100 * stats['max_weight_wave_imbalance']:.2f}%",

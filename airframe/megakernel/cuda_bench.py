@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .pictures import TRACE_FORMAT
-from .planner import wave_bytes
+from .planner import plan_is_split, wave_bytes
 
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
@@ -93,15 +93,6 @@ def same_bits(first, second, context: int = 385, steps: int = 4) -> bool:
         runtime.launch([17], context - 1, n_steps=steps, all_logits=True)
         out.append(runtime.all_logits(steps).copy())
     return bool(np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32)))
-
-
-def plan_is_split(plan) -> bool:
-    """Whether `plan` was cut finer than whole rows (planner split=True): a side piece, a QKV/WO
-    piece short of the whole row, or FFN partial slots beyond one per worker."""
-    t, k = plan.tasks, plan.consts
-    matrix = (t["opcode"] == 2) | (t["opcode"] == 4)
-    return bool(np.any(t["side"][matrix] != 0) or np.any(t["part_start"][matrix] != 0)
-                or k["ffn_parts"] > min(plan.target.workers, k["n_ff"]))
 
 
 def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=CONTEXTS, work: Path | None = None) -> list:

@@ -252,7 +252,7 @@ def _ffn_wave(c: ModelConfig, workers: int, share: int, **fields) -> list[Task]:
 
 
 def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int, consts: dict,
-                 split: bool) -> list:
+                 split: bool, share: int) -> list:
     def off(name: str) -> int:
         return w[f"blk.{i}.{name}.weight"].offset
 
@@ -260,7 +260,6 @@ def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int,
     attn = [_task(Op.ATTN, layer=i, row_start=ch * consts["attn_chunk"], row_count=consts["attn_chunk"],
                   slot=ch, head=h, worker=(ch * c.n_head_kv + h) % workers)
             for ch in range(consts["attn_chunks"]) for h in range(c.n_head_kv)]
-    share = ffn_sharing(c.n_ff, c.n_embd, workers, split)
     ffn = _ffn_wave(c, workers, share, layer=i, weight0=off("ffn_gate"), weight1=off("ffn_up"),
                     weight2=off("ffn_down"), norm=off("ffn_norm"))
     return [
@@ -275,13 +274,12 @@ def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int,
 
 
 def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
-            w: dict[str, TensorSlot], weights_size: int, split: bool) -> dict:
+            w: dict[str, TensorSlot], weights_size: int, share: int) -> dict:
     if attn_chunk is None:
         # enough chunks to give every worker of the attention wave a task at full context
         attn_chunk = -(-ctx // max(1, target.workers // c.n_head_kv))
     attn_chunk = max(1, min(attn_chunk, ctx))
     attn_chunks = -(-ctx // attn_chunk)
-    share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
     shared = (c.n_ff % target.workers) * share if share > 1 else 0  # slots of the shared leftover rows
     ffn_parts = min(target.workers, c.n_ff) + shared
     lm_parts = min(target.workers, c.vocab_size)
@@ -307,12 +305,13 @@ def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
     w, weights_size = layout_weights(c, ctx)
-    consts = _consts(c, target, ctx, attn_chunk, w, weights_size, split)
+    share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
+    consts = _consts(c, target, ctx, attn_chunk, w, weights_size, share)
     head = w.get("output.weight", w["token_embd.weight"])
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
                                      weight0=w["token_embd.weight"].offset))]
     for i in range(c.n_layers):
-        waves += _layer_waves(c, i, w, target.workers, consts, split)
+        waves += _layer_waves(c, i, w, target.workers, consts, split, share)
     waves += [("final_norm", 0, _rows_wave(Op.FINAL_NORM, c.n_embd, target.workers,
                                            norm=w["output_norm.weight"].offset)),
               ("lm_head", 0, _rows_wave(Op.LM_HEAD, c.vocab_size, target.workers, weight0=head.offset))]
@@ -330,6 +329,15 @@ def _task_array(waves: list, workers: int) -> np.ndarray:
     array = tasks_to_array(placed)
     order = np.lexsort((np.arange(len(array)), array["worker"], array["wave"]))
     return array[order]
+
+
+def plan_is_split(plan: Plan) -> bool:
+    """Whether `plan` was cut finer than whole rows (make_plan(split=True) where that changed
+    something): a QKV/WO piece that is not a whole row, or FFN partial slots beyond one per worker."""
+    t, k = plan.tasks, plan.consts
+    matrix = (t["opcode"] == Op.QKV) | (t["opcode"] == Op.WO)
+    return bool(np.any(t["side"][matrix] != 0) or np.any(t["part_start"][matrix] != 0)
+                or k["ffn_parts"] > min(plan.target.workers, k["n_ff"]))
 
 
 # ---- statistics ----------------------------------------------------------------------------------
