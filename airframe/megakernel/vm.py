@@ -191,8 +191,7 @@ class VM:
         """Rows [row_start, +row_count) of the task's matrix (row length x.size), columns
         [part_start, +part_count), dotted with the same columns of x."""
         r0, n, c0, cn = int(t["row_start"]), int(t["row_count"]), int(t["part_start"]), int(t["part_count"])
-        first = int(t["weight0"]) // 2 + r0 * x.size
-        rows = bf16_to_f32(self.w16[first:first + n * x.size]).reshape(n, x.size)
+        rows = self._bf16(int(t["weight0"]) + r0 * x.size * 2, n, x.size)
         return self._dot(np.ascontiguousarray(rows[:, c0:c0 + cn]), x[c0:c0 + cn])
 
     def _with_side(self, name: str, start: int, count: int, layer: int) -> np.ndarray:
