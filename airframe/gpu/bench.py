@@ -78,13 +78,11 @@ def _chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 
     return 1000 * statistics.median(times) / steps
 
 
-def _chained(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weight_bytes: int) -> dict:
-    """The greedy chain's numbers at each context, next to the per-token decode's."""
+def _chained(be: WebGPUBackend, decode: list[dict], steps: int, bandwidth: float, weight_bytes: int) -> dict:
+    """The greedy chain's numbers at each context of the per-token `decode` rows, next to them."""
     be.reset()
-    chain_dispatches = {}
-    for context in ctx_list:
-        be.n_past = context - 1
-        chain_dispatches[context] = be.dispatch_count(1) + len(be.argmax.dispatches)
+    ctx_list = [d["context"] for d in decode]
+    chain_dispatches = {d["context"]: d["dispatches"] + len(be.argmax.dispatches) for d in decode}
     empty = _timed_submit(be, [], 1)
     out = {"batch": be.argmax.batch, "argmax_gpu_ms": 1000 * (_timed_submit(be, be.argmax.dispatches, 20) - empty) / 20,
            "decode": []}
@@ -177,7 +175,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
                                      "floor_ms": floor_ms, "floor_share": floor_ms / ms,
                                      "dispatches": be.dispatch_count(1)})
     try:  # the other numbers must survive a failure here
-        result["chained"] = _chained(be, ctx_list, steps, bandwidth, result["weight_bytes_per_token"])
+        result["chained"] = _chained(be, result["decode"], steps, bandwidth, result["weight_bytes_per_token"])
     except Exception as e:  # noqa: BLE001 - reported in the result instead
         result["chained_error"] = f"{type(e).__name__}: {e}"
     return result
