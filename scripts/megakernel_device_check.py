@@ -288,7 +288,7 @@ def non_finite(runtime, package) -> dict:
 
 # Worker builds timed beside the default one in the bench section (defines of worker.cu); every
 # variant must give the default's bits.
-VARIANTS = (("AF_UNROLL=4",),)
+VARIANTS = (("AF_UNROLL=2", "AF_UNROLL_SHORT=2"),)  # the second and third sessions' loop settings
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
@@ -351,6 +351,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
     parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
     parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_UNROLL=4")
+    parser.add_argument("--variants", help="builds timed beside the default, ';' between builds and ',' between "
+                        "the settings of one, e.g. 'AF_STAGES=0;AF_STAGES=3;AF_UNROLL=1,AF_STAGES=8'")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
@@ -363,8 +365,9 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     defines = tuple(d for d in args.defines.split(",") if d)
+    variants = VARIANTS if args.variants is None else tuple(tuple(v.split(",")) for v in args.variants.split(";") if v)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
-                        () if args.no_variants else VARIANTS, not args.no_torch, split)
+                        () if args.no_variants else variants, not args.no_torch, split)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

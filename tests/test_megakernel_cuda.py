@@ -152,8 +152,8 @@ def test_sampling_options_the_kernel_cannot_honour():
 
 
 # ---- host logic -----------------------------------------------------------------------------------
-def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132):
-    device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=227 * 1024, name="fake")
+def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
+    device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
     return SimpleNamespace(build=build, device=device, static_shared=16, blocks_per_sm=lambda shared: 1)
 
@@ -167,6 +167,8 @@ def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
         cuda_runtime.Runtime(package, fake_worker("a" * 64, arch="sm_86"))
     with pytest.raises(cuda_runtime.PlanError, match="132 workers, this GPU holds 20"):
         cuda_runtime.Runtime(package, fake_worker("a" * 64, sm_count=20))
+    with pytest.raises(cuda_runtime.UnsupportedError, match="shared memory"):
+        cuda_runtime.Runtime(package, fake_worker("a" * 64, shared_optin=16 * 1024))
 
 
 

@@ -288,7 +288,8 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
-    return -(-(x_len + 64 + max(attn, ffn, 2 * WARPS)) // 4) * 4
+    reduce = 33 * 32  # op_ffn_reduce's lane sums and residuals
+    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 
 
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:

@@ -18,12 +18,20 @@
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
 #ifndef AF_UNROLL
-// 16-byte weight loads per lane per chunk of a GEMV row. Every register counts: a 1024-thread
-// block has 64 per thread, and whatever holds more weight data in flight spills in the hot
-// loops. Measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31 (and
-// double-buffered chunks, L2 bulk prefetch, 8 loads for the QKV/WO rows were all slower:
-// docs/BENCHMARKS.md).
-#define AF_UNROLL 2
+// 16-byte weight vectors per lane per chunk of a GEMV row of the FFN and the LM head (a chunk is
+// 32 * AF_UNROLL vectors of one row, one warp's unit of work). Every register counts: a
+// 1024-thread block has 64 per thread, and whatever holds more weight data in flight spills in
+// the hot loops (measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31).
+#define AF_UNROLL 4
+#endif
+#ifndef AF_UNROLL_SHORT
+// The same for the QKV and WO rows: those waves hold at most a row per warp, so the number of
+// round trips to memory per row, not the bytes in flight, sets their time.
+#define AF_UNROLL_SHORT 4
+#endif
+#ifndef AF_DOWN_UNROLL
+// ffn_down rows each thread loads at once (16 bytes of each)
+#define AF_DOWN_UNROLL 4
 #endif
 
 // What the host sets before a launch and reads after it; all 32-bit words.
@@ -147,43 +155,46 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// 8-element vectors base + u * 32 + lane (u < AF_UNROLL) of one BF16 row; zero past kvec.
-__device__ __forceinline__ void load_chunk(uint4 (&v)[AF_UNROLL], const uint4* w, uint32_t base, uint32_t kvec,
-                                           uint32_t lane) {
-#pragma unroll
-    for (int u = 0; u < AF_UNROLL; ++u) {
-        const uint32_t j = base + u * 32 + lane;
-        v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+// A list of BF16 rows: row i starts at p0 + i * stride for i < n0, at p1 + (i - n0) * stride
+// after (FFN: the gate rows, then the up rows); kvec 8-element vectors of each are multiplied.
+struct af_rows {
+    const uint4* p0;
+    const uint4* p1;
+    uint32_t n0, n, stride, kvec;
+    __device__ __forceinline__ const uint4* row(uint32_t i) const {
+        return i < n0 ? p0 + (size_t)i * stride : p1 + (size_t)(i - n0) * stride;
     }
-}
+};
 
-__device__ __forceinline__ float dot_chunk(const uint4 (&v)[AF_UNROLL], const float* xs, uint32_t base,
-                                           uint32_t kvec, uint32_t lane, float acc) {
-#pragma unroll
-    for (int u = 0; u < AF_UNROLL; ++u) {
-        const uint32_t j = base + u * 32 + lane;
-        if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
-    }
-    return acc;
-}
-
-// Rows 0..n-1 of a row list (row_ptr(i): the i-th BF16 row of kvec 8-element vectors) . xs, one
-// warp per row, in the VM's lane order. Each warp's first chunk is loaded before `prologue()`
-// runs, so its latency hides behind whatever fills xs (a norm, a merge); the prologue ends with
-// __syncthreads. `emit(i, value)` runs on lane 0.
-template <class RowPtr, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(uint32_t n, uint32_t kvec, const float* xs, RowPtr row_ptr,
-                                          Prologue prologue, Emit emit) {
+// Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
+// vectors j with j % 32 == l; U vectors per lane per chunk are loaded, then multiplied.
+// `prologue()` fills xs (a norm, a merge) and ends with __syncthreads; `emit(i, value)` runs on
+// lane 0. (Loading the first chunk before the prologue, to hide its latency behind it, keeps
+// U vectors in registers across the norm or the call to merge_attention: at U = 4 that spilled
+// and measured slower than loading after it.)
+template <int U, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    uint4 v[AF_UNROLL];
-    if (warp < n) load_chunk(v, row_ptr(warp), 0, kvec, lane);
+    const uint32_t kvec = r.kvec;
+    uint4 v[U];
+    auto load = [&](const uint4* w, uint32_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+    };
     prologue();
-    for (uint32_t i = warp; i < n; i += AF_WARPS) {
-        const uint4* w = row_ptr(i);
+    for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
+        const uint4* w = r.row(i);
         float acc = 0.0f;
-        for (uint32_t base = 0; base < kvec; base += 32 * AF_UNROLL) {
-            if (i != warp || base != 0) load_chunk(v, w, base, kvec, lane);
-            acc = dot_chunk(v, xs, base, kvec, lane, acc);
+        for (uint32_t base = 0; base < kvec; base += 32 * U) {
+            load(w, base);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const uint32_t j = base + u * 32 + lane;
+                if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+            }
         }
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
@@ -252,16 +263,28 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
     }
 }
 
-// Rows [row_start, +row_count) of a BF16 matrix with k columns, columns [part_start, +part_count)
-// of each (a split-K piece, or the whole row), . the same columns of xs; `emit(row, value)`.
-// Lane 0 takes the piece's first 8 columns, as the VM.
-template <class Prologue, class Emit>
-__device__ __forceinline__ void gemv_rows(const uint8_t* matrix, const float* xs, uint32_t k, uint32_t row_start,
-                                          uint32_t row_count, uint32_t part_start, uint32_t part_count,
-                                          Prologue prologue, Emit emit) {
-    const uint4* m = reinterpret_cast<const uint4*>(matrix) + (size_t)row_start * (k / 8) + part_start / 8;
-    gemv_list(row_count, part_count / 8, xs + part_start, [&](uint32_t i) { return m + (size_t)i * (k / 8); },
-              prologue, [&](uint32_t i, float v) { emit(row_start + i, v); });
+// The weight rows a task multiplies, as gemv_list walks them (rows_of(t).n == 0: none). QKV and
+// WO: rows [row_start, +row_count) of the matrix, columns [part_start, +part_count) of each (a
+// split-K piece, or the whole row), lane 0 taking the piece's first 8 columns as the VM; FFN: the
+// task's gate rows, then its up rows; LM_HEAD: its rows of the output matrix.
+__device__ af_rows rows_of(const af_args& a, const af_task& t) {
+    const af_plan_consts& c = a.c;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.weights + t.weight0);
+    uint32_t k = 0, part = 0, count = 0;
+    switch (t.opcode) {
+        case AF_OP_FFN: {
+            const uint32_t cols = c.n_embd / 8;
+            const uint4* up = reinterpret_cast<const uint4*>(a.weights + t.weight1);
+            return af_rows{w0 + (size_t)t.row_start * cols, up + (size_t)t.row_start * cols, t.row_count,
+                           2 * t.row_count, cols, cols};
+        }
+        case AF_OP_QKV: k = c.n_embd; part = t.part_start; count = t.part_count; break;
+        case AF_OP_WO: k = c.n_head * c.head_dim_v; part = t.part_start; count = t.part_count; break;
+        case AF_OP_LM_HEAD: k = c.n_embd; part = 0; count = c.n_embd; break;
+        default: return af_rows{w0, w0, 0, 0, 0, 0};
+    }
+    const uint4* m = w0 + (size_t)t.row_start * (k / 8) + part / 8;
+    return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8};
 }
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
@@ -272,8 +295,8 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, t.part_start, t.part_count, norm,
-              [&](uint32_t r, float v) { out[r] = v; });
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
+              [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -321,6 +344,15 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     float* mmax = lsum + g;                  // (g)
     const uint32_t lh = t.layer * c.n_head_kv + t.head;
     const uint32_t t_id = threadIdx.x;
+    float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
+    const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
+    // scores: lanes per position = hd / 8 (a power of two <= 32); values: thread (group, d)
+    const uint32_t lpp = hd / 8, per_warp = 32 / lpp;
+    const uint32_t lane = t_id % 32, warp = t_id / 32, sub = lane / lpp, vl = lane % lpp;
+    const uint32_t d = t_id % hdv, grp = t_id / hdv;
+    // The position pos, when this chunk holds it, is its last (n - 1) and comes from knew and
+    // vnew, never from the cache.
+    const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
     for (uint32_t j = 0; j < g; ++j) {
         if (t_id >= j * hd && t_id < (j + 1) * hd)
             rope_head(q + j * hd, qkv + (t.head * g + j) * hd, side + (t.head * g + j) * hd, a, pos, j * hd);
@@ -332,15 +364,10 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_act(side + v_row + d));
     }
     __syncthreads();
-    float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
-    const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
 
-    // scores: lanes per position = hd / 8 (a power of two <= 32)
-    const uint32_t lpp = hd / 8, per_warp = 32 / lpp;
-    const uint32_t lane = t_id % 32, warp = t_id / 32, sub = lane / lpp, vl = lane % lpp;
     for (uint32_t p0 = warp * per_warp; p0 < n; p0 += AF_WARPS * per_warp) {
         const uint32_t p = p0 + sub;
         const bool live = p < n;
@@ -382,11 +409,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         }
     }
     __syncthreads();
-    // weighted values: thread (group, d)
-    // The position pos, when this chunk holds it, is its last (n - 1): the largest of its group,
-    // so it is added after the cached ones, from vnew.
-    const uint32_t d = t_id % hdv, grp = t_id / hdv;
-    const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
+    // weighted values; pos, the largest position of its group, is added after the cached ones
     if (grp < groups) {
         float acc[AF_MAX_GROUP];
 #pragma unroll
@@ -438,17 +461,57 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
     const float* parts = layer_at(a, layer, c.lay_attn);
+    constexpr uint32_t near = 4;  // up to this many chunks, every load is issued before any math
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
         const uint32_t h = i / hdv, d = i % hdv;
-        float m = -INFINITY;
-        for (uint32_t ch = 0; ch < active; ++ch) m = fmaxf(m, ld_act(parts + (size_t)(ch * c.n_head + h) * rec));
-        float total = 0.0f, o = 0.0f;
-        for (uint32_t ch = 0; ch < active; ++ch) {
-            const float* r = parts + (size_t)(ch * c.n_head + h) * rec;
-            const float mc = ld_act(r), lc = ld_act(r + 1), oc = ld_act(r + 2 + d);
-            const float scale = expf(__fsub_rn(mc, m));
-            total = __fadd_rn(total, __fmul_rn(scale, lc));
-            o = __fadd_rn(o, __fmul_rn(scale, oc));
+        float m = -INFINITY, total = 0.0f, o = 0.0f;
+        if (active <= near) {  // the same arithmetic as below, one round trip to L2 instead of two
+            float mc[near], lc[near], oc[near];
+#pragma unroll
+            for (uint32_t ch = 0; ch < near; ++ch) {
+                const float* r = parts + (size_t)(ch * c.n_head + h) * rec;
+                mc[ch] = ch < active ? ld_act(r) : 0.0f;
+                lc[ch] = ch < active ? ld_act(r + 1) : 0.0f;
+                oc[ch] = ch < active ? ld_act(r + 2 + d) : 0.0f;
+            }
+#pragma unroll
+            for (uint32_t ch = 0; ch < near; ++ch)
+                if (ch < active) m = fmaxf(m, mc[ch]);
+#pragma unroll
+            for (uint32_t ch = 0; ch < near; ++ch) {
+                if (ch >= active) break;
+                const float scale = expf(__fsub_rn(mc[ch], m));
+                total = __fadd_rn(total, __fmul_rn(scale, lc[ch]));
+                o = __fadd_rn(o, __fmul_rn(scale, oc[ch]));
+            }
+        } else {  // the same again, the loads of each pass issued `near` chunks at a time
+            for (uint32_t ch0 = 0; ch0 < active; ch0 += near) {
+                float mc[near];
+#pragma unroll
+                for (uint32_t u = 0; u < near; ++u)
+                    mc[u] = ch0 + u < active ? ld_act(parts + (size_t)((ch0 + u) * c.n_head + h) * rec) : 0.0f;
+#pragma unroll
+                for (uint32_t u = 0; u < near; ++u)
+                    if (ch0 + u < active) m = fmaxf(m, mc[u]);
+            }
+            for (uint32_t ch0 = 0; ch0 < active; ch0 += near) {
+                float mc[near], lc[near], oc[near];
+#pragma unroll
+                for (uint32_t u = 0; u < near; ++u) {
+                    const float* r = parts + (size_t)((ch0 + u) * c.n_head + h) * rec;
+                    const bool live = ch0 + u < active;
+                    mc[u] = live ? ld_act(r) : 0.0f;
+                    lc[u] = live ? ld_act(r + 1) : 0.0f;
+                    oc[u] = live ? ld_act(r + 2 + d) : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < near; ++u) {
+                    if (ch0 + u >= active) break;
+                    const float scale = expf(__fsub_rn(mc[u], m));
+                    total = __fadd_rn(total, __fmul_rn(scale, lc[u]));
+                    o = __fadd_rn(o, __fmul_rn(scale, oc[u]));
+                }
+            }
         }
         xs[i] = __fdiv_rn(o, total);
     }
@@ -461,9 +524,12 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
-    gemv_rows(a.weights + t.weight0, xs, c.n_head * c.head_dim_v, t.row_start, t.row_count, t.part_start,
-              t.part_count, [&] { if (!xs_ready) merge_attention(a, t.layer, pos, xs); },
-              [&](uint32_t r, float v) { h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v); });
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start,
+              [&] { if (!xs_ready) merge_attention(a, t.layer, pos, xs); },
+              [&](uint32_t i, float v) {
+                  const uint32_t r = t.row_start + i;
+                  h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v);
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
@@ -476,11 +542,8 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
     float* up = sm + a.ffn_max_rows;      // (row_count)
     float* part = up + a.ffn_max_rows;    // (groups, n_embd)
-    const uint4* gate_w = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)t.row_start * cols;
-    const uint4* up_w = reinterpret_cast<const uint4*>(a.weights + t.weight1) + (size_t)t.row_start * cols;
     const uint32_t n = t.row_count;
-    gemv_list(2 * n, cols, xs,
-              [&](uint32_t i) { return i < n ? gate_w + (size_t)i * cols : up_w + (size_t)(i - n) * cols; },
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
                   if (!xs_ready)
                       rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
@@ -505,12 +568,12 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
             if (col < col_lo || col >= col_hi) continue;
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
-            for (; i + 3 * groups < t.row_count; i += 4 * groups) {
-                uint4 w[4];
+            for (; i + (AF_DOWN_UNROLL - 1) * groups < t.row_count; i += AF_DOWN_UNROLL * groups) {
+                uint4 w[AF_DOWN_UNROLL];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
+                for (int u = 0; u < AF_DOWN_UNROLL; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
                     const float hv = h[i + u * groups];
                     acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
                     acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
@@ -547,31 +610,46 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     }
 }
 
-// x[layer + 1][rows] = (h + h_side)[rows] + the FFN partials: one warp per row, lane l sums slots
-// l, l + 32, ... in increasing order, lanes folded in halves.
-__device__ void op_ffn_reduce(const af_args& a, const af_task& t) {
+// x[layer + 1][rows] = (h + h_side)[rows] + the FFN partials. The sum of a row is the VM's: lane
+// l of a warp sums slots l, l + 32, ... in increasing order, and the 32 lane sums are folded in
+// halves (l + 16, + 8, + 4, + 2, + 1). Here warp w plays lane w for 32 rows at once (one row per
+// lane, so each load of a slot reads 32 consecutive floats), and the halving runs across warps
+// in shared memory: the same additions in the same order.
+__device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
     const af_plan_consts& c = a.c;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* parts = layer_at(a, t.layer, c.lay_ffn);
     const float* h = layer_at(a, t.layer, c.lay_h);
     const float* h_side = layer_at(a, t.layer, c.lay_h_side);
     float* x = x_at(a, t.layer + 1);
-    for (uint32_t i = warp; i < t.row_count; i += AF_WARPS) {
-        const uint32_t r = t.row_start + i;
+    static_assert(AF_WARPS == 32, "the halving below plays one warp's lanes with 32 warps");
+    float* sums = sm;  // (32 warps, 32 rows), then h + h_side of the 32 rows
+    for (uint32_t base = 0; base < t.row_count; base += 32) {
+        const uint32_t i = base + lane, r = t.row_start + i;
+        const bool live = i < t.row_count;
+        // the residual is requested with the partials (by the last warp, which has the fewest)
+        if (warp == AF_WARPS - 1 && live) sums[32 * 32 + lane] = __fadd_rn(ld_act(h + r), ld_act(h_side + r));
         float acc = 0.0f;
-        for (uint32_t k0 = lane; k0 < c.ffn_parts; k0 += 32 * 8) {  // 8 loads in flight: 256 slots at once
+        for (uint32_t k0 = warp; k0 < c.ffn_parts; k0 += AF_WARPS * 8) {  // 8 loads in flight: 256 slots at once
             float v[8];
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
-                const uint32_t k = k0 + 32 * u;
-                v[u] = k < c.ffn_parts ? ld_act(parts + (size_t)k * c.n_embd + r) : 0.0f;
+                const uint32_t k = k0 + AF_WARPS * u;
+                v[u] = live && k < c.ffn_parts ? ld_act(parts + (size_t)k * c.n_embd + r) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 8; ++u)
-                if (k0 + 32 * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
+                if (k0 + AF_WARPS * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
         }
-        acc = warp_fold(acc);
-        if (lane == 0) x[r] = __fadd_rn(__fadd_rn(ld_act(h + r), ld_act(h_side + r)), acc);
+        sums[warp * 32 + lane] = acc;
+        __syncthreads();
+#pragma unroll
+        for (uint32_t off = 16; off > 0; off >>= 1) {
+            if (warp < off) sums[warp * 32 + lane] = __fadd_rn(sums[warp * 32 + lane], sums[(warp + off) * 32 + lane]);
+            __syncthreads();
+        }
+        if (warp == 0 && live) x[r] = __fadd_rn(sums[32 * 32 + lane], sums[lane]);
+        __syncthreads();
     }
 }
 
@@ -597,7 +675,8 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
-    gemv_rows(a.weights + t.weight0, xs, c.n_embd, t.row_start, t.row_count, 0, c.n_embd, fill, [&](uint32_t r, float v) {
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs, fill, [&](uint32_t i, float v) {
+        const uint32_t r = t.row_start + i;
         logits[r] = v;
         if (all) all[r] = v;
         if (!isfinite(v)) bad = true;
@@ -640,7 +719,7 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
         case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
-        case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t); break;
+        case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
         case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
@@ -698,42 +777,45 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
+// Its parts are found from the arguments each time they are used rather than held in registers,
+// which the GEMV loops need more.
 struct af_table {
-    uint32_t* wave_first;
-    uint32_t* wave_global;
-    af_task* tasks;
+    const af_args& a;
+    float* base;
+    __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
+    __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
+    __device__ __forceinline__ af_task* tasks() const {
+        return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
+    }
 };
 
 __device__ af_table load_table(const af_args& a, float* base) {
     const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
-    af_table tb;
-    tb.wave_first = reinterpret_cast<uint32_t*>(base);
-    tb.wave_global = tb.wave_first + n_waves + 1;
-    tb.tasks = reinterpret_cast<af_task*>(base + ((2 * n_waves + 1 + 3) / 4) * 4);
+    const af_table tb{a, base};
     for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
         const uint32_t lo = __ldg(a.cells + w * workers + me), hi = __ldg(a.cells + w * workers + me + 1);
-        tb.wave_first[w + 1] = hi - lo;
-        tb.wave_global[w] = lo;
+        tb.wave_first()[w + 1] = hi - lo;
+        tb.wave_global()[w] = lo;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        tb.wave_first[0] = 0;
-        for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first[w] += tb.wave_first[w - 1];
+        tb.wave_first()[0] = 0;
+        for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first()[w] += tb.wave_first()[w - 1];
     }
     __syncthreads();
     for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
-        for (uint32_t k = 0; k < tb.wave_first[w + 1] - tb.wave_first[w]; ++k) {
-            const uint4* src = reinterpret_cast<const uint4*>(a.tasks + tb.wave_global[w] + k);
-            uint4* dst = reinterpret_cast<uint4*>(tb.tasks + tb.wave_first[w] + k);
+        for (uint32_t k = 0; k < tb.wave_first()[w + 1] - tb.wave_first()[w]; ++k) {
+            const uint4* src = reinterpret_cast<const uint4*>(a.tasks + tb.wave_global()[w] + k);
+            uint4* dst = reinterpret_cast<uint4*>(tb.tasks() + tb.wave_first()[w] + k);
 #pragma unroll
             for (int q = 0; q < AF_TASK_BYTES / 16; ++q) dst[q] = __ldg(src + q);
         }
         // pad (0 in tasks.bin) marks a task that follows one of the same opcode and layer in
         // this wave: xs already holds its input (the normed x or h + h_side, the merged
         // attention), so a worker's split-K pieces and shared FFN rows norm or merge once
-        for (uint32_t k = tb.wave_first[w] + 1; k < tb.wave_first[w + 1]; ++k) {
-            af_task& t = tb.tasks[k];
-            const af_task& before = tb.tasks[k - 1];
+        for (uint32_t k = tb.wave_first()[w] + 1; k < tb.wave_first()[w + 1]; ++k) {
+            af_task& t = tb.tasks()[k];
+            const af_task& before = tb.tasks()[k - 1];
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
@@ -741,6 +823,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
     __syncthreads();
     return tb;
 }
+
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
     extern __shared__ float4 smem4[];
@@ -761,11 +844,11 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-            for (uint32_t i = tb.wave_first[w]; i < tb.wave_first[w + 1]; ++i) {
+            for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                run_task(a, tb.tasks[i], step, pos, token, xs, red, sm);
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
-                    const uint32_t g = tb.wave_global[w] + i - tb.wave_first[w];
+                    const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
                     a.trace[2 * g + 1] = global_ns();
                 }
