@@ -291,6 +291,13 @@ def non_finite(runtime, package) -> dict:
 VARIANTS = (("AF_UNROLL=2", "AF_UNROLL_SHORT=2"),)  # the second and third sessions' loop settings
 
 
+def parse_variants(text: str) -> tuple[tuple[str, ...], ...]:
+    """'A=1,B=2;C=3' -> (("A=1", "B=2"), ("C=3",)), each checked here, before any GPU time is spent."""
+    from airframe.megakernel.build import check_defines
+
+    return tuple(check_defines(tuple(v.split(","))) for v in text.split(";") if v)
+
+
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
                variants=VARIANTS, torch_side: bool = True, split: bool = False) -> Report:
     from airframe.megakernel import cuda_bench
@@ -365,7 +372,7 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     defines = tuple(d for d in args.defines.split(",") if d)
-    variants = VARIANTS if args.variants is None else tuple(tuple(v.split(",")) for v in args.variants.split(";") if v)
+    variants = VARIANTS if args.variants is None else parse_variants(args.variants)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
                         () if args.no_variants else variants, not args.no_torch, split)
     failed = [k for k, v in report.data.items() if not v["ok"]]

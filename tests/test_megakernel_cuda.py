@@ -325,3 +325,18 @@ def test_trace_breakdown_and_timeline(tmp_path):
     written = cuda_bench.write_trace(trace, plan, tmp_path, "trace")
     assert json.loads(written[0].read_text())["tasks"][0] == [0, 0, 1000]
     assert written[1].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_device_check_variants_are_checked_before_the_gpu_run():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "device_check", Path(__file__).resolve().parents[1] / "scripts" / "megakernel_device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_variants("AF_UNROLL=2,AF_UNROLL_SHORT=2;AF_DOWN_UNROLL=8") == (
+        ("AF_UNROLL=2", "AF_UNROLL_SHORT=2"), ("AF_DOWN_UNROLL=8",))
+    assert module.parse_variants("AF_L1_MODE=1") == (("AF_L1_MODE=1",),)  # digits in a name are fine
+    for bad in ("AF_UNROLL", "AF_UNROLL=2 -Xptxas", "XF_UNROLL=2", "AF_UNROLL=2;;-O0=1"):
+        with pytest.raises(ParameterError, match="AF_NAME=number"):
+            module.parse_variants(bad)

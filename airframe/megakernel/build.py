@@ -118,13 +118,19 @@ def _key(arch: str, compiler: str, defines: tuple[str, ...]) -> str:
     return h.hexdigest()[:24]
 
 
+def check_defines(defines: tuple[str, ...]) -> tuple[str, ...]:
+    """Compile-time settings of worker.cu as given, or ParameterError naming the first malformed one."""
+    for d in defines:
+        if not re.match(r"^AF_[A-Z][A-Z0-9_]*=\d+$", d):
+            raise ParameterError(f"define {d!r}, expected the form AF_NAME=number")
+    return tuple(defines)
+
+
 def build_worker(arch: str, force: bool = False, defines: tuple[str, ...] = ()) -> Build:
     """The compiled worker for `arch`, from the cache when the same source was built before.
     `defines` (e.g. "AF_UNROLL=4") build a variant for measurements."""
     check_arch(arch)
-    for d in defines:
-        if not re.match(r"^AF_[A-Z_]+=\d+$", d):
-            raise ParameterError(f"define {d!r}, expected the form AF_NAME=number")
+    check_defines(defines)
     nvcc = find_nvcc()
     compiler = nvcc_version(nvcc) if nvcc else _nvrtc_version()
     folder = cache_dir()
