@@ -54,30 +54,24 @@ fn rows_dot(b: vec4<u32>, x: X16) -> vec4<f32> {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
-    let token = wid.y;
-    let row = x_row(token);
-    let use_norm = (P.mode & MODE_NORM) != 0u;
-    let is_gated = (P.mode & MODE_GATED) != 0u;
-    let row0 = wid.x * ROWS;
-    let ids = row_ids(row0);
-    // first vec4 of each row (gate rows when gated), and of the up rows when gated
-    let base_a = vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w)) / 4u;
-    let base_b = (vec4<u32>(P.w1) + ids * P.row_words) / 4u;
+    let g = group_of(wid);
+    let base_a = g.a / 4u;  // W is bound as vec4
+    let base_b = g.b / 4u;
     var acc_a = vec4<f32>(0.0);
     var acc_b = vec4<f32>(0.0);
     var sq = 0.0;
     let n_units = P.cols / 16u;
     var norm = mat4x4<f32>();
     for (var u = lid; u < n_units; u += WG) {
-        if (use_norm) {
+        if (g.use_norm) {
             norm = norm16(4u * u);
         }
-        let x = x16(row, 4u * u, use_norm, norm, vec4<f32>(1.0));
+        let x = x16(g.x, 4u * u, g.use_norm, norm, vec4<f32>(1.0));
         sq += x.sq;
         acc_a += rows_dot(base_a + vec4<u32>(2u * u), x);
-        if (is_gated) {
+        if (g.is_gated) {
             acc_b += rows_dot(base_b + vec4<u32>(2u * u), x);
         }
     }
-    finish(acc_a, acc_b, sq, lid, row0, token);
+    finish(acc_a, acc_b, sq, lid, g);
 }

@@ -53,27 +53,44 @@ fn x_row(token: u32) -> u32 {
     return x_token * P.x_stride / 4u;
 }
 
-// the workgroup's 4 rows (the last row repeated past the end)
-fn row_ids(row0: u32) -> vec4<u32> {
-    return min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u));
+// What a workgroup makes: its token and the first vec4 of that token's input row, its first
+// output row, the fusions P.mode asks for, and the first word of each of its 4 rows (the last row
+// repeated past the end; the gate rows when gated) in `a`, of their up-projection rows in `b`.
+struct Group {
+    token: u32,
+    x: u32,
+    row0: u32,
+    use_norm: bool,
+    is_gated: bool,
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+fn group_of(wid: vec3<u32>) -> Group {
+    let row0 = wid.x * ROWS;
+    let ids = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u));
+    let a = vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w));
+    return Group(wid.y, x_row(wid.y), row0, (P.mode & MODE_NORM) != 0u, (P.mode & MODE_GATED) != 0u, a,
+                 vec4<u32>(P.w1) + ids * P.row_words);
 }
 
 // Sums every invocation's dot products (acc_a; acc_b: the up projection when gated) and x^2 (sq)
-// over the workgroup; invocation r < 4 then writes output row row0 + r.
-fn finish(acc_a: vec4<f32>, acc_b: vec4<f32>, sq: f32, lid: u32, row0: u32, token: u32) {
+// over the workgroup; invocation r < 4 then writes output row g.row0 + r.
+fn finish(acc_a: vec4<f32>, acc_b: vec4<f32>, sq: f32, lid: u32, g: Group) {
+    let row0 = g.row0;
     reduce_three(acc_a, acc_b, sq, lid);
     if (lid >= ROWS || row0 + lid >= P.rows) {
         return;
     }
     var inv = 1.0;
-    if ((P.mode & MODE_NORM) != 0u) {
+    if (g.use_norm) {
         inv = 1.0 / sqrt(sum_c[0] / f32(P.cols) + P.eps);
     }
     var y = inv * sum_a[0][lid];
-    if ((P.mode & MODE_GATED) != 0u) {
+    if (g.is_gated) {
         y = gated(P.mode, y, inv * sum_b[0][lid]);
     }
-    let at = token * P.y_stride + P.y_off + row0 + lid;
+    let at = g.token * P.y_stride + P.y_off + row0 + lid;
     if ((P.mode & MODE_ACCUMULATE) != 0u) {
         Y[at] = Y[at] + y;
     } else {

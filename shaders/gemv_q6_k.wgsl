@@ -78,15 +78,7 @@ fn rows_dot(b: vec4<u32>, t: u32, lo: X16, hi: X16) -> vec4<f32> {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
-    let token = wid.y;
-    let row = x_row(token);
-    let use_norm = (P.mode & MODE_NORM) != 0u;
-    let is_gated = (P.mode & MODE_GATED) != 0u;
-    let row0 = wid.x * ROWS;
-    let ids = row_ids(row0);
-    // first word of each row (gate rows when gated), and of the up rows when gated
-    let base_a = vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w));
-    let base_b = vec4<u32>(P.w1) + ids * P.row_words;
+    let g = group_of(wid);
     var acc_a = vec4<f32>(0.0);
     var acc_b = vec4<f32>(0.0);
     var sq = 0.0;
@@ -97,17 +89,17 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let t = u & 7u;
         let blk = vec4<u32>((u >> 3u) * BLOCK_WORDS);
         let at = 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u);  // the unit's first x vec4
-        if (use_norm) {
+        if (g.use_norm) {
             norm_lo = norm16(at);
             norm_hi = norm16(at + 16u);
         }
-        let lo = x16(row, at, use_norm, norm_lo, BYTE_SCALE);
-        let hi = x16(row, at + 16u, use_norm, norm_hi, BYTE_SCALE);
+        let lo = x16(g.x, at, g.use_norm, norm_lo, BYTE_SCALE);
+        let hi = x16(g.x, at + 16u, g.use_norm, norm_hi, BYTE_SCALE);
         sq += lo.sq + hi.sq;
-        acc_a += rows_dot(base_a + blk, t, lo, hi);
-        if (is_gated) {
-            acc_b += rows_dot(base_b + blk, t, lo, hi);
+        acc_a += rows_dot(g.a + blk, t, lo, hi);
+        if (g.is_gated) {
+            acc_b += rows_dot(g.b + blk, t, lo, hi);
         }
     }
-    finish(acc_a, acc_b, sq, lid, row0, token);
+    finish(acc_a, acc_b, sq, lid, g);
 }

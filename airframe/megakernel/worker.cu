@@ -465,28 +465,35 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
         const uint32_t h = i / hdv, d = i % hdv;
         float m = -INFINITY, total = 0.0f, o = 0.0f;
-        if (active <= near) {  // the same arithmetic as below, one round trip to L2 instead of two
-            float mc[near], lc[near], oc[near];
+        // chunks ch0 .. ch0 + near - 1: (m, l, o) requested together, then added in chunk order
+        float mc[near], lc[near], oc[near];
+        auto load = [&](uint32_t ch0) {
 #pragma unroll
-            for (uint32_t ch = 0; ch < near; ++ch) {
-                const float* r = parts + (size_t)(ch * c.n_head + h) * rec;
-                mc[ch] = ch < active ? ld_act(r) : 0.0f;
-                lc[ch] = ch < active ? ld_act(r + 1) : 0.0f;
-                oc[ch] = ch < active ? ld_act(r + 2 + d) : 0.0f;
+            for (uint32_t u = 0; u < near; ++u) {
+                const float* r = parts + (size_t)((ch0 + u) * c.n_head + h) * rec;
+                const bool live = ch0 + u < active;
+                mc[u] = live ? ld_act(r) : 0.0f;
+                lc[u] = live ? ld_act(r + 1) : 0.0f;
+                oc[u] = live ? ld_act(r + 2 + d) : 0.0f;
             }
+        };
+        auto add = [&](uint32_t ch0) {
 #pragma unroll
-            for (uint32_t ch = 0; ch < near; ++ch)
-                if (ch < active) m = fmaxf(m, mc[ch]);
-#pragma unroll
-            for (uint32_t ch = 0; ch < near; ++ch) {
-                if (ch >= active) break;
-                const float scale = expf(__fsub_rn(mc[ch], m));
-                total = __fadd_rn(total, __fmul_rn(scale, lc[ch]));
-                o = __fadd_rn(o, __fmul_rn(scale, oc[ch]));
+            for (uint32_t u = 0; u < near; ++u) {
+                if (ch0 + u >= active) break;
+                const float scale = expf(__fsub_rn(mc[u], m));
+                total = __fadd_rn(total, __fmul_rn(scale, lc[u]));
+                o = __fadd_rn(o, __fmul_rn(scale, oc[u]));
             }
-        } else {  // the same again, the loads of each pass issued `near` chunks at a time
+        };
+        if (active <= near) {  // one round trip to L2 instead of two
+            load(0);
+#pragma unroll
+            for (uint32_t u = 0; u < near; ++u)
+                if (u < active) m = fmaxf(m, mc[u]);
+            add(0);
+        } else {  // the max over all chunks first; the loads of both passes `near` chunks at a time
             for (uint32_t ch0 = 0; ch0 < active; ch0 += near) {
-                float mc[near];
 #pragma unroll
                 for (uint32_t u = 0; u < near; ++u)
                     mc[u] = ch0 + u < active ? ld_act(parts + (size_t)((ch0 + u) * c.n_head + h) * rec) : 0.0f;
@@ -495,22 +502,8 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
                     if (ch0 + u < active) m = fmaxf(m, mc[u]);
             }
             for (uint32_t ch0 = 0; ch0 < active; ch0 += near) {
-                float mc[near], lc[near], oc[near];
-#pragma unroll
-                for (uint32_t u = 0; u < near; ++u) {
-                    const float* r = parts + (size_t)((ch0 + u) * c.n_head + h) * rec;
-                    const bool live = ch0 + u < active;
-                    mc[u] = live ? ld_act(r) : 0.0f;
-                    lc[u] = live ? ld_act(r + 1) : 0.0f;
-                    oc[u] = live ? ld_act(r + 2 + d) : 0.0f;
-                }
-#pragma unroll
-                for (uint32_t u = 0; u < near; ++u) {
-                    if (ch0 + u >= active) break;
-                    const float scale = expf(__fsub_rn(mc[u], m));
-                    total = __fadd_rn(total, __fmul_rn(scale, lc[u]));
-                    o = __fadd_rn(o, __fmul_rn(scale, oc[u]));
-                }
+                load(ch0);
+                add(ch0);
             }
         }
         xs[i] = __fdiv_rn(o, total);
