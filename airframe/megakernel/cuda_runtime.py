@@ -306,7 +306,7 @@ def stage_layout(shared_floats: int, worker) -> tuple[int, int]:
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
     """(floats, most tasks of one worker) of the per-block task table in shared memory."""
     most = int(np.bincount(tasks["worker"], minlength=workers).max())
-    return -(-(2 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
+    return -(-(3 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
 
 
 def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:

@@ -154,7 +154,13 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target, B
 // ---- staging: bulk copies of weight rows into shared memory, completing on an mbarrier -------
 extern __shared__ float4 af_smem[];  // dynamic shared memory: xs, scratch, task table, stage
 __shared__ uint64_t af_stage_bar;    // completes when a wave's staged rows have landed
-__shared__ uint32_t af_stage_pending;  // AF_STAGE_AT 1: the wave whose copies start with the next wave
+__shared__ uint32_t af_stage_pending;
+#ifndef AF_TRACE_MARK
+// Measurements only: a GEMV task's end stamp in the trace is taken after its prologue (1) or
+// after its wait for the stage (2) instead of at its end (0).
+#define AF_TRACE_MARK 0
+#endif
+__shared__ unsigned long long af_mark_ns;  // AF_STAGE_AT 1: the wave whose copies start with the next wave
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -277,11 +283,13 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
         if (lane == 0) emit(i, acc);
     };
     prologue();
+    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
     uint32_t i = warp;
 #if AF_HAS_STAGE
     // the staged rows are the list's first: a warp has some exactly when its first row is one
     if (i < r.staged) {
         stage_wait(&af_stage_bar, r.parity);
+        if (AF_TRACE_MARK == 2 && threadIdx.x == 0) af_mark_ns = global_ns();
         const uint4* stage = reinterpret_cast<const uint4*>(af_smem) + r.stage_at;
         for (; i < r.staged; i += AF_WARPS) dot_row(stage + (size_t)i * kvec, i, ld_shared16);
     }
@@ -859,8 +867,24 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
     return bcast[1] != 0;
 }
 
+// ---- staging ------------------------------------------------------------------------------
+// How many of a task's rows, as gemv_list walks them, go to the stage with `left` bytes of it
+// free: its first ones, at most AF_STAGE_STREAM_KIB of a streaming task (FFN, LM head). The copies
+// (stage_next) and the task reading them (af_worker) take the same walk.
+#define STAGE_WEIGHTS 0x80000000u
+
+__device__ __forceinline__ uint32_t stage_rows(const af_task& t, const af_rows& r, uint32_t left) {
+    const uint32_t rb = r.row_bytes();
+    if (!rb || !r.n) return 0;
+    const bool streaming = t.opcode == AF_OP_FFN || t.opcode == AF_OP_LM_HEAD;
+    if (!AF_STAGE_QKV && t.opcode == AF_OP_QKV) return 0;
+    return min(r.n, (streaming ? min(left, (uint32_t)AF_STAGE_STREAM_KIB * 1024u) : left) / rb);
+}
+
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
-// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
+// wave_stage[w] the bytes of its rows that go to the stage (STAGE_WEIGHTS set: the block
+// multiplies weight rows in wave w).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -868,8 +892,9 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
+    __device__ __forceinline__ uint32_t* wave_stage() const { return wave_global() + a.c.n_waves; }
     __device__ __forceinline__ af_task* tasks() const {
-        return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
+        return reinterpret_cast<af_task*>(base + ((3 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
 };
 
@@ -903,21 +928,19 @@ __device__ af_table load_table(const af_args& a, float* base) {
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
+        uint32_t left = a.stage_bytes, total = 0;
+        bool weights = false;
+        for (uint32_t k = tb.wave_first()[w]; k < tb.wave_first()[w + 1]; ++k) {
+            const af_rows r = rows_of(a, tb.tasks()[k]);
+            const uint32_t n = stage_rows(tb.tasks()[k], r, left) * r.row_bytes();
+            weights |= r.n > 0;
+            total += n;
+            left -= n;
+        }
+        tb.wave_stage()[w] = total | (weights ? STAGE_WEIGHTS : 0u);
     }
     __syncthreads();
     return tb;
-}
-
-// ---- staging ------------------------------------------------------------------------------
-// How many of a task's rows, as gemv_list walks them, go to the stage with `left` bytes of it
-// free: its first ones, at most AF_STAGE_STREAM_KIB of a streaming task (FFN, LM head). The copies
-// (stage_next) and the task reading them (af_worker) take the same walk.
-__device__ __forceinline__ uint32_t stage_rows(const af_task& t, const af_rows& r, uint32_t left) {
-    const uint32_t rb = r.row_bytes();
-    if (!rb || !r.n) return 0;
-    const bool streaming = t.opcode == AF_OP_FFN || t.opcode == AF_OP_LM_HEAD;
-    if (!AF_STAGE_QKV && t.opcode == AF_OP_QKV) return 0;
-    return min(r.n, (streaming ? min(left, (uint32_t)AF_STAGE_STREAM_KIB * 1024u) : left) / rb);
 }
 
 #if AF_HAS_STAGE
@@ -942,19 +965,10 @@ __device__ void stage_task(const af_rows& r, uint32_t n, uint4* dst, uint64_t* b
 // After wave w: the next of waves w + 1, w + 2 in which this block multiplies weight rows (the
 // attention wave between QKV and WO and the reduce wave between FFN and QKV have none), if any of
 // its rows fit the stage. All threads reach the same answer.
-__device__ __noinline__ uint32_t stage_pick(const af_args& a, const af_table tb, uint32_t w) {
+__device__ __forceinline__ uint32_t stage_pick(const af_args& a, const af_table& tb, uint32_t w) {
     for (uint32_t w2 = w + 1; w2 <= w + 2 && w2 < a.c.n_waves; ++w2) {
-        uint32_t left = a.stage_bytes, total = 0;
-        bool weights = false;
-        for (uint32_t i = tb.wave_first()[w2]; i < tb.wave_first()[w2 + 1]; ++i) {
-            const af_rows r = rows_of(a, tb.tasks()[i]);
-            const uint32_t n = stage_rows(tb.tasks()[i], r, left) * r.row_bytes();
-            weights |= r.n > 0;
-            total += n;
-            left -= n;
-        }
-        if (!weights) continue;
-        return total ? w2 : 0xffffffffu;
+        const uint32_t s = tb.wave_stage()[w2];
+        if (s & STAGE_WEIGHTS) return s & ~STAGE_WEIGHTS ? w2 : 0xffffffffu;
     }
     return 0xffffffffu;
 }
@@ -962,16 +976,8 @@ __device__ __noinline__ uint32_t stage_pick(const af_args& a, const af_table tb,
 // The copies of wave w2's staged rows (one thread).
 __device__ __noinline__ void stage_issue(const af_args& a, const af_table tb, uint32_t w2) {
     uint4* stage = reinterpret_cast<uint4*>(af_smem) + a.stage_offset / 4;
+    stage_expect(&af_stage_bar, tb.wave_stage()[w2] & ~STAGE_WEIGHTS);
     uint32_t left = a.stage_bytes, off = 0;
-    for (uint32_t i = tb.wave_first()[w2]; i < tb.wave_first()[w2 + 1]; ++i) {
-        const af_rows r = rows_of(a, tb.tasks()[i]);
-        const uint32_t n = stage_rows(tb.tasks()[i], r, left) * r.row_bytes();
-        off += n;
-        left -= n;
-    }
-    stage_expect(&af_stage_bar, off);
-    left = a.stage_bytes;
-    off = 0;
     for (uint32_t i = tb.wave_first()[w2]; i < tb.wave_first()[w2 + 1]; ++i) {
         const af_rows r = rows_of(a, tb.tasks()[i]);
         const uint32_t n = stage_rows(tb.tasks()[i], r, left);
@@ -1014,6 +1020,13 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                 af_stage_pending = 0xffffffffu;
             }
 #endif
+#if AF_HAS_STAGE && AF_STAGE_AT == 3
+            // the wave's own rows, requested as it begins, land while its prologue runs
+            if (a.stage_bytes && (tb.wave_stage()[w] & ~STAGE_WEIGHTS)) {
+                staged_wave = w;
+                if (threadIdx.x == 32) stage_issue(a, tb, w);
+            }
+#endif
             uint32_t left = staged_wave == w ? a.stage_bytes : 0, off = 0;
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
@@ -1028,14 +1041,14 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
-                    a.trace[2 * g + 1] = global_ns();
+                    a.trace[2 * g + 1] = AF_TRACE_MARK && rows.n ? af_mark_ns : global_ns();
                 }
             }
             if (staged_wave == w) {
                 staged_wave = 0xffffffffu;
                 parity ^= 1u;
             }
-#if AF_HAS_STAGE
+#if AF_HAS_STAGE && AF_STAGE_AT != 3
             const bool stage_now = a.stage_bytes && staged_wave == 0xffffffffu;
             if (stage_now) staged_wave = stage_pick(a, tb, w);
 #if AF_STAGE_AT == 1
