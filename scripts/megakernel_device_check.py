@@ -289,6 +289,9 @@ def non_finite(runtime, package) -> dict:
 # Worker builds timed beside the default one in the bench section (defines of worker.cu); every
 # variant must give the default's bits.
 VARIANTS = (("AF_UNROLL=2", "AF_UNROLL_SHORT=2"),)  # the second and third sessions' loop settings
+# Builds whose traced token is split into task phases (cuda_bench.phases): with AF_TRACE_MARK=1 a
+# GEMV task's time is its prologue's (the norm of x, the attention merge).
+PHASES = (("AF_TRACE_MARK=1",),)
 
 
 def parse_variants(text: str) -> tuple[tuple[str, ...], ...]:
@@ -299,7 +302,7 @@ def parse_variants(text: str) -> tuple[tuple[str, ...], ...]:
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
-               variants=VARIANTS, torch_side: bool = True, split: bool = False) -> Report:
+               variants=VARIANTS, torch_side: bool = True, split: bool = False, phase_sets=PHASES) -> Report:
     from airframe.megakernel import cuda_bench
     from airframe.megakernel.build import build_worker
     from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
@@ -342,7 +345,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
             report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
-                           tuple(tuple(defines) + v for v in variants))
+                           tuple(tuple(defines) + v for v in variants), tuple(tuple(defines) + v for v in phase_sets))
         runtime.close()
     return report
 
@@ -360,6 +363,8 @@ def main(argv=None) -> int:
     parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_UNROLL=4")
     parser.add_argument("--variants", help="builds timed beside the default, ';' between builds and ',' between "
                         "the settings of one, e.g. 'AF_STAGES=0;AF_STAGES=3;AF_UNROLL=1,AF_STAGES=8'")
+    parser.add_argument("--phases", help="builds whose traced token is split into task phases, as --variants "
+                        "(default: AF_TRACE_MARK=1, the prologues); '' for none")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
@@ -373,8 +378,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     defines = tuple(d for d in args.defines.split(",") if d)
     variants = VARIANTS if args.variants is None else parse_variants(args.variants)
+    phase_sets = PHASES if args.phases is None else parse_variants(args.phases)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
-                        () if args.no_variants else variants, not args.no_torch, split)
+                        () if args.no_variants else variants, not args.no_torch, split, phase_sets)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

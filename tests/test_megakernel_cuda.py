@@ -327,6 +327,20 @@ def test_trace_breakdown_and_timeline(tmp_path):
     assert written[1].read_bytes()[:4] == b"\x89PNG"
 
 
+def test_task_phases_per_opcode():
+    plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
+    trace = fake_trace(plan, 20)
+    trace["tasks"][-1][2] += 4000  # the last LM-head task takes 5 us
+    phases = cuda_bench.task_phases(trace, plan)
+    ops = {Op(int(o)).name for o in plan.tasks["opcode"]}
+    assert set(phases) == ops
+    assert phases["QKV"]["tasks"] == int(np.sum(plan.tasks["opcode"] == Op.QKV))
+    assert phases["QKV"]["median_us"] == pytest.approx(1.0) and phases["QKV"]["max_us"] == pytest.approx(1.0)
+    assert phases["QKV"]["start_median_us"] == pytest.approx(0.1)  # after the previous wave's last release
+    assert phases["EMBED"]["start_median_us"] == pytest.approx(0.0)
+    assert phases["LM_HEAD"]["max_us"] == pytest.approx(5.0) and phases["LM_HEAD"]["median_us"] == pytest.approx(1.0)
+
+
 def test_device_check_variants_are_checked_before_the_gpu_run():
     import importlib.util
 

@@ -113,7 +113,9 @@ def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=CONTEXTS, work
     return out
 
 
-def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Path | None = None) -> dict:
+def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None):
+    """`runtime`'s package on a worker built with `defines`: its own plan (the fingerprint names
+    the binary) beside a link to the same weights.bin. The caller closes it."""
     import os
     import tempfile
     from dataclasses import replace
@@ -129,7 +131,12 @@ def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Pat
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
-    other = Runtime(Package.load(folder), worker, progress=False)
+    return Runtime(Package.load(folder), worker, progress=False)
+
+
+def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Path | None = None) -> dict:
+    other = variant_runtime(runtime, defines, work)
+    worker = other.worker
     try:
         random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
         rows = [time_context(other, c, repeats=3) for c in contexts]
@@ -180,6 +187,51 @@ def breakdown(trace: dict, plan, gbs: float) -> dict:
         d["after_last_task_us"] += max(0.0, ends[w] - last_task[w]) / 1e3
     return {"token_us": float(ends[-1]) / 1e3, "ideal_us": float(ideal.sum()) / 1e3, "by_kind": kinds,
             "barrier_after_last_task_us": sum(d["after_last_task_us"] for d in kinds.values())}
+
+
+def task_phases(trace: dict, plan) -> dict:
+    """Per opcode, over the tasks of one traced token: the median and largest task time and the
+    median start after its wave opened (the latest release of the wave before), in us. With a
+    worker built with AF_TRACE_MARK=1, a GEMV task's time is its prologue's (norm, merge)."""
+    from .opcodes import Op
+
+    release = np.array(trace["wave_release_ns"], dtype=np.float64)
+    opened = np.concatenate([[0.0], release.max(axis=1)[:-1]])
+    tasks = np.array(trace["tasks"], dtype=np.float64).reshape(-1, 3)
+    index = tasks[:, 0].astype(np.int64)
+    ops, waves = plan.tasks["opcode"][index], plan.tasks["wave"][index]
+    out = {}
+    for op in Op:
+        mine = ops == int(op)
+        if not mine.any():
+            continue
+        took = (tasks[mine, 2] - tasks[mine, 1]) / 1e3
+        start = (tasks[mine, 1] - opened[waves[mine]]) / 1e3
+        out[op.name] = {"tasks": int(mine.sum()), "median_us": float(np.median(took)), "max_us": float(took.max()),
+                        "start_median_us": float(np.median(start))}
+    return out
+
+
+def phases(runtime, sets: tuple[tuple[str, ...], ...], gbs: float, context: int = 1,
+           work: Path | None = None) -> list:
+    """For each build in `sets` (worker.cu defines; AF_TRACE_MARK=1 times the prologues): its
+    ms/token at `context`, and one traced token's task_phases and breakdown."""
+    out = []
+    for defines in sets:
+        other = variant_runtime(runtime, tuple(defines), work)
+        try:
+            random_kv(other, min(context + STEPS - 1, other.k["ctx"]))
+            trace = trace_token(other, context)
+            row = {"defines": list(defines), "build": other.worker.build.summary(),
+                   "ms_per_token": time_context(other, context, repeats=3)["ms_per_token"],
+                   "tasks": task_phases(trace, other.plan), "breakdown": breakdown(trace, other.plan, gbs)}
+        finally:
+            other.close()
+        print(f"phases {' '.join(defines) or '(default)'}: {row['ms_per_token']:.4f} ms/token; "
+              + "; ".join(f"{op} {t['median_us']:.2f} us (max {t['max_us']:.2f})" for op, t in row["tasks"].items()),
+              flush=True)
+        out.append(row)
+    return out
 
 
 def write_trace(trace: dict, plan, out: Path, name: str) -> list[Path]:
@@ -291,7 +343,7 @@ def torch_baselines(config, contexts=CONTEXTS) -> dict:
 
 # ---- everything -----------------------------------------------------------------------------------
 def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch_side: bool = True,
-              variants=()) -> dict:
+              variants=(), phase_sets=()) -> dict:
     plan = runtime.plan
     gbs = worker.stream_read_gbs()
     result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
@@ -307,12 +359,15 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
     for c in sorted({min(contexts), max(contexts)}):
         trace = trace_token(runtime, c)
         result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)
+        result[f"trace_ctx{c}"]["tasks"] = task_phases(trace, plan)
         print(f"trace at context {c}: {json.dumps(result[f'trace_ctx{c}'], default=str)[:1500]}", flush=True)
         if out is not None:
             write_trace(trace, plan, out, f"trace_ctx{c}")
     result["generation"] = generation_rate(runtime)
     if variants:
         result["variants"] = variant_times(runtime, variants)
+    if phase_sets:
+        result["phases"] = phases(runtime, phase_sets, gbs)
     if torch_side:
         result["torch"] = torch_baselines(plan.config, contexts)
     return result

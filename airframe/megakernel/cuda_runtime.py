@@ -32,7 +32,6 @@ MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
 UPLOAD_BLOCK = 256 << 20
-STAGE_MAX_BYTES = (1 << 20) - 16  # what one mbarrier phase can count
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
 CONSTS_DTYPE = np.dtype([(name, _NUMPY[kind]) for name, kind, _ in PLAN_CONSTS], align=True)
@@ -40,7 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("stage_offset", "<u4"), ("stage_bytes", "<u4")], align=True)
+                       ("table_tasks", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -293,20 +292,10 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 
 
-def stage_layout(shared_floats: int, worker) -> tuple[int, int]:
-    """(offset in floats, bytes) of the stage: the shared memory a block has left after its task
-    table, on sm_90 and later (the bulk copies it takes are sm_90's); (offset, 0) before that."""
-    offset = -(-shared_floats // 32) * 32  # 128-byte aligned
-    if int(worker.device.arch.removeprefix("sm_")) < 90:
-        return offset, 0
-    free = worker.device.shared_optin - worker.static_shared - 4 * offset
-    return offset, max(0, min(free, STAGE_MAX_BYTES)) // 16 * 16
-
-
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
     """(floats, most tasks of one worker) of the per-block task table in shared memory."""
     most = int(np.bincount(tasks["worker"], minlength=workers).max())
-    return -(-(3 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
+    return -(-(2 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
 
 
 def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
@@ -331,8 +320,7 @@ class Runtime:
         self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         self.shared_floats = self.table_offset + table
-        self.stage_offset, self.stage_bytes = stage_layout(self.shared_floats, worker)
-        self.shared_bytes = 4 * self.stage_offset + self.stage_bytes
+        self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
@@ -419,7 +407,6 @@ class Runtime:
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
-        a["stage_offset"], a["stage_bytes"] = self.stage_offset, self.stage_bytes
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

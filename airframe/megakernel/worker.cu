@@ -33,29 +33,13 @@
 // ffn_down rows each thread loads at once (16 bytes of each)
 #define AF_DOWN_UNROLL 4
 #endif
-#ifndef AF_STAGE
-// Staging (sm_90 and later): at the end of a wave each block starts bulk copies (the copy engine,
-// no registers) of the weight rows of its next weight wave into shared memory, so they land while
-// the grid waits at barriers and runs the short waves between (module doc of cuda_runtime.py).
-#define AF_STAGE 1
+#ifndef AF_TRACE_MARK
+// Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
+// the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
+// 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values.
+#define AF_TRACE_MARK 0
 #endif
-#ifndef AF_STAGE_STREAM_KIB
-// KiB of a streaming wave (FFN, LM head) staged: its first rows; the rest streams as usual.
-// QKV and WO are staged whole when they fit the block's stage.
-#define AF_STAGE_STREAM_KIB 64
-#endif
-#ifndef AF_STAGE_AT
-// When the copies start: 0 inside the barrier after the block's arrival, 1 as the next wave begins
-#define AF_STAGE_AT 1
-#endif
-#ifndef AF_STAGE_QKV
-#define AF_STAGE_QKV 1  // 0: QKV rows are never staged
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && AF_STAGE
-#define AF_HAS_STAGE 1
-#else
-#define AF_HAS_STAGE 0
-#endif
+__shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
 
 // What the host sets before a launch and reads after it; all 32-bit words.
 struct af_control {
@@ -92,8 +76,6 @@ struct af_args {
     uint32_t shared_floats;
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
-    uint32_t stage_offset;          // floats from the start of dynamic shared memory to the stage
-    uint32_t stage_bytes;           // the stage's size (0: no staging)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -129,11 +111,7 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
     return v;
 }
 
-// `between()` runs after this block's arrival, before it waits: warp 1 starts the bulk copies of
-// the stage there, never before the release (a release waits for the memory operations before
-// it: copies issued ahead of it held each barrier ~4.5 us on the H200).
-template <class Between>
-__device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target, Between between) {
+__device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -142,64 +120,11 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target, B
         // visible here, and the __syncthreads below passes that on to the block. (Fences around
         // relaxed operations, as before, cost ~0.3 us more per barrier on the H200.)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
-    }
-    between();
-    if (threadIdx.x == 0) {
         while (ld_acquire(counter) < target) {
         }
     }
     __syncthreads();
 }
-
-// ---- staging: bulk copies of weight rows into shared memory, completing on an mbarrier -------
-extern __shared__ float4 af_smem[];  // dynamic shared memory: xs, scratch, task table, stage
-__shared__ uint64_t af_stage_bar;    // completes when a wave's staged rows have landed
-__shared__ uint32_t af_stage_pending;
-#ifndef AF_TRACE_MARK
-// Measurements only: a GEMV task's end stamp in the trace is taken after its prologue (1) or
-// after its wait for the stage (2) instead of at its end (0).
-#define AF_TRACE_MARK 0
-#endif
-__shared__ unsigned long long af_mark_ns;  // AF_STAGE_AT 1: the wave whose copies start with the next wave
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ uint4 ld_shared16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
-    return v;
-}
-
-#if AF_HAS_STAGE
-__device__ __forceinline__ void stage_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(1) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// Every thread that reads staged rows waits itself: the wait is what makes the copies' bytes visible.
-__device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
-// The stage's next phase completes when `bytes` have landed (one arrival: this call).
-__device__ __forceinline__ void stage_expect(uint64_t* bar, uint32_t bytes) {
-    // the stage was last read through ordinary loads: order them before the copy engine's writes
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void stage_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-#else
-__device__ __forceinline__ void stage_wait(uint64_t*, uint32_t) {}
-#endif
 
 // ---- arithmetic in the VM's order ---------------------------------------------------------
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -239,18 +164,13 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // A list of BF16 rows: row i starts at p0 + i * stride for i < n0, at p1 + (i - n0) * stride
 // after (FFN: the gate rows, then the up rows); kvec 8-element vectors of each are multiplied.
-// The first `staged` rows were copied into shared memory, packed from vector `stage_at` of the
-// stage on (row i at stage_at + i * kvec), by the copies that complete phase `parity` of the
-// stage's mbarrier.
 struct af_rows {
     const uint4* p0;
     const uint4* p1;
     uint32_t n0, n, stride, kvec;
-    uint32_t staged, stage_at, parity;
     __device__ __forceinline__ const uint4* row(uint32_t i) const {
         return i < n0 ? p0 + (size_t)i * stride : p1 + (size_t)(i - n0) * stride;
     }
-    __device__ __forceinline__ uint32_t row_bytes() const { return kvec * 16; }
 };
 
 // Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
@@ -263,16 +183,21 @@ template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
-    // row i from w, its vectors read by `ld` (global or shared memory)
-    auto dot_row = [&](const uint4* w, uint32_t i, auto ld) {
+    uint4 v[U];
+    auto load = [&](const uint4* w, uint32_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    prologue();
+    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
+    for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
+        const uint4* w = r.row(i);
         float acc = 0.0f;
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            uint4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const uint32_t j = base + u * 32 + lane;
-                v[u] = j < kvec ? ld(w + j) : make_uint4(0, 0, 0, 0);
-            }
+            load(w, base);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
@@ -281,20 +206,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
         }
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
-    };
-    prologue();
-    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
-    uint32_t i = warp;
-#if AF_HAS_STAGE
-    // the staged rows are the list's first: a warp has some exactly when its first row is one
-    if (i < r.staged) {
-        stage_wait(&af_stage_bar, r.parity);
-        if (AF_TRACE_MARK == 2 && threadIdx.x == 0) af_mark_ns = global_ns();
-        const uint4* stage = reinterpret_cast<const uint4*>(af_smem) + r.stage_at;
-        for (; i < r.staged; i += AF_WARPS) dot_row(stage + (size_t)i * kvec, i, ld_shared16);
     }
-#endif
-    for (; i < r.n; i += AF_WARPS) dot_row(r.row(i), i, ld_weight16);
 }
 
 // Copy n floats of the arena into shared memory; with `side`, src + side element-wise (one rounding).
@@ -372,26 +284,26 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
             const uint32_t cols = c.n_embd / 8;
             const uint4* up = reinterpret_cast<const uint4*>(a.weights + t.weight1);
             return af_rows{w0 + (size_t)t.row_start * cols, up + (size_t)t.row_start * cols, t.row_count,
-                           2 * t.row_count, cols, cols, 0, 0, 0};
+                           2 * t.row_count, cols, cols};
         }
         case AF_OP_QKV: k = c.n_embd; part = t.part_start; count = t.part_count; break;
         case AF_OP_WO: k = c.n_head * c.head_dim_v; part = t.part_start; count = t.part_count; break;
         case AF_OP_LM_HEAD: k = c.n_embd; part = 0; count = c.n_embd; break;
-        default: return af_rows{w0, w0, 0, 0, 0, 0, 0, 0, 0};
+        default: return af_rows{w0, w0, 0, 0, 0, 0};
     }
     const uint4* m = w0 + (size_t)t.row_start * (k / 8) + part / 8;
-    return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8, 0, 0, 0};
+    return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8};
 }
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, const af_rows& rows, float* xs, float* red, bool xs_ready) {
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows, xs + t.part_start, norm,
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
               [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
@@ -425,7 +337,10 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
 // (position p in group p % groups), each in increasing p, then summed in group order.
 __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
-    if (t.row_start > pos) return;  // chunk not active yet
+    if (t.row_start > pos) {  // chunk not active yet
+        if (AF_TRACE_MARK > 1 && threadIdx.x == 0) af_mark_ns = global_ns();
+        return;
+    }
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = c.n_head / c.n_head_kv;
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
@@ -460,6 +375,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_act(side + v_row + d));
     }
     __syncthreads();
+    if (AF_TRACE_MARK == 2 && threadIdx.x == 0) af_mark_ns = global_ns();
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
@@ -487,6 +403,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         }
     }
     __syncthreads();
+    if (AF_TRACE_MARK == 3 && threadIdx.x == 0) af_mark_ns = global_ns();
     // max and exp-sum per query head: warp j
     if (warp < g) {
         float m = -INFINITY;
@@ -505,6 +422,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         }
     }
     __syncthreads();
+    if (AF_TRACE_MARK == 4 && threadIdx.x == 0) af_mark_ns = global_ns();
     // weighted values; pos, the largest position of its group, is added after the cached ones
     if (grp < groups) {
         float acc[AF_MAX_GROUP];
@@ -536,6 +454,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
             if (j < (int)g) opart[(grp * g + j) * hdv + d] = acc[j];
     }
     __syncthreads();
+    if (AF_TRACE_MARK == 5 && threadIdx.x == 0) af_mark_ns = global_ns();
     const uint32_t rec = hdv + 2;
     float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
@@ -609,11 +528,11 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, const af_rows& rows, uint32_t pos, float* xs, bool xs_ready) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
-    gemv_list<AF_UNROLL_SHORT>(rows, xs + t.part_start,
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start,
               [&] { if (!xs_ready) merge_attention(a, t.layer, pos, xs); },
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
@@ -625,15 +544,14 @@ __device__ void op_wo(const af_args& a, const af_task& t, const af_rows& rows, u
 // ffn_down (stored transposed, one row of n_embd per FFN row), output rows [part_start,
 // +part_count) only, times h. The down sum: `groups` row groups (row i in group i % groups),
 // each in increasing row order, then summed in group order.
-__device__ void op_ffn(const af_args& a, const af_task& t, const af_rows& rows, float* xs, float* red, float* sm,
-                       bool xs_ready) {
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
     float* up = sm + a.ffn_max_rows;      // (row_count)
     float* part = up + a.ffn_max_rows;    // (groups, n_embd)
     const uint32_t n = t.row_count;
-    gemv_list<AF_UNROLL>(rows, xs,
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
                   if (!xs_ready)
                       rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
@@ -752,8 +670,7 @@ __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, flo
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
 // A non-finite logit sets bit 0 of the error word.
-__device__ void op_lm_head(const af_args& a, const af_task& t, const af_rows& rows, uint32_t step, float* xs,
-                           float* sm) {
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
@@ -766,7 +683,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, const af_rows& ro
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
-    gemv_list<AF_UNROLL>(rows, xs, fill, [&](uint32_t i, float v) {
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs, fill, [&](uint32_t i, float v) {
         const uint32_t r = t.row_start + i;
         logits[r] = v;
         if (all) all[r] = v;
@@ -800,20 +717,19 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, const af_rows& ro
 }
 
 // ---- the worker ---------------------------------------------------------------------------
-// A task whose `pad` is set in the block's table (load_table) finds its input already in xs;
-// `rows` are its weight rows (rows_of) with what of them is staged.
-__device__ void run_task(const af_args& a, const af_task& t, const af_rows& rows, uint32_t step, uint32_t pos,
-                         uint32_t token, float* xs, float* red, float* sm) {
+// A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
+__device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
+                         float* xs, float* red, float* sm) {
     const bool xs_ready = t.pad != 0;
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, rows, xs, red, xs_ready); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, rows, pos, xs, xs_ready); break;
-        case AF_OP_FFN: op_ffn(a, t, rows, xs, red, sm, xs_ready); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
+        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
-        case AF_OP_LM_HEAD: op_lm_head(a, t, rows, step, xs, sm); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
     }
     __syncthreads();  // the next task reuses shared memory
@@ -867,24 +783,8 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
     return bcast[1] != 0;
 }
 
-// ---- staging ------------------------------------------------------------------------------
-// How many of a task's rows, as gemv_list walks them, go to the stage with `left` bytes of it
-// free: its first ones, at most AF_STAGE_STREAM_KIB of a streaming task (FFN, LM head). The copies
-// (stage_next) and the task reading them (af_worker) take the same walk.
-#define STAGE_WEIGHTS 0x80000000u
-
-__device__ __forceinline__ uint32_t stage_rows(const af_task& t, const af_rows& r, uint32_t left) {
-    const uint32_t rb = r.row_bytes();
-    if (!rb || !r.n) return 0;
-    const bool streaming = t.opcode == AF_OP_FFN || t.opcode == AF_OP_LM_HEAD;
-    if (!AF_STAGE_QKV && t.opcode == AF_OP_QKV) return 0;
-    return min(r.n, (streaming ? min(left, (uint32_t)AF_STAGE_STREAM_KIB * 1024u) : left) / rb);
-}
-
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
-// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// wave_stage[w] the bytes of its rows that go to the stage (STAGE_WEIGHTS set: the block
-// multiplies weight rows in wave w).
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -892,9 +792,8 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    __device__ __forceinline__ uint32_t* wave_stage() const { return wave_global() + a.c.n_waves; }
     __device__ __forceinline__ af_task* tasks() const {
-        return reinterpret_cast<af_task*>(base + ((3 * a.c.n_waves + 1 + 3) / 4) * 4);
+        return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
 };
 
@@ -928,149 +827,48 @@ __device__ af_table load_table(const af_args& a, float* base) {
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
-        uint32_t left = a.stage_bytes, total = 0;
-        bool weights = false;
-        for (uint32_t k = tb.wave_first()[w]; k < tb.wave_first()[w + 1]; ++k) {
-            const af_rows r = rows_of(a, tb.tasks()[k]);
-            const uint32_t n = stage_rows(tb.tasks()[k], r, left) * r.row_bytes();
-            weights |= r.n > 0;
-            total += n;
-            left -= n;
-        }
-        tb.wave_stage()[w] = total | (weights ? STAGE_WEIGHTS : 0u);
     }
     __syncthreads();
     return tb;
 }
 
-#if AF_HAS_STAGE
-// Copies of at most 32 KiB, all completing on `bar`.
-__device__ __forceinline__ void stage_span(uint4* dst, const uint4* src, uint32_t bytes, uint64_t* bar) {
-    for (uint32_t done = 0; done < bytes; done += 32768u)
-        stage_copy(dst + done / 16, src + done / 16, min(32768u, bytes - done), bar);
-}
-
-// Rows [0, n) of the list, packed at dst (thread 0).
-__device__ void stage_task(const af_rows& r, uint32_t n, uint4* dst, uint64_t* bar) {
-    const uint32_t rb = r.row_bytes();
-    if (r.stride == r.kvec) {  // whole rows: each part of the list is one run of memory
-        const uint32_t first = min(n, r.n0);
-        if (first) stage_span(dst, r.p0, first * rb, bar);
-        if (n > first) stage_span(dst + (size_t)first * r.kvec, r.p1, (n - first) * rb, bar);
-    } else {
-        for (uint32_t i = 0; i < n; ++i) stage_copy(dst + (size_t)i * r.kvec, r.row(i), rb, bar);
-    }
-}
-
-// After wave w: the next of waves w + 1, w + 2 in which this block multiplies weight rows (the
-// attention wave between QKV and WO and the reduce wave between FFN and QKV have none), if any of
-// its rows fit the stage. All threads reach the same answer.
-__device__ __forceinline__ uint32_t stage_pick(const af_args& a, const af_table& tb, uint32_t w) {
-    for (uint32_t w2 = w + 1; w2 <= w + 2 && w2 < a.c.n_waves; ++w2) {
-        const uint32_t s = tb.wave_stage()[w2];
-        if (s & STAGE_WEIGHTS) return s & ~STAGE_WEIGHTS ? w2 : 0xffffffffu;
-    }
-    return 0xffffffffu;
-}
-
-// The copies of wave w2's staged rows (one thread).
-__device__ __noinline__ void stage_issue(const af_args& a, const af_table tb, uint32_t w2) {
-    uint4* stage = reinterpret_cast<uint4*>(af_smem) + a.stage_offset / 4;
-    stage_expect(&af_stage_bar, tb.wave_stage()[w2] & ~STAGE_WEIGHTS);
-    uint32_t left = a.stage_bytes, off = 0;
-    for (uint32_t i = tb.wave_first()[w2]; i < tb.wave_first()[w2 + 1]; ++i) {
-        const af_rows r = rows_of(a, tb.tasks()[i]);
-        const uint32_t n = stage_rows(tb.tasks()[i], r, left);
-        stage_task(r, n, stage + off / 16, &af_stage_bar);
-        off += n * r.row_bytes();
-        left -= n * r.row_bytes();
-    }
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
+    extern __shared__ float4 smem4[];
     __shared__ uint32_t bcast[2];
-    float* xs = reinterpret_cast<float*>(af_smem);
+    float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
     const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
     float* red = xs + ((x_len + 3) / 4) * 4;
     float* sm = red + 64;
-#if AF_HAS_STAGE
-    if (threadIdx.x == 0) {
-        stage_init(&af_stage_bar);
-        af_stage_pending = 0xffffffffu;
-    }
-#endif
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
-    // n_steps is read again where needed, not held: every register counts in the loops below
-    auto n_steps = [&] { return min(*(volatile uint32_t*)&ctl->n_steps, (uint32_t)AF_MAX_STEPS); };
+    const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
     const uint32_t workers = gridDim.x, me = blockIdx.x;
     uint32_t target = 0, token = 0;
-    uint32_t staged_wave = 0xffffffffu, parity = 0;  // the wave whose rows are in the stage, its phase
-    for (uint32_t step = 0; step < n_steps(); ++step) {
+    for (uint32_t step = 0; step < n_steps; ++step) {
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-#if AF_HAS_STAGE && AF_STAGE_AT == 1
-            if (threadIdx.x == 32 && af_stage_pending != 0xffffffffu) {  // warp 1: never the one that releases
-                stage_issue(a, tb, af_stage_pending);
-                af_stage_pending = 0xffffffffu;
-            }
-#endif
-#if AF_HAS_STAGE && AF_STAGE_AT == 3
-            // the wave's own rows, requested as it begins, land while its prologue runs
-            if (a.stage_bytes && (tb.wave_stage()[w] & ~STAGE_WEIGHTS)) {
-                staged_wave = w;
-                if (threadIdx.x == 32) stage_issue(a, tb, w);
-            }
-#endif
-            uint32_t left = staged_wave == w ? a.stage_bytes : 0, off = 0;
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                const af_task& t = tb.tasks()[i];
-                af_rows rows = rows_of(a, t);
-                rows.staged = stage_rows(t, rows, left);
-                rows.stage_at = a.stage_offset / 4 + off / 16;
-                rows.parity = parity;
-                off += rows.staged * rows.row_bytes();
-                left -= rows.staged * rows.row_bytes();
-                run_task(a, t, rows, step, pos, token, xs, red, sm);
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
-                    a.trace[2 * g + 1] = AF_TRACE_MARK && rows.n ? af_mark_ns : global_ns();
+                    const uint32_t op = tb.tasks()[i].opcode;
+                    const bool gemv = op == AF_OP_QKV || op == AF_OP_WO || op == AF_OP_FFN || op == AF_OP_LM_HEAD;
+                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && op == AF_OP_ATTN;
+                    a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }
-            if (staged_wave == w) {
-                staged_wave = 0xffffffffu;
-                parity ^= 1u;
-            }
-#if AF_HAS_STAGE && AF_STAGE_AT != 3
-            const bool stage_now = a.stage_bytes && staged_wave == 0xffffffffu;
-            if (stage_now) staged_wave = stage_pick(a, tb, w);
-#if AF_STAGE_AT == 1
-            if (stage_now && threadIdx.x == 32) af_stage_pending = staged_wave;
-#endif
-#endif
-            grid_sync(a.barrier, target, [&] {
-#if AF_HAS_STAGE && AF_STAGE_AT == 0
-                if (!stage_now || staged_wave == 0xffffffffu) return;
-                const uint32_t warp = threadIdx.x / 32;
-                if (warp == 0) {
-                    asm volatile("bar.arrive 1, 64;" ::: "memory");  // after thread 0's release
-                } else if (warp == 1) {
-                    asm volatile("bar.sync 1, 64;" ::: "memory");
-                    if (threadIdx.x == 32) stage_issue(a, tb, staged_wave);
-                }
-#endif
-            });
+            grid_sync(a.barrier, target);
             if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * workers + me] = global_ns();
         }
     }
-    if (n_steps() > 0) finish_step(a, n_steps() - 1, token, bcast);
+    if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast);
 }
 
 // The host checks its picture of af_args and af_control against the compiled one.
