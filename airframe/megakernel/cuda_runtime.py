@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..errors import AirframeError, GPUError, UnsupportedError
 from .build import Build, build_worker
-from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
+from .opcodes import PLAN_CONSTS, TASK_WORDS
 from .package import Package
 from .validator import PlanError
 
@@ -39,8 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("stage_offset", "<u4"), ("stage_bytes", "<u4", (2,))],
-                      align=True)
+                       ("table_tasks", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -293,34 +292,10 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 
 
-def stage_regions(plan, shared_floats: int, worker) -> tuple[int, int, int]:
-    """(offset in floats, WO bytes, QKV bytes) of the worker's stage (AF_STAGE in worker.cu): the
-    most any worker multiplies in one WO wave and in one QKV wave, after everything else in shared
-    memory, on sm_90 and later (the bulk copies are sm_90's); a region that does not fit is 0."""
-    offset = -(-shared_floats // 32) * 32  # 128-byte aligned
-    if int(worker.device.arch.removeprefix("sm_")) < 90:
-        return offset, 0, 0
-    t = plan.tasks
-    most = []
-    for op in (Op.WO, Op.QKV):
-        mine = t[t["opcode"] == op]
-        if not len(mine):
-            most.append(0)
-            continue
-        keys = mine["wave"].astype(np.int64) * plan.target.workers + mine["worker"]
-        per = np.bincount(keys, weights=mine["row_count"].astype(np.float64) * mine["part_count"] * 2)
-        most.append(int(per.max()))
-    free = worker.device.shared_optin - worker.static_shared - 4 * offset
-    wo, qkv = most
-    if wo + qkv <= free:
-        return offset, wo, qkv
-    return (offset, wo, 0) if wo <= free else (offset, 0, 0)
-
-
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
     """(floats, most tasks of one worker) of the per-block task table in shared memory."""
     most = int(np.bincount(tasks["worker"], minlength=workers).max())
-    return -(-(3 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
+    return -(-(2 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
 
 
 def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
@@ -345,8 +320,7 @@ class Runtime:
         self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         self.shared_floats = self.table_offset + table
-        self.stage_offset, *self.stage_bytes = stage_regions(self.plan, self.shared_floats, worker)
-        self.shared_bytes = 4 * self.stage_offset + sum(self.stage_bytes)
+        self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
@@ -433,7 +407,6 @@ class Runtime:
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
-        a["stage_offset"], a["stage_bytes"] = self.stage_offset, self.stage_bytes
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

@@ -41,10 +41,6 @@ SPLIT_COLS = 8      # split-K pieces start and end on multiples of this many col
 # Plans cut finer than whole rows only once the CUDA worker executes split tasks (worker.cu);
 # the VM and the validator know them already.
 SPLIT_DEFAULT = False
-# attn_apart: the workers of attention chunk 0 (the only chunk at short contexts) get no QKV or
-# WO rows, so the other workers have nothing to do during the attention wave but request their
-# WO rows (and the next layer's QKV rows) into shared memory, where the CUDA worker stages them.
-ATTN_APART_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -188,14 +184,8 @@ def uneven(total: int, parts: int) -> float:
     return math.ceil(total / parts) / (total / parts) - 1.0
 
 
-def _matrix_wave(op: Op, rows: int, cols: int, workers: int, split: bool, first: int = 0, **fields) -> list[Task]:
-    """Rows of a (rows, cols) matrix over workers first.. (workers of them): whole rows, or split-K
-    runs (module doc)."""
-    tasks = _matrix_tasks(op, rows, cols, workers, split, **fields)
-    return [replace(t, worker=t.worker + first) for t in tasks] if first else tasks
-
-
-def _matrix_tasks(op: Op, rows: int, cols: int, workers: int, split: bool, **fields) -> list[Task]:
+def _matrix_wave(op: Op, rows: int, cols: int, workers: int, split: bool, **fields) -> list[Task]:
+    """Rows of a (rows, cols) matrix over the workers: whole rows, or split-K runs (module doc)."""
     per_row = cols // SPLIT_COLS
     fine = (split and uneven(rows, workers) > SPLIT_LIMIT and cols % SPLIT_COLS == 0
             and rows * per_row // workers >= per_row)  # every run holds a whole row's worth: 2 pieces a row at most
@@ -262,7 +252,7 @@ def _ffn_wave(c: ModelConfig, workers: int, share: int, **fields) -> list[Task]:
 
 
 def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int, consts: dict,
-                 split: bool, share: int, apart: int = 0) -> list:
+                 split: bool, share: int) -> list:
     def off(name: str) -> int:
         return w[f"blk.{i}.{name}.weight"].offset
 
@@ -273,11 +263,11 @@ def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int,
     ffn = _ffn_wave(c, workers, share, layer=i, weight0=off("ffn_gate"), weight1=off("ffn_up"),
                     weight2=off("ffn_down"), norm=off("ffn_norm"))
     return [
-        (f"L{i}.qkv", i, _matrix_wave(Op.QKV, n_qkv, c.n_embd, workers - apart, split, apart, layer=i,
+        (f"L{i}.qkv", i, _matrix_wave(Op.QKV, n_qkv, c.n_embd, workers, split, layer=i,
                                       weight0=off("attn_q"), norm=off("attn_norm"))),
         (f"L{i}.attn", i, attn),
-        (f"L{i}.wo", i, _matrix_wave(Op.WO, c.n_embd, c.n_head * c.head_dim_v, workers - apart, split, apart,
-                                     layer=i, weight0=off("attn_output"))),
+        (f"L{i}.wo", i, _matrix_wave(Op.WO, c.n_embd, c.n_head * c.head_dim_v, workers, split, layer=i,
+                                     weight0=off("attn_output"))),
         (f"L{i}.ffn", i, ffn),
         (f"L{i}.ffn_reduce", i, _rows_wave(Op.FFN_REDUCE, c.n_embd, workers, layer=i)),
     ]
@@ -308,10 +298,9 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
 
 
 def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
-              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT, attn_apart: bool = ATTN_APART_DEFAULT) -> Plan:
+              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT) -> Plan:
     """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions; `split`
-    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven;
-    `attn_apart` keeps the workers of attention chunk 0 out of the QKV and WO waves."""
+    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven."""
     check_supported(config)
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
@@ -322,8 +311,7 @@ def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
                                      weight0=w["token_embd.weight"].offset))]
     for i in range(c.n_layers):
-        apart = c.n_head_kv if attn_apart and target.workers > 2 * c.n_head_kv else 0
-        waves += _layer_waves(c, i, w, target.workers, consts, split, share, apart)
+        waves += _layer_waves(c, i, w, target.workers, consts, split, share)
     waves += [("final_norm", 0, _rows_wave(Op.FINAL_NORM, c.n_embd, target.workers,
                                            norm=w["output_norm.weight"].offset)),
               ("lm_head", 0, _rows_wave(Op.LM_HEAD, c.vocab_size, target.workers, weight0=head.offset))]
@@ -341,13 +329,6 @@ def _task_array(waves: list, workers: int) -> np.ndarray:
     array = tasks_to_array(placed)
     order = np.lexsort((np.arange(len(array)), array["worker"], array["wave"]))
     return array[order]
-
-
-def plan_attn_apart(plan: Plan) -> bool:
-    """Whether `plan` keeps the workers of attention chunk 0 out of the QKV and WO waves."""
-    t = plan.tasks
-    matrix = (t["opcode"] == Op.QKV) | (t["opcode"] == Op.WO)
-    return bool(np.any(matrix)) and int(t["worker"][matrix].min()) >= plan.consts["n_head_kv"]
 
 
 def plan_is_split(plan: Plan) -> bool:

@@ -40,19 +40,6 @@
 #define AF_TRACE_MARK 0
 #endif
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
-#ifndef AF_STAGE
-// Staging (sm_90 and later, where the host gives a stage): as a wave in which a block multiplies
-// no weight rows begins (the attention wave: plans made with attn_apart leave the attention
-// workers out of QKV and WO), one thread of the block starts bulk copies of its WO rows of the
-// next wave and its QKV rows of the next layer into shared memory; those tasks then read their
-// weights from there. The copies hold no registers and nothing of the block waits behind them.
-#define AF_STAGE 1
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && AF_STAGE
-#define AF_HAS_STAGE 1
-#else
-#define AF_HAS_STAGE 0
-#endif
 
 // What the host sets before a launch and reads after it; all 32-bit words.
 struct af_control {
@@ -89,8 +76,6 @@ struct af_args {
     uint32_t shared_floats;
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
-    uint32_t stage_offset;          // floats to the stage: the WO region, then the QKV region
-    uint32_t stage_bytes[2];        // the regions' sizes (0: none)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -140,39 +125,6 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     }
     __syncthreads();
 }
-
-// ---- staging: bulk copies of weight rows into shared memory, completing on an mbarrier -------
-extern __shared__ float4 af_smem[];  // dynamic shared memory: xs, scratch, task table, stage
-__shared__ uint64_t af_stage_bar[2];  // region 0: WO rows, region 1: QKV rows
-__shared__ uint32_t af_stage_wave[2], af_stage_parity[2], af_stage_issued[2];
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ uint4 ld_shared16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
-    return v;
-}
-
-#if AF_HAS_STAGE
-// Every thread that reads staged rows waits itself: the wait is what makes the bytes visible to it.
-__device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
-__device__ __forceinline__ void stage_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-#else
-__device__ __forceinline__ void stage_wait(uint64_t*, uint32_t) {}
-#endif
 
 // ---- arithmetic in the VM's order ---------------------------------------------------------
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -227,22 +179,25 @@ struct af_rows {
 // lane 0. (Loading the first chunk before the prologue, to hide its latency behind it, keeps
 // U vectors in registers across the norm or the call to merge_attention: at U = 4 that spilled
 // and measured slower than loading after it.)
-// `staged` (0: none) says the rows were staged: (vector index in shared memory << 2) | (region
-// << 1) | the parity of the region's phase that brings them; row i then sits at index + i * kvec.
 template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit,
-                                          uint32_t staged = 0) {
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
-    auto dot_row = [&](const uint4* w, uint32_t i, auto ld) {
+    uint4 v[U];
+    auto load = [&](const uint4* w, uint32_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    prologue();
+    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
+    for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
+        const uint4* w = r.row(i);
         float acc = 0.0f;
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            uint4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const uint32_t j = base + u * 32 + lane;
-                v[u] = j < kvec ? ld(w + j) : make_uint4(0, 0, 0, 0);
-            }
+            load(w, base);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
@@ -251,18 +206,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
         }
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
-    };
-    prologue();
-    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
-#if AF_HAS_STAGE
-    if (staged) {
-        if (warp < r.n) stage_wait(&af_stage_bar[(staged >> 1) & 1], staged & 1);
-        const uint4* stage = reinterpret_cast<const uint4*>(af_smem) + (staged >> 2);
-        for (uint32_t i = warp; i < r.n; i += AF_WARPS) dot_row(stage + (size_t)i * kvec, i, ld_shared16);
-        return;
     }
-#endif
-    for (uint32_t i = warp; i < r.n; i += AF_WARPS) dot_row(r.row(i), i, ld_weight16);
 }
 
 // Copy n floats of the arena into shared memory; with `side`, src + side element-wise (one rounding).
@@ -353,14 +297,14 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready, uint32_t staged) {
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
-              [&](uint32_t i, float v) { out[t.row_start + i] = v; }, staged);
+              [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -584,7 +528,7 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready, uint32_t staged) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
@@ -593,7 +537,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v);
-              }, staged);
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
@@ -774,15 +718,14 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
 
 // ---- the worker ---------------------------------------------------------------------------
 // A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
-// `staged`: gemv_list's code for the task's rows in the stage, 0 when they are not there.
 __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
-                         float* xs, float* red, float* sm, uint32_t staged) {
+                         float* xs, float* red, float* sm) {
     const bool xs_ready = t.pad != 0;
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready, staged); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready, staged); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
@@ -849,82 +792,10 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    // what starts as wave w begins: bit 0, wave w + 1's WO rows into region 0; bits 1..31, the
-    // QKV wave whose rows go to region 1 (0: none)
-    __device__ __forceinline__ uint32_t* wave_stage() const { return wave_global() + a.c.n_waves; }
     __device__ __forceinline__ af_task* tasks() const {
-        return reinterpret_cast<af_task*>(base + ((3 * a.c.n_waves + 1 + 3) / 4) * 4);
+        return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
 };
-
-// Whether every task of this block in wave w has opcode `op` (and there is one), and their rows' bytes.
-__device__ bool wave_is(const af_args& a, const af_table& tb, uint32_t w, uint32_t op, uint32_t& bytes) {
-    const uint32_t lo = tb.wave_first()[w], hi = tb.wave_first()[w + 1];
-    bytes = 0;
-    for (uint32_t i = lo; i < hi; ++i) {
-        if (tb.tasks()[i].opcode != op) return false;
-        const af_rows r = rows_of(a, tb.tasks()[i]);
-        bytes += r.n * r.kvec * 16;
-    }
-    return hi > lo;
-}
-
-// wave_stage[w] (af_table): staging starts as wave w begins when this block multiplies no weight
-// rows in w and wave w + 1 is its WO wave, with room for it in region 0; region 1 then takes the
-// block's next QKV wave when it fits.
-__device__ uint32_t stage_plan(const af_args& a, const af_table& tb, uint32_t w) {
-    const uint32_t n_waves = a.c.n_waves;
-    uint32_t bytes = 0;
-    if (!AF_HAS_STAGE || !a.stage_bytes[0] || w + 1 >= n_waves) return 0;
-    for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i)
-        if (rows_of(a, tb.tasks()[i]).n) return 0;
-    if (!wave_is(a, tb, w + 1, AF_OP_WO, bytes) || bytes > a.stage_bytes[0]) return 0;
-    for (uint32_t w2 = w + 2; w2 < n_waves; ++w2) {
-        if (wave_is(a, tb, w2, AF_OP_QKV, bytes)) return 1u | (bytes <= a.stage_bytes[1] ? w2 << 1 : 0u);
-        if (wave_is(a, tb, w2, AF_OP_WO, bytes)) break;  // the next layer's QKV comes before its WO
-    }
-    return 1u;
-}
-
-#if AF_HAS_STAGE
-// The copies of wave w2's rows into `region` (one thread): they complete the region's next phase.
-__device__ __noinline__ void stage_wave(const af_args& a, const af_table tb, uint32_t w2, uint32_t region) {
-    uint64_t* bar = &af_stage_bar[region];
-    const uint32_t issued = af_stage_issued[region];
-    if (issued) stage_wait(bar, (issued - 1) & 1);  // its last phase is complete (read long ago)
-    uint4* dst = reinterpret_cast<uint4*>(af_smem) + a.stage_offset / 4 + (region ? a.stage_bytes[0] / 16 : 0);
-    uint32_t total = 0;
-    wave_is(a, tb, w2, tb.tasks()[tb.wave_first()[w2]].opcode, total);
-    // the region was last read through ordinary loads: order them before the copy engine's writes
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(total) : "memory");
-    for (uint32_t i = tb.wave_first()[w2]; i < tb.wave_first()[w2 + 1]; ++i) {
-        const af_rows r = rows_of(a, tb.tasks()[i]);
-        const uint32_t row_bytes = r.kvec * 16;
-        if (r.stride == r.kvec) {  // whole rows: one run of memory, in copies of at most 32 KiB
-            for (uint32_t done = 0; done < r.n * row_bytes; done += 32768u)
-                stage_copy(dst + done / 16, r.p0 + done / 16, min(32768u, r.n * row_bytes - done), bar);
-        } else {
-            for (uint32_t k = 0; k < r.n; ++k) stage_copy(dst + (size_t)k * r.kvec, r.row(k), row_bytes, bar);
-        }
-        dst += (size_t)r.n * r.kvec;
-    }
-    af_stage_wave[region] = w2;
-    af_stage_parity[region] = issued & 1;
-    af_stage_issued[region] = issued + 1;
-}
-
-// gemv_list's `staged` for task i of the staged wave w: its rows follow those of the wave's tasks before it.
-__device__ __noinline__ uint32_t staged_code(const af_args& a, const af_table tb, uint32_t w, uint32_t i) {
-    const uint32_t region = tb.tasks()[i].opcode == AF_OP_QKV ? 1 : 0;
-    uint32_t at = a.stage_offset / 4 + (region ? a.stage_bytes[0] / 16 : 0);
-    for (uint32_t k = tb.wave_first()[w]; k < i; ++k) {
-        const af_rows r = rows_of(a, tb.tasks()[k]);
-        at += r.n * r.kvec;
-    }
-    return at << 2 | region << 1 | af_stage_parity[region];
-}
-#endif
 
 __device__ af_table load_table(const af_args& a, float* base) {
     const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
@@ -958,29 +829,18 @@ __device__ af_table load_table(const af_args& a, float* base) {
         }
     }
     __syncthreads();
-    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) tb.wave_stage()[w] = stage_plan(a, tb, w);
-    __syncthreads();
     return tb;
 }
 
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
+    extern __shared__ float4 smem4[];
     __shared__ uint32_t bcast[2];
-    float* xs = reinterpret_cast<float*>(af_smem);
+    float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
     const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
     float* red = xs + ((x_len + 3) / 4) * 4;
     float* sm = red + 64;
-#if AF_HAS_STAGE
-    if (threadIdx.x == 0) {
-        for (int r = 0; r < 2; ++r) {
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" :: "r"(smem_u32(&af_stage_bar[r])), "r"(1) : "memory");
-            af_stage_wave[r] = 0xffffffffu;
-            af_stage_issued[r] = 0;
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-#endif
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
     const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
@@ -992,22 +852,9 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-#if AF_HAS_STAGE
-            if (threadIdx.x == 32) {  // warp 1: never the thread that releases the barrier
-                const uint32_t plan = tb.wave_stage()[w];
-                if (plan & 1) stage_wave(a, tb, w + 1, 0);
-                if (plan >> 1) stage_wave(a, tb, plan >> 1, 1);
-            }
-#endif
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                uint32_t staged = 0;
-#if AF_HAS_STAGE
-                const uint32_t op = tb.tasks()[i].opcode;
-                if ((op == AF_OP_QKV || op == AF_OP_WO) && af_stage_wave[op == AF_OP_QKV] == w)
-                    staged = staged_code(a, tb, w, i);
-#endif
-                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm, staged);
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
@@ -1017,11 +864,6 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                     a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }
-#if AF_HAS_STAGE
-            if (threadIdx.x == 0)  // a wave's stage is read once
-                for (int r = 0; r < 2; ++r)
-                    if (af_stage_wave[r] == w) af_stage_wave[r] = 0xffffffffu;
-#endif
             grid_sync(a.barrier, target);
             if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * workers + me] = global_ns();
         }
