@@ -194,7 +194,6 @@ def test_shared_memory_fits_both_gpus(workers):
     assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
 
 
-
 def test_unsupported_shapes_are_named():
     k = make_plan(SMOL, NAMED_TARGETS["h200"], ctx=256).consts
     cuda_runtime.check_model_limits(k)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .opcodes import Op
 from .pictures import TRACE_FORMAT
 from .planner import plan_is_split, wave_bytes
 
@@ -136,14 +137,13 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
 
 def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Path | None = None) -> dict:
     other = variant_runtime(runtime, defines, work)
-    worker = other.worker
     try:
         random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
         rows = [time_context(other, c, repeats=3) for c in contexts]
         same = same_bits(runtime, other)
     finally:
         other.close()
-    return {"defines": list(defines), "build": worker.build.summary(), "same_bits_as_default": same,
+    return {"defines": list(defines), "build": other.worker.build.summary(), "same_bits_as_default": same,
             "contexts": rows}
 
 
@@ -193,8 +193,6 @@ def task_phases(trace: dict, plan) -> dict:
     """Per opcode, over the tasks of one traced token: the median and largest task time and the
     median start after its wave opened (the latest release of the wave before), in us. With a
     worker built with AF_TRACE_MARK=1, a GEMV task's time is its prologue's (norm, merge)."""
-    from .opcodes import Op
-
     release = np.array(trace["wave_release_ns"], dtype=np.float64)
     opened = np.concatenate([[0.0], release.max(axis=1)[:-1]])
     tasks = np.array(trace["tasks"], dtype=np.float64).reshape(-1, 3)

@@ -97,6 +97,11 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
+// AF_TRACE_MARK: the traced task's end stamp is taken here when `phase` is the one measured.
+__device__ __forceinline__ void trace_mark(int phase) {
+    if (AF_TRACE_MARK == phase && threadIdx.x == 0) af_mark_ns = global_ns();
+}
+
 // Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
 // until k * blocks arrivals; the host zeroes the counter before each launch.
 __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
@@ -192,7 +197,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
         }
     };
     prologue();
-    if (AF_TRACE_MARK == 1 && threadIdx.x == 0) af_mark_ns = global_ns();
+    trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
         const uint4* w = r.row(i);
         float acc = 0.0f;
@@ -338,7 +343,7 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
 __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
     if (t.row_start > pos) {  // chunk not active yet
-        if (AF_TRACE_MARK > 1 && threadIdx.x == 0) af_mark_ns = global_ns();
+        if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
     }
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = c.n_head / c.n_head_kv;
@@ -375,7 +380,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_act(side + v_row + d));
     }
     __syncthreads();
-    if (AF_TRACE_MARK == 2 && threadIdx.x == 0) af_mark_ns = global_ns();
+    trace_mark(2);
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
@@ -403,7 +408,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         }
     }
     __syncthreads();
-    if (AF_TRACE_MARK == 3 && threadIdx.x == 0) af_mark_ns = global_ns();
+    trace_mark(3);
     // max and exp-sum per query head: warp j
     if (warp < g) {
         float m = -INFINITY;
@@ -422,7 +427,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         }
     }
     __syncthreads();
-    if (AF_TRACE_MARK == 4 && threadIdx.x == 0) af_mark_ns = global_ns();
+    trace_mark(4);
     // weighted values; pos, the largest position of its group, is added after the cached ones
     if (grp < groups) {
         float acc[AF_MAX_GROUP];
@@ -454,7 +459,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
             if (j < (int)g) opart[(grp * g + j) * hdv + d] = acc[j];
     }
     __syncthreads();
-    if (AF_TRACE_MARK == 5 && threadIdx.x == 0) af_mark_ns = global_ns();
+    trace_mark(5);
     const uint32_t rec = hdv + 2;
     float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
@@ -858,9 +863,9 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
-                    const uint32_t op = tb.tasks()[i].opcode;
-                    const bool gemv = op == AF_OP_QKV || op == AF_OP_WO || op == AF_OP_FFN || op == AF_OP_LM_HEAD;
-                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && op == AF_OP_ATTN;
+                    const af_task& t = tb.tasks()[i];
+                    const bool gemv = rows_of(a, t).n > 0;  // the task ran gemv_list
+                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && t.opcode == AF_OP_ATTN;
                     a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }
