@@ -288,7 +288,9 @@ def non_finite(runtime, package) -> dict:
 
 # Worker builds timed beside the default one in the bench section (defines of worker.cu); every
 # variant must give the default's bits.
-VARIANTS = (("AF_UNROLL=2", "AF_UNROLL_SHORT=2"),)  # the second and third sessions' loop settings
+# The fifth session's build: the sixth session's shorter chains switched off (docs/BENCHMARKS.md).
+VARIANTS = (("AF_LEAN_NORM=0", "AF_LEAN_MERGE=0", "AF_WEIGHT_EVICT_FIRST=0", "AF_SIDE_SKIP=0", "AF_FAST_DIV=0",
+             "AF_LEAN_REDUCE=0"),)
 # Builds whose traced token is split into task phases (cuda_bench.phases): with AF_TRACE_MARK=1 a
 # GEMV task's time is its prologue's (the norm of x, the attention merge).
 PHASES = (("AF_TRACE_MARK=1",),)

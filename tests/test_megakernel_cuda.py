@@ -53,6 +53,24 @@ def test_worker_compiles_with_nvcc(arch, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_latency_probe_kernels_compile(arch, tmp_path):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "megakernel_latency_probe.py"
+    spec = importlib.util.spec_from_file_location("megakernel_latency_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    src = tmp_path / "probe.cu"
+    src.write_text(probe.SOURCE)
+    done = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-O3", str(src), "-o", str(tmp_path / "probe.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    cubin = (tmp_path / "probe.cubin").read_bytes()
+    for kernel in (b"probe", b"pages", b"icache", b"clocks"):  # the names main() looks up
+        assert b".text." + kernel + b"\0" in cubin
+
+
 def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFRAME_CACHE", str(tmp_path))
     first = build.build_worker("sm_90")
@@ -93,9 +111,9 @@ LAYOUT_MAIN = r"""
 #include <cstddef>
 #include "worker.cu"
 int main() {
-    printf("%zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
            offsetof(af_args, ffn_max_rows), offsetof(af_plan_consts, rope_cos), sizeof(af_control),
-           offsetof(af_control, steps_done));
+           offsetof(af_control, steps_done), offsetof(af_args, sides));
     return 0;
 }
 """
@@ -114,7 +132,7 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
     rt = cuda_runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
-                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"]]
+                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1]]
 
 
 # ---- no GPU here ----------------------------------------------------------------------------------
@@ -192,6 +210,22 @@ def test_shared_memory_fits_both_gpus(workers):
     need = 4 * cuda_runtime.shared_floats(plan.consts, int(ffn["row_count"].max()))
     scores = 4 * plan.consts["attn_chunk"] * 4  # four query heads' scores over one chunk
     assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
+
+
+def test_side_bits_name_the_side_vectors_a_plan_writes():
+    whole = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=False)
+    assert cuda_runtime.side_bits(whole.tasks) == 0  # the worker then adds 0.0f instead of reading zeros
+    tasks = whole.tasks.copy()
+    qkv = np.flatnonzero(tasks["opcode"] == Op.QKV)[0]
+    tasks["side"][qkv] = 1
+    assert cuda_runtime.side_bits(tasks) == 1
+    wo = np.flatnonzero(tasks["opcode"] == Op.WO)[0]
+    tasks["side"][wo] = 1
+    assert cuda_runtime.side_bits(tasks) == 3
+    split = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=True)
+    expected = int(np.any(split.tasks["side"][split.tasks["opcode"] == Op.QKV] != 0)) \
+        | 2 * int(np.any(split.tasks["side"][split.tasks["opcode"] == Op.WO] != 0))
+    assert expected and cuda_runtime.side_bits(split.tasks) == expected
 
 
 def test_unsupported_shapes_are_named():

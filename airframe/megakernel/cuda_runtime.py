@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..errors import AirframeError, GPUError, UnsupportedError
 from .build import Build, build_worker
-from .opcodes import PLAN_CONSTS, TASK_WORDS
+from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from .package import Package
 from .validator import PlanError
 
@@ -39,7 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -288,8 +288,15 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
-    reduce = 33 * 32  # op_ffn_reduce's lane sums and residuals
+    reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
+
+
+def side_bits(tasks: np.ndarray) -> int:
+    """af_args.sides: bit 0 when some QKV task writes the qkv_side vector, bit 1 when some WO task
+    writes h_side. A side vector no task writes stays zero, and the worker skips reading it."""
+    side = tasks["side"] != 0
+    return int(np.any(side & (tasks["opcode"] == int(Op.QKV)))) | 2 * int(np.any(side & (tasks["opcode"] == int(Op.WO))))
 
 
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
@@ -407,6 +414,7 @@ class Runtime:
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
+        a["sides"] = side_bits(self.plan.tasks)
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

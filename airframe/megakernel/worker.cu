@@ -33,10 +33,37 @@
 // ffn_down rows each thread loads at once (16 bytes of each)
 #define AF_DOWN_UNROLL 4
 #endif
+#ifndef AF_LEAN_NORM
+// 1: RMSNorm's x (and side) and weights move as 16-byte vectors, a quad per thread held in
+// registers across the sum, and the VM's sequential sum reads shared memory four vectors ahead.
+#define AF_LEAN_NORM 1
+#endif
+#ifndef AF_LEAN_MERGE
+// 1: with one active attention chunk the merge is o / l per element (the VM's sums reduce to it
+// exactly), two elements per thread.
+#define AF_LEAN_MERGE 1
+#endif
+#ifndef AF_WEIGHT_EVICT_FIRST
+// 1: weight loads carry the L2 policy evict_first, so the weight stream (gigabytes a token,
+// read once) does not push out of L2 what the chains read: activations, norm weights, RoPE
+// tables, the K/V cache.
+#define AF_WEIGHT_EVICT_FIRST 1
+#endif
+#ifndef AF_SIDE_SKIP
+// 1: a plan without split-K pieces never writes the side vectors (qkv_side, h_side): their reads
+// (zeros, from DRAM every time) are replaced by adding 0.0f, which gives the same bits.
+#define AF_SIDE_SKIP 1
+#endif
+#ifndef AF_LEAN_REDUCE
+// 1: the FFN reduce folds the 32 warps' sums of a row with one warp's shuffles (three block
+// barriers for 32 rows instead of seven); the same additions in the same order.
+#define AF_LEAN_REDUCE 1
+#endif
 #ifndef AF_TRACE_MARK
 // Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
 // the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
-// 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values.
+// 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values,
+// 6 the moment it begins its work (what starting a task costs).
 #define AF_TRACE_MARK 0
 #endif
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
@@ -76,20 +103,39 @@ struct af_args {
     uint32_t shared_floats;
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
+    uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
 };
 
 // ---- memory access ------------------------------------------------------------------------
-// Weights never change during a launch: read-only path, not kept in L1.
+// Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
+// the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    if (AF_WEIGHT_EVICT_FIRST) {
+        uint64_t policy;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+    } else {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
     return v;
 }
 
 // Activations and the K/V cache are written by other blocks in this launch: read them in L2.
 __device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+
+// An element of a side vector (bit 0 of af_args.sides: qkv_side, bit 1: h_side). When the plan
+// never writes it, it holds zeros and is not read: the consumer's x + 0.0f is the VM's x + side.
+// (af_sides is a copy of af_args.sides in shared memory, read through volatile so that the
+// compiler does not hold the answer in a register for the whole kernel.)
+__shared__ uint32_t af_sides;
+__device__ __forceinline__ bool side_live(uint32_t bit) {
+    return !AF_SIDE_SKIP || (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
+}
+__device__ __forceinline__ float ld_side(const float* p, bool live) { return live ? ld_act(p) : 0.0f; }
 
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
@@ -129,6 +175,19 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
         }
     }
     __syncthreads();
+}
+
+// a / b and a % b for the plan's shapes, whose divisors are nearly always powers of two: a shift
+// or a mask instead of the ~20-instruction division, which every one of a block's 32 warps would
+// otherwise pay at the start of a task (AF_FAST_DIV=0: plain division, for measurements).
+#ifndef AF_FAST_DIV
+#define AF_FAST_DIV 1
+#endif
+__device__ __forceinline__ uint32_t udiv(uint32_t a, uint32_t b) {
+    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a >> (__ffs(b) - 1) : a / b;
+}
+__device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
+    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
 }
 
 // ---- arithmetic in the VM's order ---------------------------------------------------------
@@ -181,9 +240,9 @@ struct af_rows {
 // Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
 // vectors j with j % 32 == l; U vectors per lane per chunk are loaded, then multiplied.
 // `prologue()` fills xs (a norm, a merge) and ends with __syncthreads; `emit(i, value)` runs on
-// lane 0. (Loading the first chunk before the prologue, to hide its latency behind it, keeps
-// U vectors in registers across the norm or the call to merge_attention: at U = 4 that spilled
-// and measured slower than loading after it.)
+// lane 0. (Requesting the first chunk before or during the prologue, to hide its latency behind
+// it, measured slower every way it was tried: in registers, through cp.async, before or after
+// the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -221,9 +280,58 @@ __device__ __forceinline__ void load_shared(float* dst, const float* src, uint32
 }
 
 // xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
-// y = (x * inv) * w; x is x + side when `side` is given. `red` is shared scratch of one float.
+// y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
+// writes, added as 0.0f). `red` is shared scratch of one float.
 __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
-                               const float* side = nullptr) {
+                               const float* side = nullptr, bool side_is_zero = false) {
+    if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
+        // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
+        const uint32_t q = threadIdx.x;
+        const bool mine = q < n / 4;
+        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
+        if (mine) {
+            wv = __ldg(reinterpret_cast<const float4*>(w) + q);
+            xv = __ldcg(reinterpret_cast<const float4*>(x) + q);
+            if (side) {
+                const float4 sv = side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                                               : __ldcg(reinterpret_cast<const float4*>(side) + q);
+                xv = make_float4(__fadd_rn(xv.x, sv.x), __fadd_rn(xv.y, sv.y), __fadd_rn(xv.z, sv.z),
+                                 __fadd_rn(xv.w, sv.w));
+            }
+            reinterpret_cast<float4*>(xs)[q] = xv;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {  // the VM's order: lane l sums vectors l, l + 32, ... in turn
+            const uint32_t lane = threadIdx.x, kvec = n / 8;
+            float acc = 0.0f;
+#pragma unroll 4
+            for (uint32_t j = lane; j < kvec; j += 32) {
+                const float4 a = reinterpret_cast<const float4*>(xs)[2 * j];
+                const float4 b = reinterpret_cast<const float4*>(xs)[2 * j + 1];
+                acc = madd(acc, a.x, a.x);
+                acc = madd(acc, a.y, a.y);
+                acc = madd(acc, a.z, a.z);
+                acc = madd(acc, a.w, a.w);
+                acc = madd(acc, b.x, b.x);
+                acc = madd(acc, b.y, b.y);
+                acc = madd(acc, b.z, b.z);
+                acc = madd(acc, b.w, b.w);
+            }
+            acc = warp_fold(acc);
+            if (lane == 0) {
+                const float mean = __fdiv_rn(acc, (float)n);
+                red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+            }
+        }
+        __syncthreads();
+        const float inv = red[0];
+        if (mine)
+            reinterpret_cast<float4*>(xs)[q] = make_float4(
+                __fmul_rn(__fmul_rn(xv.x, inv), wv.x), __fmul_rn(__fmul_rn(xv.y, inv), wv.y),
+                __fmul_rn(__fmul_rn(xv.z, inv), wv.z), __fmul_rn(__fmul_rn(xv.w, inv), wv.w));
+        __syncthreads();
+        return;
+    }
     // the norm weights of this thread's first two elements load with x, not after the sum
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
@@ -309,7 +417,7 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
         if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
-              [&](uint32_t i, float v) { out[t.row_start + i] = v; });
+                               [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -318,7 +426,8 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
     const af_plan_consts& c = a.c;
     const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
     if (i >= c.head_dim) return;
-    const float x = __fadd_rn(ld_act(src + i), ld_act(side + i));
+    const bool sl = side_live(1);
+    const float x = __fadd_rn(ld_act(src + i), ld_side(side + i, sl));
     float y = x;
     const bool neox = c.rope_neox != 0;
     const uint32_t pair = neox ? (i < half ? i : i - half) : i / 2;
@@ -327,7 +436,7 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
         const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
         const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
         const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
-        const float o = __fadd_rn(ld_act(src + other), ld_act(side + other));
+        const float o = __fadd_rn(ld_act(src + other), ld_side(side + other, sl));
         // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
         y = first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
     }
@@ -346,7 +455,8 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
     }
-    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = c.n_head / c.n_head_kv;
+    trace_mark(6);
+    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
@@ -354,7 +464,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     float* knew = q + g * hd;            // (hd), roped
     float* vnew = knew + hd;             // (hdv)
     float* s = vnew + hdv;               // (g, attn_chunk) scores, then exp
-    const uint32_t groups = AF_THREADS / hdv;
+    const uint32_t groups = udiv(AF_THREADS, hdv);
     float* opart = s + g * c.attn_chunk;  // (groups, g, hdv)
     float* lsum = opart + groups * g * hdv;  // (g)
     float* mmax = lsum + g;                  // (g)
@@ -363,21 +473,23 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
     const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
     // scores: lanes per position = hd / 8 (a power of two <= 32); values: thread (group, d)
-    const uint32_t lpp = hd / 8, per_warp = 32 / lpp;
-    const uint32_t lane = t_id % 32, warp = t_id / 32, sub = lane / lpp, vl = lane % lpp;
-    const uint32_t d = t_id % hdv, grp = t_id / hdv;
+    const uint32_t lpp = hd / 8, per_warp = udiv(32, lpp);
+    const uint32_t lane = t_id % 32, warp = t_id / 32, sub = udiv(lane, lpp), vl = umod(lane, lpp);
+    const uint32_t d = umod(t_id, hdv), grp = udiv(t_id, hdv);
     // The position pos, when this chunk holds it, is its last (n - 1) and comes from knew and
     // vnew, never from the cache.
     const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
-    for (uint32_t j = 0; j < g; ++j) {
-        if (t_id >= j * hd && t_id < (j + 1) * hd)
-            rope_head(q + j * hd, qkv + (t.head * g + j) * hd, side + (t.head * g + j) * hd, a, pos, j * hd);
-    }
+    // thread j * hd + i ropes element i of query head j, the next hd threads the new key, the
+    // next hdv copy the new value (q heads of this K/V head are rows (head * g + j) * hd, in turn)
     const uint32_t k_row = c.n_head * hd + t.head * hd, v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
-    if (t_id >= g * hd && t_id < (g + 1) * hd) rope_head(knew, qkv + k_row, side + k_row, a, pos, g * hd);
-    if (t_id >= (g + 1) * hd && t_id < (g + 1) * hd + hdv) {
+    if (t_id < g * hd) {
+        const uint32_t at = t_id - umod(t_id, hd), row = t.head * g * hd + at;
+        rope_head(q + at, qkv + row, side + row, a, pos, at);
+    } else if (t_id < (g + 1) * hd) {
+        rope_head(knew, qkv + k_row, side + k_row, a, pos, g * hd);
+    } else if (t_id < (g + 1) * hd + hdv) {
         const uint32_t d = t_id - (g + 1) * hd;
-        vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_act(side + v_row + d));
+        vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_side(side + v_row + d, side_live(1)));
     }
     __syncthreads();
     trace_mark(2);
@@ -449,7 +561,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
                     if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v[u]);
             }
         }
-        if (cached < n && (n - 1) % groups == grp) {
+        if (cached < n && umod(n - 1, groups) == grp) {
 #pragma unroll
             for (int j = 0; j < AF_MAX_GROUP; ++j)
                 if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + n - 1], vnew[d]);
@@ -463,7 +575,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     const uint32_t rec = hdv + 2;
     float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
-        const uint32_t j = i / hdv, dd = i % hdv;
+        const uint32_t j = udiv(i, hdv), dd = umod(i, hdv);
         float o = 0.0f;
         for (uint32_t k = 0; k < groups; ++k) o = __fadd_rn(o, opart[(k * g + j) * hdv + dd]);
         out[j * rec + 2 + dd] = o;
@@ -472,6 +584,24 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         out[t_id * rec] = mmax[t_id];
         out[t_id * rec + 1] = lsum[t_id];
     }
+}
+
+// The merge when one attention chunk is active (positions below attn_chunk): that chunk's max is
+// m, so its scale is expf(0) = 1 and merge_attention's sums give total = l, o = 0 + o; xs =
+// (0 + o) / l, the same bits, two elements per thread (records are 8-byte aligned: hdv is even).
+__device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer, float* xs) {
+    const af_plan_consts& c = a.c;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2;
+    const float* parts = layer_at(a, layer, c.lay_attn);
+    for (uint32_t i = 2 * threadIdx.x; i < c.n_head * hdv; i += 2 * AF_THREADS) {
+        const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
+        const float* r = parts + (size_t)h * rec;
+        const float l = ld_act(r + 1);
+        const float2 o = __ldcg(reinterpret_cast<const float2*>(r + 2 + d));
+        *reinterpret_cast<float2*>(xs + i) = make_float2(__fdiv_rn(__fadd_rn(0.0f, o.x), l),
+                                                         __fdiv_rn(__fadd_rn(0.0f, o.y), l));
+    }
+    __syncthreads();
 }
 
 // Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM.
@@ -483,7 +613,7 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
     const float* parts = layer_at(a, layer, c.lay_attn);
     constexpr uint32_t near = 4;  // up to this many chunks, every load is issued before any math
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
-        const uint32_t h = i / hdv, d = i % hdv;
+        const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
         float m = -INFINITY, total = 0.0f, o = 0.0f;
         // chunks ch0 .. ch0 + near - 1: (m, l, o) requested together, then added in chunk order
         float mc[near], lc[near], oc[near];
@@ -537,8 +667,12 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start,
-              [&] { if (!xs_ready) merge_attention(a, t.layer, pos, xs); },
+    auto merge = [&] {
+        if (xs_ready) return;
+        if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
+        else merge_attention(a, t.layer, pos, xs);
+    };
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v);
@@ -560,14 +694,14 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
               [&] {
                   if (!xs_ready)
                       rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
-                                     layer_at(a, t.layer, c.lay_h_side));
+                                     layer_at(a, t.layer, c.lay_h_side), !side_live(2));
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
                   else up[i - n] = v;
               });
-    const uint32_t groups = cols >= AF_THREADS ? 1 : AF_THREADS / cols;
-    const uint32_t grp = threadIdx.x / cols;
+    const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
+    const uint32_t grp = udiv(threadIdx.x, cols);
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
@@ -577,7 +711,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     __syncthreads();
     const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
     if (grp < groups) {
-        for (uint32_t col = threadIdx.x % cols; col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
+        for (uint32_t col = umod(threadIdx.x, cols); col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
             if (col < col_lo || col >= col_hi) continue;
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
@@ -636,12 +770,18 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
     const float* h_side = layer_at(a, t.layer, c.lay_h_side);
     float* x = x_at(a, t.layer + 1);
     static_assert(AF_WARPS == 32, "the halving below plays one warp's lanes with 32 warps");
-    float* sums = sm;  // (32 warps, 32 rows), then h + h_side of the 32 rows
+    // (32 warps, 32 rows; AF_LEAN_REDUCE: rows padded to 33), then h + h_side of the 32 rows, then
+    // (AF_LEAN_REDUCE) the 32 folded sums
+    float* sums = sm;
+    const uint32_t pitch = AF_LEAN_REDUCE ? 33 : 32;
+    float* resid = sm + 32 * pitch;
+    float* total = resid + 32;
     for (uint32_t base = 0; base < t.row_count; base += 32) {
         const uint32_t i = base + lane, r = t.row_start + i;
         const bool live = i < t.row_count;
         // the residual is requested with the partials (by the last warp, which has the fewest)
-        if (warp == AF_WARPS - 1 && live) sums[32 * 32 + lane] = __fadd_rn(ld_act(h + r), ld_act(h_side + r));
+        if (warp == AF_WARPS - 1 && live)
+            resid[lane] = __fadd_rn(ld_act(h + r), ld_side(h_side + r, side_live(2)));
         float acc = 0.0f;
         for (uint32_t k0 = warp; k0 < c.ffn_parts; k0 += AF_WARPS * 8) {  // 8 loads in flight: 256 slots at once
             float v[8];
@@ -654,14 +794,23 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
             for (int u = 0; u < 8; ++u)
                 if (k0 + AF_WARPS * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
         }
-        sums[warp * 32 + lane] = acc;
+        sums[warp * pitch + lane] = acc;
         __syncthreads();
-#pragma unroll
-        for (uint32_t off = 16; off > 0; off >>= 1) {
-            if (warp < off) sums[warp * 32 + lane] = __fadd_rn(sums[warp * 32 + lane], sums[(warp + off) * 32 + lane]);
+        if (AF_LEAN_REDUCE) {
+            // warp w folds row base + w, lane l holding warp l's sum: warp_fold's xor halving
+            // adds the same pairs in the same order as the halving across warps below
+            const float v = warp_fold(sums[lane * pitch + warp]);
+            if (lane == 0) total[warp] = v;
             __syncthreads();
+            if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], total[lane]);
+        } else {
+#pragma unroll
+            for (uint32_t off = 16; off > 0; off >>= 1) {
+                if (warp < off) sums[warp * 32 + lane] = __fadd_rn(sums[warp * 32 + lane], sums[(warp + off) * 32 + lane]);
+                __syncthreads();
+            }
+            if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], sums[lane]);
         }
-        if (warp == 0 && live) x[r] = __fadd_rn(sums[32 * 32 + lane], sums[lane]);
         __syncthreads();
     }
 }
@@ -812,6 +961,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+        af_sides = a.sides;
         tb.wave_first()[0] = 0;
         for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first()[w] += tb.wave_first()[w - 1];
     }
@@ -848,7 +998,11 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     float* sm = red + 64;
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
-    const uint32_t n_steps = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
+    // the step count lives in shared memory (read once a step), not in a register for the whole launch
+    __shared__ uint32_t n_steps_shared;
+    if (threadIdx.x == 0) n_steps_shared = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
+    __syncthreads();
+    const volatile uint32_t& n_steps = n_steps_shared;
     const uint32_t workers = gridDim.x, me = blockIdx.x;
     uint32_t target = 0, token = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {

@@ -1,0 +1,289 @@
+"""What one step of a megakernel chain costs on this GPU, with one 1024-thread block per SM as the
+worker runs (cooperative launch, the worker's grid barrier). Four parts:
+
+- barrier: a grid barrier from a block's arrival to its release; vectors: the read of one float
+  that another block wrote just before the barrier, and of 8 or 32 KiB read by every block, from
+  the same lines or from 2-132 copies (does a hot line queue its readers?);
+- pages: the read of a fresh float after every block has touched 8-1024 other 2 MiB pages (does
+  address translation cost?), with the float written by a warp or by one lane of each warp;
+- icache: 256 dependent FMAs in every thread, from one body of code or walking 2-48 bodies of
+  4 KiB (does instruction fetch cost?); also the issue cost of code all 32 warps run.
+
+Times are %globaltimer stamps per block and iteration (medians; the first iterations dropped).
+Raw output of the H200: docs/megakernel/h200_latency_probe.json.
+
+    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache]
+
+Needs an NVIDIA GPU, cuda-bindings and nvcc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from airframe.megakernel.build import find_nvcc  # noqa: E402
+from airframe.megakernel.cuda_runtime import Device, check  # noqa: E402
+
+PARTS = ("barrier", "vectors", "pages", "icache")
+PAGES = 1024  # 2 MiB pages of the buffer the pages part touches
+
+SOURCE = r"""
+#include <stdint.h>
+__device__ __forceinline__ unsigned long long ns() {
+    unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+    uint32_t v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
+__device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
+    target += gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
+        while (ld_acquire(counter) < target) {}
+    }
+    __syncthreads();
+}
+
+// out[it * grid + block] = consume time in ns; mode 0: read n floats of copy block % copies;
+// mode 1: thread 0 reads one float written by block + 1 (a bare round trip to L2);
+// mode 2: barrier only (out = time from this block's arrival to its release); mode 3: as 0, the
+// time from the start of the block's writes to the end of its read (writes + barrier + read).
+extern "C" __global__ void __launch_bounds__(1024, 1)
+probe(float* x, uint32_t* bar, unsigned long long* out, int iters, int copies, int n, int mode) {
+    __shared__ float xs[8192];
+    __shared__ float red[2];
+    uint32_t target = 0;
+    const int G = gridDim.x, b = blockIdx.x;
+    const int per = (n + G - 1) / G;
+    for (int it = 0; it < iters; ++it) {
+        for (int r = b * per + threadIdx.x; r < min(n, (b + 1) * per); r += 1024)
+            for (int k = 0; k < copies; ++k) x[(size_t)k * 8192 + r] = (float)(it + r);
+        unsigned long long t0 = ns();
+        const unsigned long long t_iter = t0;
+        grid_sync(bar, target);
+        if (mode == 2) { if (threadIdx.x == 0) out[it * G + b] = ns() - t0; continue; }
+        t0 = ns();
+        if (mode == 0 || mode == 3) {
+            const float* src = x + (size_t)(b % copies) * 8192;
+            for (int i = threadIdx.x; i < n; i += 1024) xs[i] = __ldcg(src + i);
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                float acc = 0.f;
+                for (int i = threadIdx.x; i < n; i += 32) acc += xs[i];
+                for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+                if (threadIdx.x == 0) red[0] = acc;
+            }
+            __syncthreads();
+        } else if (threadIdx.x == 0) {
+            red[0] = __ldcg(x + ((b + 1) % G) * per);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) out[it * G + b] = ns() - (mode == 3 ? t_iter : t0) + (red[0] == -1.f ? 1 : 0);
+        grid_sync(bar, target);
+    }
+}
+
+// Instruction fetch: BODY_LEN dependent FMAs (16 bytes each) per body, N_BODIES bodies of
+// different code. icache(): every thread of every block runs body (it % kinds) at iteration it,
+// out[it * grid + block] = its time in ns. kinds = 1 keeps one body's code hot; kinds = N_BODIES
+// walks over N_BODIES * BODY_LEN * 16 bytes of code, as the worker walks over its opcodes.
+#define BODY_LEN 256
+#define N_BODIES 48
+template <int V> __device__ __noinline__ float body(float v) {
+#pragma unroll
+    for (int i = 0; i < BODY_LEN; ++i) v = __fmaf_rn(v, 1.0f + (V + 1) * 1e-7f, (i + 1) * 1e-6f);
+    return v;
+}
+template <int V> __device__ __forceinline__ float pick(int k, float v) {
+    if constexpr (V == N_BODIES) return v;
+    else return k == V ? body<V>(v) : pick<V + 1>(k, v);
+}
+extern "C" __global__ void __launch_bounds__(1024, 1)
+icache(unsigned long long* out, float* sink, int iters, int kinds) {
+    float v = threadIdx.x * 1e-3f;
+    for (int it = 0; it < iters; ++it) {
+        __syncthreads();
+        const unsigned long long t0 = ns();
+        v = pick<0>(it % kinds, v);
+        __syncthreads();
+        if (threadIdx.x == 0) out[it * gridDim.x + blockIdx.x] = ns() - t0;
+    }
+    if (v == -1.f) sink[0] = v;
+}
+
+// Address translation: before each round every block reads 16 bytes from each of `pages`
+// 2 MiB pages of `big` (its own offset inside each page, so the L2 holds only a few KiB more),
+// as the weight stream touches many pages between two uses of an activation. Then the round of
+// probe mode 1: thread 0's time to read one float that another block has just written.
+// scatter = 1 writes those floats as a GEMV's lane 0s do, one 4-byte store per warp.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+pages(float* x, uint32_t* bar, unsigned long long* out, const uint4* big, int iters, int n_pages, int scatter) {
+    __shared__ float red[2];
+    uint32_t target = 0, sink = 0;
+    const int G = gridDim.x, b = blockIdx.x;
+    for (int it = 0; it < iters; ++it) {
+        for (int p = threadIdx.x; p < n_pages; p += 1024) {
+            const uint4 v = __ldcg(big + ((size_t)((p + it) % n_pages) << 17) + b * 16);
+            sink ^= v.x;
+        }
+        // the 32 floats: one warp's store, or (scatter) one float from lane 0 of each warp, as a
+        // GEMV's results are written
+        if (scatter ? threadIdx.x % 32 == 0 : threadIdx.x < 32) {
+            const int i = scatter ? threadIdx.x / 32 : threadIdx.x;
+            x[b * 32 + i] = (float)(it + i);
+        }
+        grid_sync(bar, target);
+        const unsigned long long t0 = ns();
+        if (threadIdx.x == 0) red[0] = __ldcg(x + ((b + 1) % G) * 32);
+        __syncthreads();
+        if (threadIdx.x == 0) out[it * G + b] = ns() - t0 + (red[0] == -1.f ? 1 : 0);
+        grid_sync(bar, target);
+    }
+    if (sink == 0x12345u) x[0] = 0.0f;
+}
+
+// Resolution of %globaltimer and the SM clock: out[0] = smallest nonzero step seen, out[1] = ns,
+// out[2] = clock64 cycles over the same spin.
+extern "C" __global__ void clocks(unsigned long long* out) {
+    unsigned long long t0 = ns(), c0 = clock64(), last = t0, step = ~0ull;
+    while (ns() - t0 < 200000) {
+        const unsigned long long t = ns();
+        if (t != last) { if (t - last < step) step = t - last; last = t; }
+    }
+    out[0] = step; out[1] = ns() - t0; out[2] = clock64() - c0;
+}
+"""
+
+
+def build(arch: str) -> bytes:
+    nvcc = find_nvcc()
+    if not nvcc:
+        raise SystemExit("nvcc not found: the probe compiles its kernels with nvcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "probe.cu", Path(tmp) / "probe.cubin"
+        src.write_text(SOURCE)
+        subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", str(src), "-o", str(out)], check=True)
+        return out.read_bytes()
+
+
+class Probe:
+    """The compiled kernels on one device, with the buffers they share."""
+
+    def __init__(self, iters: int):
+        self.dev = Device()
+        self.cu = self.dev.cu
+        module = check(self.cu.cuModuleLoadData(build(self.dev.arch)), "cuModuleLoadData(probe)")
+        self.kernels = {name: check(self.cu.cuModuleGetFunction(module, name.encode()), name)
+                        for name in ("probe", "pages", "icache", "clocks")}
+        self.blocks, self.iters = self.dev.sm_count, iters
+        self.x = self.dev.alloc(8192 * 4 * self.blocks)
+        self.bar = self.dev.alloc(16)
+        self.out = self.dev.alloc(8 * iters * self.blocks)
+
+    def launch(self, name: str, grid: int, params: list, cooperative: bool = True, block: int = 1024) -> None:
+        """params: (value, numpy dtype) per kernel parameter."""
+        arrays = [np.array([value], dtype=dtype) for value, dtype in params]
+        ptrs = np.array([a.ctypes.data for a in arrays], dtype=np.uint64)
+        cu, kernel = self.cu, self.kernels[name]
+        check(cu.cuMemsetD8(self.bar.ptr, 0, 16), "cuMemsetD8")
+        if cooperative:
+            check(cu.cuLaunchCooperativeKernel(kernel, grid, 1, 1, block, 1, 1, 0, 0, ptrs.ctypes.data), name)
+        else:
+            check(cu.cuLaunchKernel(kernel, grid, 1, 1, block, 1, 1, 0, 0, ptrs.ctypes.data, 0), name)
+        self.dev.synchronize(name)
+
+    def times(self, skip: int) -> dict:
+        """Summary of out[iteration, block] in ns, the first `skip` iterations dropped."""
+        t = self.dev.download(self.out, np.uint64, self.iters * self.blocks).reshape(self.iters, self.blocks)
+        t = t[skip:].astype(np.float64)
+        return {"median_ns": float(np.median(t)), "median_of_max_ns": float(np.median(t.max(axis=1))),
+                "p90_ns": float(np.percentile(t, 90))}
+
+    def clocks(self) -> dict:
+        self.launch("clocks", 1, [(self.out.ptr, np.uint64)], cooperative=False, block=1)
+        step, span, cycles = self.dev.download(self.out, np.uint64, 3).tolist()
+        return {"globaltimer_step_ns": step, "sm_clock_ghz": cycles / span}
+
+    def chain(self, copies: int, n: int, mode: int) -> dict:
+        """probe(): mode 0 a vector read, 1 one float, 2 the barrier, 3 writes + barrier + read."""
+        self.launch("probe", self.blocks, [(self.x.ptr, np.uint64), (self.bar.ptr, np.uint64), (self.out.ptr, np.uint64),
+                                           (self.iters, np.int32), (copies, np.int32), (n, np.int32), (mode, np.int32)])
+        return self.times(skip=20)
+
+    def barrier(self) -> dict:
+        res = {"barrier": self.chain(1, 2048, 2), "one_load": self.chain(1, 2048, 1)}
+        print(f"grid barrier, arrival to release: {res['barrier']}", flush=True)
+        print(f"one float another block wrote: {res['one_load']}", flush=True)
+        return res
+
+    def vectors(self) -> dict:
+        rows = []
+        for n in (2048, 8192):
+            for copies in (c for c in (1, 2, 4, 8, 16, 33, 66, 132) if c <= self.blocks):
+                r = self.chain(copies, n, 0)
+                r.update(n=n, copies=copies, write_barrier_read_ns=self.chain(copies, n, 3)["median_of_max_ns"])
+                rows.append(r)
+                print(f"read {n} floats, {copies:3d} copies: median {r['median_ns']:.0f} ns, slowest block "
+                      f"{r['median_of_max_ns']:.0f} ns; writes + barrier + read {r['write_barrier_read_ns']:.0f} ns",
+                      flush=True)
+        return {"vector": rows}
+
+    def pages(self) -> dict:
+        big = self.dev.alloc(PAGES << 21, zero=False)
+        rows = []
+        try:
+            for n_pages, scatter in ((0, 0), (8, 0), (32, 0), (128, 0), (512, 0), (1024, 0), (0, 1), (128, 1), (1024, 1)):
+                self.launch("pages", self.blocks, [(self.x.ptr, np.uint64), (self.bar.ptr, np.uint64),
+                                                   (self.out.ptr, np.uint64), (big.ptr, np.uint64), (self.iters, np.int32),
+                                                   (n_pages, np.int32), (scatter, np.int32)])
+                r = dict(self.times(skip=20), pages=n_pages, scatter=scatter)
+                rows.append(r)
+                print(f"one fresh float ({'4-byte stores' if scatter else 'warp store'}) after touching "
+                      f"{n_pages:4d} other 2 MiB pages: median {r['median_ns']:.0f} ns, slowest block "
+                      f"{r['median_of_max_ns']:.0f} ns", flush=True)
+        finally:
+            self.dev.free(big)
+        return {"pages": rows}
+
+    def icache(self) -> dict:
+        rows = []
+        for kinds in (1, 2, 4, 8, 16, 24, 32, 48):
+            self.launch("icache", self.blocks, [(self.out.ptr, np.uint64), (self.bar.ptr, np.uint64),
+                                                (self.iters, np.int32), (kinds, np.int32)], cooperative=False)
+            r = dict(self.times(skip=2 * kinds), kinds=kinds, code_kib=kinds * 256 * 16 / 1024)
+            rows.append(r)
+            print(f"256 dependent FMAs, {kinds:2d} bodies in turn ({r['code_kib']:.0f} KiB of code): median "
+                  f"{r['median_ns']:.0f} ns, slowest block {r['median_of_max_ns']:.0f} ns", flush=True)
+        return {"icache": rows}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--iters", type=int, default=400, help="iterations of each measurement")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, of " + ", ".join(PARTS))
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r}, expected some of {', '.join(PARTS)}")
+    probe = Probe(args.iters)
+    res = {"device": probe.dev.name, "sm": probe.blocks, **probe.clocks()}
+    print(f"{res['device']}, {res['sm']} SMs: globaltimer step {res['globaltimer_step_ns']} ns, "
+          f"SM clock {res['sm_clock_ghz']:.3f} GHz", flush=True)
+    for part in parts:
+        res.update(getattr(probe, part)())
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
