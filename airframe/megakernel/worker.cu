@@ -279,6 +279,32 @@ __device__ __forceinline__ void load_shared(float* dst, const float* src, uint32
         dst[i] = side ? __fadd_rn(ld_act(src + i), ld_act(side + i)) : ld_act(src + i);
 }
 
+// Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats at xs (shared memory, n a
+// multiple of 8) in the VM's order: lane l sums vectors l, l + 32, ... in turn (read four
+// vectors ahead), the lanes folded in halves.
+__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float eps, float* red) {
+    const uint32_t lane = threadIdx.x, kvec = n / 8;  // called by threads 0-31
+    float acc = 0.0f;
+#pragma unroll 4
+    for (uint32_t j = lane; j < kvec; j += 32) {
+        const float4 a = reinterpret_cast<const float4*>(xs)[2 * j];
+        const float4 b = reinterpret_cast<const float4*>(xs)[2 * j + 1];
+        acc = madd(acc, a.x, a.x);
+        acc = madd(acc, a.y, a.y);
+        acc = madd(acc, a.z, a.z);
+        acc = madd(acc, a.w, a.w);
+        acc = madd(acc, b.x, b.x);
+        acc = madd(acc, b.y, b.y);
+        acc = madd(acc, b.z, b.z);
+        acc = madd(acc, b.w, b.w);
+    }
+    acc = warp_fold(acc);
+    if (lane == 0) {
+        const float mean = __fdiv_rn(acc, (float)n);
+        red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    }
+}
+
 // xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
 // y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
 // writes, added as 0.0f). `red` is shared scratch of one float.
@@ -301,28 +327,7 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
             reinterpret_cast<float4*>(xs)[q] = xv;
         }
         __syncthreads();
-        if (threadIdx.x < 32) {  // the VM's order: lane l sums vectors l, l + 32, ... in turn
-            const uint32_t lane = threadIdx.x, kvec = n / 8;
-            float acc = 0.0f;
-#pragma unroll 4
-            for (uint32_t j = lane; j < kvec; j += 32) {
-                const float4 a = reinterpret_cast<const float4*>(xs)[2 * j];
-                const float4 b = reinterpret_cast<const float4*>(xs)[2 * j + 1];
-                acc = madd(acc, a.x, a.x);
-                acc = madd(acc, a.y, a.y);
-                acc = madd(acc, a.z, a.z);
-                acc = madd(acc, a.w, a.w);
-                acc = madd(acc, b.x, b.x);
-                acc = madd(acc, b.y, b.y);
-                acc = madd(acc, b.z, b.z);
-                acc = madd(acc, b.w, b.w);
-            }
-            acc = warp_fold(acc);
-            if (lane == 0) {
-                const float mean = __fdiv_rn(acc, (float)n);
-                red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-            }
-        }
+        if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
         __syncthreads();
         const float inv = red[0];
         if (mine)
@@ -337,19 +342,7 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
     load_shared(xs, x, n, side);
     __syncthreads();
-    if (threadIdx.x < 32) {
-        const uint32_t lane = threadIdx.x, kvec = n / 8;
-        float acc = 0.0f;
-        for (uint32_t j = lane; j < kvec; j += 32) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc = madd(acc, xs[8 * j + e], xs[8 * j + e]);
-        }
-        acc = warp_fold(acc);
-        if (lane == 0) {
-            const float mean = __fdiv_rn(acc, (float)n);
-            red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-        }
-    }
+    if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
     __syncthreads();
     const float inv = red[0];
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
