@@ -54,6 +54,17 @@ def test_worker_compiles_with_nvcc(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_worker_compiles_with_nvrtc(arch):
+    # the build path of a machine without nvcc: NVRTC has no C library headers, so plan_format.h
+    # and worker.cu bring their own fixed-width types, offsetof and INFINITY
+    cubin, log = build._compile_nvrtc(arch, ())
+    report = build.parse_ptxas(log)
+    assert 0 < report["registers"] <= 64
+    assert report["spill_stores"] == 0
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 def test_latency_probe_kernels_compile(arch, tmp_path):
     import importlib.util
 

@@ -11,6 +11,10 @@
 //  - attention sums, the FFN down projection and the FFN reduce use fixed trees of their own
 //    (documented beside each), and exp is CUDA's expf: these are where we differ from the VM.
 #include "plan_format.h"
+#ifdef __CUDACC_RTC__  // NVRTC (no nvcc on the machine) has no C library headers
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 #define AF_THREADS 1024
 #define AF_WARPS (AF_THREADS / 32)
