@@ -958,7 +958,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        af_sides = a.sides;
+        af_sides = a.sides;  // (read through side_live, where used)
         tb.wave_first()[0] = 0;
         for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first()[w] += tb.wave_first()[w - 1];
     }
@@ -983,7 +983,6 @@ __device__ af_table load_table(const af_args& a, float* base) {
     __syncthreads();
     return tb;
 }
-
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
     extern __shared__ float4 smem4[];
