@@ -4,7 +4,6 @@ itself notices a wrong expectation and a file that is not a model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,20 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "model_smoke_test.py"
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("model_smoke_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-smoke = _load_script()
+smoke = load_script("model_smoke_test")
 
 
 def run_smoke(*args: str, env: dict | None = None, timeout: int = 600) -> tuple[int, str]:

@@ -13,6 +13,7 @@ from airframe.models import resolve_model
 from airframe.quantize import SUPPORTED
 from airframe.synthetic import (FAMILIES, encode_tensor, hparam_metadata, plan_tensors, resolve_shape,
                                 tensor_values, tokenizer_metadata, write_synthetic_gguf)
+from scripts_loader import load_script
 
 QTYPES = [t.name for t in SUPPORTED] + ["Q4_K_M", "Q5_K_M"]
 
@@ -212,13 +213,7 @@ def test_bad_requests_name_what_was_expected(tmp_path):
 
 
 def test_script_writes_a_loadable_file(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic_gguf.py"
-    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("make_synthetic_gguf")
     out = tmp_path / "cli.gguf"
     assert module.main(["--family", "gemma3", "--shape", "tiny", "--qtype", "Q5_0", "-o", str(out),
                         "--vocab", "300", "--seed", "3"]) == 0
