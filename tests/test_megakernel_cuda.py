@@ -89,6 +89,23 @@ def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
     assert "registers" in first.summary() and "spill" in first.summary()
 
 
+def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
+    # an edit to any file worker.cu includes must not be served a cached cubin of the old source
+    key = build._key("sm_90", "nvcc 13.0", ())
+    for path in (build.HEADER_PATH, *build.PART_PATHS):
+        edited = tmp_path / path.name
+        edited.write_bytes(path.read_bytes() + b"\n// edited\n")
+        if path == build.HEADER_PATH:
+            monkeypatch.setattr(build, "HEADER_PATH", edited)
+        else:
+            monkeypatch.setattr(build, "PART_PATHS", tuple(edited if p == path else p for p in build.PART_PATHS))
+        assert build._key("sm_90", "nvcc 13.0", ()) != key, path.name
+        monkeypatch.undo()
+    included = {line.split('"')[1] for f in (build.SOURCE_PATH, *build.PART_PATHS)
+                for line in f.read_text().splitlines() if line.startswith('#include "')}
+    assert included == {build.HEADER_PATH.name, *(p.name for p in build.PART_PATHS)}
+
+
 def test_bad_arch_is_refused():
     with pytest.raises(ParameterError, match="sm_86"):
         build.build_worker("compute_90; rm -rf /")

@@ -1,8 +1,9 @@
 """Compile worker.cu at run time, for one GPU architecture, and cache the result.
 
 nvcc when it is on PATH (or under $CUDA_HOME), NVRTC through cuda-bindings otherwise. The cache
-key is the hash of worker.cu, plan_format.h, the flags, the compiler's version and the
-architecture, so an edited source or another compiler never reuses a stale binary. Each build
+key is the hash of worker.cu, the files it includes (plan_format.h, worker_base.cuh,
+worker_ops.cuh), the flags, the compiler's version and the architecture, so an edited source or
+another compiler never reuses a stale binary. Each build
 reports what ptxas says about the worker: registers, spills, stack frame and static shared memory.
 
     python -m airframe.megakernel.build --arch sm_90
@@ -26,6 +27,8 @@ from ..errors import GPUError, ParameterError
 from .opcodes import HEADER_PATH
 
 SOURCE_PATH = Path(__file__).with_name("worker.cu")
+# the files worker.cu includes besides plan_format.h, in the order NVRTC is handed them
+PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "worker_ops.cuh"))
 KERNEL = "af_worker"
 FLAGS = ("-O3", "-std=c++17")
 ARCH_PATTERN = re.compile(r"^sm_\d{2,3}a?$")
@@ -112,8 +115,8 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
 
 def _key(arch: str, compiler: str, defines: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for part in (SOURCE_PATH.read_bytes(), HEADER_PATH.read_bytes(), " ".join(FLAGS + defines).encode(),
-                 compiler.encode(), arch.encode()):
+    sources = [path.read_bytes() for path in (SOURCE_PATH, HEADER_PATH, *PART_PATHS)]
+    for part in (*sources, " ".join(FLAGS + defines).encode(), compiler.encode(), arch.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
 
@@ -174,8 +177,9 @@ def _nvrtc_version() -> str:
 
 def _compile_nvrtc(arch: str, defines: tuple[str, ...]) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
-    header = HEADER_PATH.read_bytes()
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"worker.cu", 1, [header], [b"plan_format.h"])
+    headers = (HEADER_PATH, *PART_PATHS)
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"worker.cu", len(headers),
+                                         [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
     options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v",
                *(f"-D{d}".encode() for d in defines)]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)

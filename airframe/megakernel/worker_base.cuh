@@ -1,0 +1,364 @@
+// worker_base.cuh: what every opcode of the megakernel worker (worker.cu) stands on: its
+// compile-time settings, the launch structs the host mirrors (af_control, af_args), memory
+// access, the grid barrier, the arithmetic in the VM's order, the GEMV over a row list and
+// RMSNorm.
+#pragma once
+#include "plan_format.h"
+#ifdef __CUDACC_RTC__  // NVRTC (no nvcc on the machine) has no C library headers
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+#define AF_THREADS 1024
+#define AF_WARPS (AF_THREADS / 32)
+#define AF_MAX_STEPS 64
+#define AF_MAX_EOS 8
+#define AF_MAX_GROUP 8  // query heads per K/V head
+#ifndef AF_UNROLL
+// 16-byte weight vectors per lane per chunk of a GEMV row of the FFN and the LM head (a chunk is
+// 32 * AF_UNROLL vectors of one row, one warp's unit of work). Every register counts: a
+// 1024-thread block has 64 per thread, and whatever holds more weight data in flight spills in
+// the hot loops (measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31).
+#define AF_UNROLL 4
+#endif
+#ifndef AF_UNROLL_SHORT
+// The same for the QKV and WO rows: those waves hold at most a row per warp, so the number of
+// round trips to memory per row, not the bytes in flight, sets their time.
+#define AF_UNROLL_SHORT 4
+#endif
+#ifndef AF_DOWN_UNROLL
+// ffn_down rows each thread loads at once (16 bytes of each)
+#define AF_DOWN_UNROLL 4
+#endif
+#ifndef AF_LEAN_NORM
+// 1: RMSNorm's x (and side) and weights move as 16-byte vectors, a quad per thread held in
+// registers across the sum, and the VM's sequential sum reads shared memory four vectors ahead.
+#define AF_LEAN_NORM 1
+#endif
+#ifndef AF_LEAN_MERGE
+// 1: with one active attention chunk the merge is o / l per element (the VM's sums reduce to it
+// exactly), two elements per thread.
+#define AF_LEAN_MERGE 1
+#endif
+#ifndef AF_WEIGHT_EVICT_FIRST
+// 1: weight loads carry the L2 policy evict_first, so the weight stream (gigabytes a token,
+// read once) does not push out of L2 what the chains read: activations, norm weights, RoPE
+// tables, the K/V cache.
+#define AF_WEIGHT_EVICT_FIRST 1
+#endif
+#ifndef AF_SIDE_SKIP
+// 1: a plan without split-K pieces never writes the side vectors (qkv_side, h_side): their reads
+// (zeros, from DRAM every time) are replaced by adding 0.0f, which gives the same bits.
+#define AF_SIDE_SKIP 1
+#endif
+#ifndef AF_LEAN_REDUCE
+// 1: the FFN reduce folds the 32 warps' sums of a row with one warp's shuffles (three block
+// barriers for 32 rows instead of seven); the same additions in the same order.
+#define AF_LEAN_REDUCE 1
+#endif
+#ifndef AF_TRACE_MARK
+// Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
+// the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
+// 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values,
+// 6 the moment it begins its work (what starting a task costs).
+#define AF_TRACE_MARK 0
+#endif
+__shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
+
+// What the host sets before a launch and reads after it; all 32-bit words.
+struct af_control {
+    uint32_t n_steps;         // tokens to run in this launch (<= AF_MAX_STEPS)
+    uint32_t pos0;            // position of the first one
+    uint32_t n_forced;        // steps < n_forced take tokens_in[step]; later ones the greedy token
+    uint32_t n_eos;           // end-of-generation ids in eos[]
+    uint32_t eos[AF_MAX_EOS];
+    uint32_t trace_step;      // the step whose tasks are timed when trace is set
+    uint32_t reserved[3];
+    uint32_t tokens_in[AF_MAX_STEPS];
+    uint32_t steps_done;      // outputs from here on
+    uint32_t error;           // bit 0: a non-finite logit
+    uint32_t stopped;         // 1 when an end-of-generation token ended the launch
+    uint32_t error_step;
+    uint32_t tokens_out[AF_MAX_STEPS];  // greedy token after each step
+};
+static_assert(sizeof(af_control) == 4 * (16 + 2 * AF_MAX_STEPS + 4), "control layout");
+
+struct af_args {
+    af_plan_consts c;
+    const af_task* tasks;
+    const uint32_t* cells;          // task index of (wave, worker): cells[wave * workers + worker]
+    const uint8_t* weights;
+    float* act;
+    float* kcache;                  // (layer, kv head, ctx, head_dim) F32
+    float* vcache;                  // (layer, kv head, ctx, head_dim_v) F32
+    af_control* ctl;
+    uint32_t* barrier;              // arrivals, zero at launch
+    float* logits_all;              // (n_steps, vocab) or null
+    unsigned long long* trace;      // (n_tasks, 2) globaltimer ns or null
+    unsigned long long* trace_waves;  // (n_waves, workers) barrier release ns or null
+    uint32_t ffn_max_rows;
+    uint32_t shared_floats;
+    uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
+    uint32_t table_tasks;           // the most tasks any block has (the table's size)
+    uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
+};
+
+// ---- memory access ------------------------------------------------------------------------
+// Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
+// the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+    uint4 v;
+    if (AF_WEIGHT_EVICT_FIRST) {
+        uint64_t policy;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+    } else {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
+    return v;
+}
+
+// Activations and the K/V cache are written by other blocks in this launch: read them in L2.
+__device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+
+// An element of a side vector (bit 0 of af_args.sides: qkv_side, bit 1: h_side). When the plan
+// never writes it, it holds zeros and is not read: the consumer's x + 0.0f is the VM's x + side.
+// (af_sides is a copy of af_args.sides in shared memory, read through volatile so that the
+// compiler does not hold the answer in a register for the whole kernel.)
+__shared__ uint32_t af_sides;
+__device__ __forceinline__ bool side_live(uint32_t bit) {
+    return !AF_SIDE_SKIP || (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
+}
+__device__ __forceinline__ float ld_side(const float* p, bool live) { return live ? ld_act(p) : 0.0f; }
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// AF_TRACE_MARK: the traced task's end stamp is taken here when `phase` is the one measured.
+__device__ __forceinline__ void trace_mark(int phase) {
+    if (AF_TRACE_MARK == phase && threadIdx.x == 0) af_mark_ns = global_ns();
+}
+
+// Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
+// until k * blocks arrivals; the host zeroes the counter before each launch.
+__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
+    target += gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // The release is cumulative: it publishes this block's writes, which the __syncthreads
+        // ordered before it. The acquire that sees the last arrival makes every block's writes
+        // visible here, and the __syncthreads below passes that on to the block. (Fences around
+        // relaxed operations, as before, cost ~0.3 us more per barrier on the H200.)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
+        while (ld_acquire(counter) < target) {
+        }
+    }
+    __syncthreads();
+}
+
+// a / b and a % b for the plan's shapes, whose divisors are nearly always powers of two: a shift
+// or a mask instead of the ~20-instruction division, which every one of a block's 32 warps would
+// otherwise pay at the start of a task (AF_FAST_DIV=0: plain division, for measurements).
+#ifndef AF_FAST_DIV
+#define AF_FAST_DIV 1
+#endif
+__device__ __forceinline__ uint32_t udiv(uint32_t a, uint32_t b) {
+    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a >> (__ffs(b) - 1) : a / b;
+}
+__device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
+    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
+}
+
+// ---- arithmetic in the VM's order ---------------------------------------------------------
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ float madd(float acc, float a, float b) {
+    return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
+}
+
+// acc += w . x over 8 consecutive elements, in element order; x is 8 floats in shared memory.
+__device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
+    const float4 a = *reinterpret_cast<const float4*>(x);
+    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+    acc = madd(acc, bf16_lo(w.x), a.x);
+    acc = madd(acc, bf16_hi(w.x), a.y);
+    acc = madd(acc, bf16_lo(w.y), a.z);
+    acc = madd(acc, bf16_hi(w.y), a.w);
+    acc = madd(acc, bf16_lo(w.z), b.x);
+    acc = madd(acc, bf16_hi(w.z), b.y);
+    acc = madd(acc, bf16_lo(w.w), b.z);
+    acc = madd(acc, bf16_hi(w.w), b.w);
+    return acc;
+}
+
+// Fold 32 lane values in halves (l + 16, + 8, + 4, + 2, + 1); every lane gets the total.
+__device__ __forceinline__ float warp_fold(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// A list of BF16 rows: row i starts at p0 + i * stride for i < n0, at p1 + (i - n0) * stride
+// after (FFN: the gate rows, then the up rows); kvec 8-element vectors of each are multiplied.
+struct af_rows {
+    const uint4* p0;
+    const uint4* p1;
+    uint32_t n0, n, stride, kvec;
+    __device__ __forceinline__ const uint4* row(uint32_t i) const {
+        return i < n0 ? p0 + (size_t)i * stride : p1 + (size_t)(i - n0) * stride;
+    }
+};
+
+// Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
+// vectors j with j % 32 == l; U vectors per lane per chunk are loaded, then multiplied.
+// `prologue()` fills xs (a norm, a merge) and ends with __syncthreads; `emit(i, value)` runs on
+// lane 0. (Requesting the first chunk before or during the prologue, to hide its latency behind
+// it, measured slower every way it was tried: in registers, through cp.async, before or after
+// the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
+template <int U, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t kvec = r.kvec;
+    uint4 v[U];
+    auto load = [&](const uint4* w, uint32_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    prologue();
+    trace_mark(1);
+    for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
+        const uint4* w = r.row(i);
+        float acc = 0.0f;
+        for (uint32_t base = 0; base < kvec; base += 32 * U) {
+            load(w, base);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const uint32_t j = base + u * 32 + lane;
+                if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+            }
+        }
+        acc = warp_fold(acc);
+        if (lane == 0) emit(i, acc);
+    }
+}
+
+// Copy n floats of the arena into shared memory; with `side`, src + side element-wise (one rounding).
+__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n, const float* side = nullptr) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS)
+        dst[i] = side ? __fadd_rn(ld_act(src + i), ld_act(side + i)) : ld_act(src + i);
+}
+
+// Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats at xs (shared memory, n a
+// multiple of 8) in the VM's order: lane l sums vectors l, l + 32, ... in turn (read four
+// vectors ahead), the lanes folded in halves.
+__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float eps, float* red) {
+    const uint32_t lane = threadIdx.x, kvec = n / 8;  // called by threads 0-31
+    float acc = 0.0f;
+#pragma unroll 4
+    for (uint32_t j = lane; j < kvec; j += 32) {
+        const float4 a = reinterpret_cast<const float4*>(xs)[2 * j];
+        const float4 b = reinterpret_cast<const float4*>(xs)[2 * j + 1];
+        acc = madd(acc, a.x, a.x);
+        acc = madd(acc, a.y, a.y);
+        acc = madd(acc, a.z, a.z);
+        acc = madd(acc, a.w, a.w);
+        acc = madd(acc, b.x, b.x);
+        acc = madd(acc, b.y, b.y);
+        acc = madd(acc, b.z, b.z);
+        acc = madd(acc, b.w, b.w);
+    }
+    acc = warp_fold(acc);
+    if (lane == 0) {
+        const float mean = __fdiv_rn(acc, (float)n);
+        red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    }
+}
+
+// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
+// y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
+// writes, added as 0.0f). `red` is shared scratch of one float.
+__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
+                               const float* side = nullptr, bool side_is_zero = false) {
+    if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
+        // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
+        const uint32_t q = threadIdx.x;
+        const bool mine = q < n / 4;
+        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
+        if (mine) {
+            wv = __ldg(reinterpret_cast<const float4*>(w) + q);
+            xv = __ldcg(reinterpret_cast<const float4*>(x) + q);
+            if (side) {
+                const float4 sv = side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                                               : __ldcg(reinterpret_cast<const float4*>(side) + q);
+                xv = make_float4(__fadd_rn(xv.x, sv.x), __fadd_rn(xv.y, sv.y), __fadd_rn(xv.z, sv.z),
+                                 __fadd_rn(xv.w, sv.w));
+            }
+            reinterpret_cast<float4*>(xs)[q] = xv;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
+        __syncthreads();
+        const float inv = red[0];
+        if (mine)
+            reinterpret_cast<float4*>(xs)[q] = make_float4(
+                __fmul_rn(__fmul_rn(xv.x, inv), wv.x), __fmul_rn(__fmul_rn(xv.y, inv), wv.y),
+                __fmul_rn(__fmul_rn(xv.z, inv), wv.z), __fmul_rn(__fmul_rn(xv.w, inv), wv.w));
+        __syncthreads();
+        return;
+    }
+    // the norm weights of this thread's first two elements load with x, not after the sum
+    const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
+    const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
+    load_shared(xs, x, n, side);
+    __syncthreads();
+    if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
+    __syncthreads();
+    const float inv = red[0];
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
+        const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
+        xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), wi);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ const float* f32_at(const af_args& a, uint64_t offset) {
+    return reinterpret_cast<const float*>(a.weights + offset);
+}
+
+// x[l]: the residual stream entering layer l (x[n_layers] leaves the last layer).
+__device__ __forceinline__ float* x_at(const af_args& a, uint32_t l) {
+    return a.act + a.c.act_x + (size_t)l * a.c.act_x_stride;
+}
+
+// Layer l's block of the arena; add lay_qkv, lay_attn, lay_h or lay_ffn.
+__device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_t region) {
+    return a.act + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
+}
