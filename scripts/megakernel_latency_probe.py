@@ -1,5 +1,5 @@
 """What one step of a megakernel chain costs on this GPU, with one 1024-thread block per SM as the
-worker runs (cooperative launch, the worker's grid barrier). Four parts:
+worker runs (cooperative launch, the worker's grid barrier). Five parts:
 
 - barrier: a grid barrier from a block's arrival to its release; vectors: the read of one float
   that another block wrote just before the barrier, and of 8 or 32 KiB read by every block, from
@@ -7,12 +7,15 @@ worker runs (cooperative launch, the worker's grid barrier). Four parts:
 - pages: the read of a fresh float after every block has touched 8-1024 other 2 MiB pages (does
   address translation cost?), with the float written by a warp or by one lane of each warp;
 - icache: 256 dependent FMAs in every thread, from one body of code or walking 2-48 bodies of
-  4 KiB (does instruction fetch cost?); also the issue cost of code all 32 warps run.
+  4 KiB (does instruction fetch cost?); also the issue cost of code all 32 warps run;
+- sums: 2048 sums over every block's partials, as the FFN's end needs them: through slots, a
+  reduce wave and two barriers (the plan's way), or through 64-bit fixed-point atomic adds and one
+  barrier (exact integer sums, so as reproducible).
 
 Times are %globaltimer stamps per block and iteration (medians; the first iterations dropped).
 Raw output of the H200: docs/megakernel/h200_latency_probe.json.
 
-    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache]
+    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache,sums]
 
 Needs an NVIDIA GPU, cuda-bindings and nvcc.
 """
@@ -32,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airframe.megakernel.build import find_nvcc  # noqa: E402
 from airframe.megakernel.cuda_runtime import Device, check  # noqa: E402
 
-PARTS = ("barrier", "vectors", "pages", "icache")
+PARTS = ("barrier", "vectors", "pages", "icache", "sums")
 PAGES = 1024  # 2 MiB pages of the buffer the pages part touches
 
 SOURCE = r"""
@@ -149,6 +152,61 @@ pages(float* x, uint32_t* bar, unsigned long long* out, const uint4* big, int it
     if (sink == 0x12345u) x[0] = 0.0f;
 }
 
+// Cross-block sums, as the end of a layer's FFN needs them: every block holds 2048 partial sums
+// (its ffn_down columns); every block then needs all 2048 totals (the next norm). At iteration
+// start (after a barrier) block b first idles stagger * b / grid ns (blocks finish the FFN at
+// different times), then, mode 0 (the plan's way): writes its slot, barrier, reduces its rows of
+// all slots and writes them, barrier, reads all 2048 totals; mode 1: adds its partials to 2048
+// 64-bit fixed-point accumulators (red.global.add.u64, 2^-32 units: integer sums are exact, so
+// the total does not depend on the order), barrier, reads the accumulators. out = ns from the
+// start to the totals in shared memory.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+sums(float* slots, float* total, unsigned long long* acc, uint32_t* bar, unsigned long long* out, int iters,
+     int mode, int stagger) {
+    __shared__ float xs[2048];
+    __shared__ float part[1024];
+    uint32_t target = 0;
+    const int G = gridDim.x, b = blockIdx.x, t = threadIdx.x;
+    for (int it = 0; it < iters; ++it) {
+        acc[t] = 0ull;  // the accumulators are zeroed a wave ahead (untimed here)
+        acc[t + 1024] = 0ull;
+        grid_sync(bar, target);
+        const unsigned long long t0 = ns();
+        if (t == 0) while (ns() - t0 < (unsigned long long)stagger * b / G) {}
+        __syncthreads();
+        const float p0 = 1e-3f * (b + t), p1 = 1e-3f * (b - t);  // this block's partials
+        if (mode == 0) {
+            slots[(size_t)b * 2048 + t] = p0;
+            slots[(size_t)b * 2048 + t + 1024] = p1;
+            grid_sync(bar, target);
+            const int per = (2048 + G - 1) / G, r0 = b * per;  // rows r0 .. r0 + per - 1
+            const int row = t / 64, lane = t % 64;              // 16 rows a pass, 64 threads a row
+            float s = 0.f;
+            if (row < per && r0 + row < 2048)
+                for (int k = lane; k < G; k += 64) s += __ldcg(slots + (size_t)k * 2048 + r0 + row);
+            part[t] = s;
+            __syncthreads();
+            if (lane == 0 && row < per && r0 + row < 2048) {
+                float v = 0.f;
+                for (int k = 0; k < 64; ++k) v += part[t + k];
+                total[r0 + row] = v;
+            }
+            grid_sync(bar, target);
+            xs[t] = __ldcg(total + t);
+            xs[t + 1024] = __ldcg(total + t + 1024);
+        } else {
+            asm volatile("red.global.add.u64 [%0], %1;" :: "l"(acc + t), "l"((unsigned long long)__float2ll_rn(p0 * 4294967296.0f)) : "memory");
+            asm volatile("red.global.add.u64 [%0], %1;" :: "l"(acc + t + 1024), "l"((unsigned long long)__float2ll_rn(p1 * 4294967296.0f)) : "memory");
+            grid_sync(bar, target);
+            xs[t] = __ll2float_rn((long long)__ldcg(acc + t)) * 2.3283064365386963e-10f;
+            xs[t + 1024] = __ll2float_rn((long long)__ldcg(acc + t + 1024)) * 2.3283064365386963e-10f;
+        }
+        __syncthreads();
+        if (t == 0) out[it * G + b] = ns() - t0 + (xs[5] == -1.f ? 1 : 0);
+        grid_sync(bar, target);
+    }
+}
+
 // Resolution of %globaltimer and the SM clock: out[0] = smallest nonzero step seen, out[1] = ns,
 // out[2] = clock64 cycles over the same spin.
 extern "C" __global__ void clocks(unsigned long long* out) {
@@ -181,7 +239,7 @@ class Probe:
         self.cu = self.dev.cu
         module = check(self.cu.cuModuleLoadData(build(self.dev.arch)), "cuModuleLoadData(probe)")
         self.kernels = {name: check(self.cu.cuModuleGetFunction(module, name.encode()), name)
-                        for name in ("probe", "pages", "icache", "clocks")}
+                        for name in ("probe", "pages", "icache", "clocks", "sums")}
         self.blocks, self.iters = self.dev.sm_count, iters
         self.x = self.dev.alloc(8192 * 4 * self.blocks)
         self.bar = self.dev.alloc(16)
@@ -251,6 +309,26 @@ class Probe:
         finally:
             self.dev.free(big)
         return {"pages": rows}
+
+    def sums(self) -> dict:
+        slots = self.dev.alloc(4 * 2048 * self.blocks)
+        total = self.dev.alloc(4 * 2048)
+        acc = self.dev.alloc(8 * 2048)
+        rows = []
+        try:
+            for stagger in (0, 1000, 2000):
+                for mode, name in ((0, "slots + reduce wave"), (1, "fixed-point atomics")):
+                    self.launch("sums", self.blocks, [(slots.ptr, np.uint64), (total.ptr, np.uint64), (acc.ptr, np.uint64),
+                                                      (self.bar.ptr, np.uint64), (self.out.ptr, np.uint64),
+                                                      (self.iters, np.int32), (mode, np.int32), (stagger, np.int32)])
+                    r = dict(self.times(skip=20), mode=name, stagger_ns=stagger)
+                    rows.append(r)
+                    print(f"2048 sums over {self.blocks} blocks, {name}, finishes spread over {stagger} ns: "
+                          f"median {r['median_ns']:.0f} ns, slowest block {r['median_of_max_ns']:.0f} ns", flush=True)
+        finally:
+            for buf in (slots, total, acc):
+                self.dev.free(buf)
+        return {"sums": rows}
 
     def icache(self) -> dict:
         rows = []
