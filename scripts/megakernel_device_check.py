@@ -30,7 +30,7 @@ import numpy as np
 
 from airframe.errors import AirframeError
 
-CONTEXTS = (1, 384, 385, 4096)
+CONTEXTS = (1, 40, 384, 385, 4096)
 STEPS = 2  # decode steps from each context, each compared
 CTX = 4160  # the package's K/V capacity: 4096 plus a 64-token launch
 TOKEN0 = 17
