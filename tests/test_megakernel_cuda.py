@@ -135,9 +135,9 @@ LAYOUT_MAIN = r"""
 #include <cstddef>
 #include "worker.cu"
 int main() {
-    printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
            offsetof(af_args, ffn_max_rows), offsetof(af_plan_consts, rope_cos), sizeof(af_control),
-           offsetof(af_control, steps_done), offsetof(af_args, sides), offsetof(af_args, fuse_below));
+           offsetof(af_control, steps_done), offsetof(af_args, sides));
     return 0;
 }
 """
@@ -156,8 +156,7 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
     rt = cuda_runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
-                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
-                     rt.ARGS_DTYPE.fields["fuse_below"][1]]
+                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1]]
 
 
 # ---- no GPU here ----------------------------------------------------------------------------------
@@ -235,23 +234,6 @@ def test_shared_memory_fits_both_gpus(workers):
     need = 4 * cuda_runtime.shared_floats(plan.consts, int(ffn["row_count"].max()))
     scores = 4 * plan.consts["attn_chunk"] * 4  # four query heads' scores over one chunk
     assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
-
-
-@pytest.mark.parametrize("workers, limit_kib, want", [(132, 227, 64), (20, 99, 32)])
-def test_fused_attention_takes_the_most_positions_shared_memory_holds(workers, limit_kib, want):
-    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], workers=workers), ctx=4160)
-    k, ffn = plan.consts, plan.tasks[plan.tasks["opcode"] == Op.FFN]
-    rows = int(ffn["row_count"].max())
-    table, _ = cuda_runtime.table_floats(plan.tasks, k["n_waves"], workers)
-    got = cuda_runtime.choose_fuse_below(k, rows, table, limit_kib * 1024)
-    assert got == want  # H200: 227 KiB per block; RTX 3050: 99 KiB
-    need = 4 * (cuda_runtime.shared_floats(k, rows, got) + table)
-    assert need <= limit_kib * 1024 < 4 * (cuda_runtime.shared_floats(k, rows, 2 * got) + table) or got == 64
-    # attend_short's layout: q, K and V at the position, scores, l, then the cached V rows
-    nh, nkv, hd = k["n_head"], k["n_head_kv"], k["head_dim"]
-    assert cuda_runtime.fused_floats(k, got) == (nh + 2 * nkv) * hd + nh * got + nh + nkv * got * hd
-    assert cuda_runtime.choose_fuse_below(k, rows, table, 16 * 1024) == 0  # nothing fits: never fused
-    assert cuda_runtime.choose_fuse_below(dict(k, attn_chunk=16), rows, table, limit_kib * 1024) <= 16
 
 
 def test_side_bits_name_the_side_vectors_a_plan_writes():

@@ -31,7 +31,6 @@ WARPS = THREADS // 32
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
-FUSE_CHOICES = (64, 32, 16, 8)  # af_args.fuse_below, the largest that fits (AF_FUSE_MAX caps it at 64)
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -40,7 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4"), ("fuse_below", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -279,16 +278,7 @@ def check_model_limits(k: dict) -> None:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def fused_floats(k: dict, fuse_below: int) -> int:
-    """attend_short's shared memory for positions below `fuse_below`: q, K and V at the position,
-    scores (n_head, F), l (n_head, padded to 4) and the cached V rows (n_kv, F, head_dim_v)."""
-    if fuse_below == 0:
-        return 0
-    nh, nkv, hd, hdv = k["n_head"], k["n_head_kv"], k["head_dim"], k["head_dim_v"]
-    return (nh + nkv) * hd + nkv * hdv + nh * fuse_below + -(-nh // 4) * 4 + nkv * fuse_below * hdv
-
-
-def shared_floats(k: dict, ffn_max_rows: int, fuse_below: int = 0) -> int:
+def shared_floats(k: dict, ffn_max_rows: int) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
     x_len = -(-max(k["n_embd"], k["n_head"] * k["head_dim_v"]) // 4) * 4
     cols = k["n_embd"] // 8
@@ -299,22 +289,7 @@ def shared_floats(k: dict, ffn_max_rows: int, fuse_below: int = 0) -> int:
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
-    fused = fused_floats(k, fuse_below)
-    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS, fused)) // 4) * 4
-
-
-def choose_fuse_below(k: dict, ffn_max_rows: int, table: int, limit_bytes: int) -> int:
-    """af_args.fuse_below: the most positions (FUSE_CHOICES) at which the WO tasks can compute
-    the attention themselves (worker.cu, AF_ATTN_FUSE): one attention chunk active (at most
-    attn_chunk), 16-byte copies of V rows (head_dim_v a multiple of 4), a warp for every K/V
-    head (n_head_kv <= 32), and shared memory within
-    `limit_bytes` together with the task table. 0 when none fits."""
-    if k["head_dim_v"] % 4 or k["n_head_kv"] > WARPS:
-        return 0
-    for f in FUSE_CHOICES:
-        if f <= k["attn_chunk"] and 4 * (shared_floats(k, ffn_max_rows, f) + table) <= limit_bytes:
-            return f
-    return 0
+    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 
 
 def side_bits(tasks: np.ndarray) -> int:
@@ -349,10 +324,8 @@ class Runtime:
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
-        self.fuse_below = choose_fuse_below(self.k, self.ffn_max_rows, table,
-                                            self.device.shared_optin - worker.static_shared)
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, self.fuse_below)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
@@ -442,7 +415,6 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
-        a["fuse_below"] = self.fuse_below
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

@@ -24,7 +24,7 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
         case AF_OP_EMBED: op_embed(a, t, token); break;
         case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xs, sm, xs_ready); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
@@ -82,11 +82,8 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
     return bcast[1] != 0;
 }
 
-#define AF_ATTN_WAVE 0x80000000u
-
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
-// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// with AF_ATTN_WAVE set when the wave is an attention wave (for every block alike).
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -94,8 +91,6 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_ATTN_WAVE; }
-    __device__ __forceinline__ bool attention(uint32_t w) const { return (wave_global()[w] & AF_ATTN_WAVE) != 0; }
     __device__ __forceinline__ af_task* tasks() const {
         return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
@@ -132,22 +127,9 @@ __device__ af_table load_table(const af_args& a, float* base) {
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
-        const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        if (first < end && __ldg(&a.tasks[first].opcode) == AF_OP_ATTN) tb.wave_global()[w] |= AF_ATTN_WAVE;
     }
     __syncthreads();
     return tb;
-}
-
-// A skipped attention wave in a traced step: its tasks and its release stamped now, taking no time.
-__device__ void skip_trace(const af_args& a, const af_table& tb, uint32_t w) {
-    const unsigned long long now = global_ns();
-    for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
-        const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
-        a.trace[2 * g] = now;
-        a.trace[2 * g + 1] = now;
-    }
-    if (a.trace_waves) a.trace_waves[w * gridDim.x + blockIdx.x] = now;
 }
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
@@ -172,22 +154,16 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
-        const bool fused = fused_at(a, pos);
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-            if (fused && tb.attention(w)) {  // the WO tasks compute the attention: no wave, no barrier
-                if (traced && threadIdx.x == 0) skip_trace(a, tb, w);
-                continue;
-            }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
                 run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
-                    const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
+                    const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
                     const af_task& t = tb.tasks()[i];
                     const bool gemv = rows_of(a, t).n > 0;  // the task ran gemv_list
-                    const bool attention = t.opcode == AF_OP_ATTN || (t.opcode == AF_OP_WO && fused);
-                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && attention;
+                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && t.opcode == AF_OP_ATTN;
                     a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }

@@ -56,17 +56,6 @@
 // barriers for 32 rows instead of seven); the same additions in the same order.
 #define AF_LEAN_REDUCE 1
 #endif
-#ifndef AF_ATTN_FUSE
-// 1: at positions below af_args.fuse_below (the host's choice: at most attn_chunk and what
-// shared memory holds) every WO task computes the attention of all query heads itself, with the
-// ATTN task's and the one-chunk merge's arithmetic in their order (the same bits), and the
-// attention wave and its barrier are skipped: one dependent step and one barrier fewer a layer.
-#define AF_ATTN_FUSE 0
-#endif
-#ifndef AF_FUSE_MAX
-// positions: a cap on af_args.fuse_below, for measurements (64 = the host's largest choice)
-#define AF_FUSE_MAX 64
-#endif
 #ifndef AF_TRACE_MARK
 // Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
 // the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
@@ -112,7 +101,6 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
-    uint32_t fuse_below;            // AF_ATTN_FUSE: positions below this run the attention inside WO (0: never)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -145,19 +133,6 @@ __device__ __forceinline__ bool side_live(uint32_t bit) {
     return !AF_SIDE_SKIP || (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
 }
 __device__ __forceinline__ float ld_side(const float* p, bool live) { return live ? ld_act(p) : 0.0f; }
-
-// 16 bytes from global memory (through L2) into shared memory without passing registers;
-// cp_async_wait_all waits for this thread's copies (a __syncthreads then publishes them).
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-}
-// AF_ATTN_FUSE: whether the WO tasks compute the attention at `pos` and the ATTN waves are
-// skipped (the same answer in every block: it depends on pos and the arguments only).
-__device__ __forceinline__ bool fused_at(const af_args& a, uint32_t pos) {
-    return AF_ATTN_FUSE && pos < min(a.fuse_below, (uint32_t)AF_FUSE_MAX);
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;

@@ -50,41 +50,27 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
-// RoPE pairs element i of a head with `other` and rotates it by table entry `pair` (neox: the
-// two halves of the rotated part; otherwise neighbours); a' = a cos - b sin, b' = a sin + b cos,
-// each product rounded (as the VM).
-struct af_rope_pair {
-    uint32_t other, pair;
-    bool first;
-};
-__device__ __forceinline__ af_rope_pair rope_pair(uint32_t i, const af_plan_consts& c) {
-    const uint32_t half = c.rope_dim / 2;
-    if (c.rope_neox != 0) return af_rope_pair{i < half ? i + half : i - half, i < half ? i : i - half, i < half};
-    return af_rope_pair{(i % 2) == 0 ? i + 1 : i - 1, i / 2, (i % 2) == 0};
-}
-__device__ __forceinline__ float rope_rotate(float x, float o, float cs, float sn, bool first) {
-    return first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
-}
-
-// Element i of one head after RoPE at `pos`: src + side are the head's rows of qkv and qkv_side.
-__device__ __forceinline__ float rope_value(const float* src, const float* side, uint32_t i, const af_args& a,
-                                            uint32_t pos) {
-    const af_plan_consts& c = a.c;
-    const bool sl = side_live(1);
-    const float x = __fadd_rn(ld_act(src + i), ld_side(side + i, sl));
-    if (i >= c.rope_dim) return x;
-    const af_rope_pair r = rope_pair(i, c);
-    const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * (c.rope_dim / 2) + r.pair);
-    const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * (c.rope_dim / 2) + r.pair);
-    const float o = __fadd_rn(ld_act(src + r.other), ld_side(side + r.other, sl));
-    return rope_rotate(x, o, cs, sn, r.first);
-}
-
-// RoPE of one head (hd floats at src + side) into dst, thread first_thread + i doing element i.
+// RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
 __device__ void rope_head(float* dst, const float* src, const float* side, const af_args& a, uint32_t pos,
                           uint32_t first_thread) {
-    const uint32_t i = threadIdx.x - first_thread;
-    if (i < a.c.head_dim) dst[i] = rope_value(src, side, i, a, pos);
+    const af_plan_consts& c = a.c;
+    const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
+    if (i >= c.head_dim) return;
+    const bool sl = side_live(1);
+    const float x = __fadd_rn(ld_act(src + i), ld_side(side + i, sl));
+    float y = x;
+    const bool neox = c.rope_neox != 0;
+    const uint32_t pair = neox ? (i < half ? i : i - half) : i / 2;
+    const bool first = neox ? i < half : (i % 2) == 0;
+    if (i < c.rope_dim) {
+        const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
+        const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
+        const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
+        const float o = __fadd_rn(ld_act(src + other), ld_side(side + other, sl));
+        // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
+        y = first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
+    }
+    dst[i] = y;
 }
 
 // One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
@@ -305,227 +291,15 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
     __syncthreads();
 }
 
-// AF_ATTN_FUSE: the attention at a position below af_args.fuse_below (one active chunk), for
-// every query head, computed by one block inside its WO task's prologue: xs = the merged output,
-// exactly what the ATTN wave's chunk-0 tasks and merge_one_chunk give, because each value goes
-// through the same operations in the same order (RoPE; a score's 8-element runs folded over
-// hd / 8 lanes; the lane-strided exp-sum folded in halves; the weighted values in 1024 / hdv
-// position groups, position p in group p % groups, each in increasing p, summed in group order;
-// (0 + o) / l). Only the mapping onto threads differs. `writer` (the task of WO row 0) stores K
-// and V at pos in the caches, as chunk 0 would. Shared memory (af_args.fuse_below = F positions):
-// q (n_head, hd) roped, K (n_kv, hd) roped and V (n_kv, hdv) at pos, scores then exp (n_head, F),
-// l (n_head), the cached V rows 0 .. pos-1 (n_kv, F, hdv), copied by cp.async during the scores.
-template <int P>  // query heads per thread in the weighted values
-__device__ __forceinline__ void attend_values(const af_args& a, uint32_t pos, float* xs, const float* s,
-                                              const float* lsum, const float* vst) {
-    const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, nkv = c.n_head_kv, F = a.fuse_below, n = pos + 1;
-    const uint32_t g = udiv(c.n_head, nkv), groups = udiv(AF_THREADS, hdv), cells = nkv * hdv;
-    const uint32_t part = udiv(threadIdx.x, cells), r = threadIdx.x - part * cells;
-    const uint32_t kv = udiv(r, hdv), d = r - kv * hdv, h0 = kv * g + part * P;
-    if (part * P >= g) return;
-    const uint32_t hn = min((uint32_t)P, g - part * P);
-    float o[P];
-#pragma unroll
-    for (int u = 0; u < P; ++u) o[u] = 0.0f;
-    // groups past the last position hold nothing: op_attn adds their 0 to o, which changes nothing
-    // (o starts at +0 and is never -0), so they are skipped
-    for (uint32_t k = 0; k < min(groups, n); ++k) {
-        float acc[P];
-#pragma unroll
-        for (int u = 0; u < P; ++u) acc[u] = 0.0f;
-        const float* vp = vst + (kv * F + k) * hdv + d;  // V at pos is in its row too
-        const float* sp = s + h0 * F + k;
-#pragma unroll 2  // 4 spills on sm_86
-        for (uint32_t j = k; j < n; j += groups, vp += groups * hdv, sp += groups) {
-            const float v = *vp;
-#pragma unroll
-            for (int u = 0; u < P; ++u)
-                if (u < (int)hn) acc[u] = madd(acc[u], sp[u * F], v);
-        }
-#pragma unroll
-        for (int u = 0; u < P; ++u) o[u] = __fadd_rn(o[u], acc[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < P; ++u)
-        if (u < (int)hn) xs[(h0 + u) * hdv + d] = __fdiv_rn(__fadd_rn(0.0f, o[u]), lsum[h0 + u]);
-}
-
-__device__ __forceinline__ void attend_short(const af_args& a, uint32_t layer, uint32_t pos, float* xs, float* sm,
-                                          bool writer) {
-    const af_plan_consts& c = a.c;
-    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, nh = c.n_head, nkv = c.n_head_kv, F = a.fuse_below;
-    const uint32_t g = udiv(nh, nkv), n = pos + 1, tid = threadIdx.x;
-    float* q = sm;                          // (nh, hd) roped; then K at pos (nkv, hd) roped, V at pos (nkv, hdv)
-    float* kn = q + nh * hd;
-    float* vn = kn + nkv * hd;
-    float* s = vn + nkv * hdv;              // (nh, F) scores, then exp
-    float* lsum = s + nh * F;               // (nh)
-    float* vst = lsum + ((nh + 3) & ~3u);   // (nkv, F, hdv), 16-byte aligned
-    const float* qkv = layer_at(a, layer, c.lay_qkv);
-    const float* side = layer_at(a, layer, c.lay_qkv_side);
-    // q, K and V at pos are qkv's first rows, in the order of q, kn, vn: RoPE on q and K. R
-    // elements a thread at a time (sm_90, Llama 3.2 1B: all of them), every load before any store.
-    const uint32_t nqk = (nh + nkv) * hd, half = c.rope_dim / 2, hp = hd / 2;
-    const uint32_t qk_pairs = (nh + nkv) * hp, pairs = qk_pairs + nkv * hdv / 2;
-    const bool sl = side_live(1), neox = c.rope_neox != 0;
-    const float* cos_row = f32_at(a, c.rope_cos) + (size_t)pos * half;
-    const float* sin_row = f32_at(a, c.rope_sin) + (size_t)pos * half;
-    // RoPE in pairs: pair t of a head is the two elements its rotation mixes (neox: p and p + half;
-    // otherwise 2p and 2p + 1; past rope_dim, two neighbours it leaves alone); V in neighbours.
-    // Pair ia, ib, whether it is rotated, and its table entry p:
-    auto pair_of = [&](uint32_t t, uint32_t& ia, uint32_t& ib) -> bool {
-        if (t >= qk_pairs) {
-            ia = nqk + 2 * (t - qk_pairs);
-            ib = ia + 1;
-            return false;
-        }
-        const uint32_t p = t & (hp - 1), head0 = (t - p) * 2;  // hd = 2 hp, a power of two
-        const bool rot = neox ? p < half : 2 * p < c.rope_dim;
-        ia = head0 + (!neox ? 2 * p : rot ? p : c.rope_dim + 2 * (p - half));
-        ib = neox && rot ? ia + half : ia + 1;
-        return rot;
-    };
-    constexpr int R = 2;  // pairs a thread at a time (Llama 3.2 1B: all 1,536 in one pass)
-    for (uint32_t base = tid; base < pairs; base += R * AF_THREADS) {
-        // every load of the R pairs first, then the arithmetic (an add right after its load made
-        // each element wait for the one before); side vectors (split-K plans only) come after
-        float xa[R], xb[R], cs[R], sn[R];
-#pragma unroll
-        for (int u = 0; u < R; ++u) {
-            const uint32_t t = base + u * AF_THREADS;
-            uint32_t ia = 0, ib = 0;
-            const bool in = t < pairs, rot = in && pair_of(t, ia, ib);
-            if (in && ib == ia + 1) {
-                const float2 v = __ldcg(reinterpret_cast<const float2*>(qkv + ia));
-                xa[u] = v.x;
-                xb[u] = v.y;
-            } else {
-                xa[u] = in ? ld_act(qkv + ia) : 0.0f;
-                xb[u] = in ? ld_act(qkv + ib) : 0.0f;
-            }
-            const uint32_t p = t & (hp - 1);
-            cs[u] = rot ? __ldg(cos_row + p) : 0.0f;
-            sn[u] = rot ? __ldg(sin_row + p) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < R; ++u) {
-            const uint32_t t = base + u * AF_THREADS;
-            if (t >= pairs) continue;
-            uint32_t ia, ib;
-            const bool rot = pair_of(t, ia, ib);
-            float ya = __fadd_rn(xa[u], ld_side(side + ia, sl)), yb = __fadd_rn(xb[u], ld_side(side + ib, sl));
-            if (rot) {  // a' = a cos - b sin, b' = a sin + b cos, each product rounded (rope_rotate)
-                const float a0 = ya;
-                ya = rope_rotate(a0, yb, cs[u], sn[u], true);
-                yb = rope_rotate(yb, a0, cs[u], sn[u], false);
-            }
-            q[ia] = ya;
-            q[ib] = yb;
-            if (ia >= nqk) {  // V at pos also goes to its row of the staged V
-                const uint32_t iv = ia - nqk, kvh = udiv(iv, hdv), at = (kvh * F + pos) * hdv + iv - kvh * hdv;
-                vst[at] = ya;
-                vst[at + 1] = yb;
-            }
-        }
-    }
-    // the cached V rows, in flight while the scores are computed
-    const uint32_t v4 = pos * hdv / 4;
-    for (uint32_t kv = 0; kv < nkv; ++kv) {
-        const float* src = a.vcache + (size_t)(layer * nkv + kv) * c.ctx * hdv;
-        float* dst = vst + kv * F * hdv;
-        for (uint32_t i = tid; i < v4; i += AF_THREADS) cp_async16(dst + 4 * i, src + 4 * i);
-    }
-    __syncthreads();
-    trace_mark(2);
-    if (writer) {
-        for (uint32_t i = tid; i < nkv * (hd + hdv); i += AF_THREADS) {
-            if (i < nkv * hd) {
-                const uint32_t kv = udiv(i, hd);
-                a.kcache[((size_t)(layer * nkv + kv) * c.ctx + pos) * hd + i - kv * hd] = kn[i];
-            } else {
-                const uint32_t iv = i - nkv * hd, kv = udiv(iv, hdv);
-                a.vcache[((size_t)(layer * nkv + kv) * c.ctx + pos) * hdv + iv - kv * hdv] = vn[iv];
-            }
-        }
-    }
-    // scores: AF_WARPS / nkv warps per K/V head, positions on hd / 8 lanes each (an 8-element
-    // run), for the g query heads of the K/V head, as op_attn. A warp's positions share their
-    // query rows, so those reads are broadcasts, 16 bytes at a time.
-    const uint32_t lpp = hd / 8, per_warp = udiv(32, lpp), wpk = udiv(AF_WARPS, nkv);
-    const uint32_t lane = tid % 32, warp = tid / 32, sub = udiv(lane, lpp), vl = umod(lane, lpp);
-    const uint32_t kv = udiv(warp, wpk);
-    if (kv < nkv) {
-        const float* krows = a.kcache + (size_t)(layer * nkv + kv) * c.ctx * hd + vl * 8;
-        for (uint32_t p0 = (warp - kv * wpk) * per_warp; p0 < n; p0 += wpk * per_warp) {
-            const uint32_t j = p0 + sub;
-            const bool live = j < n;
-            float k8[8];
-            if (j == pos || !live) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) k8[e] = kn[kv * hd + vl * 8 + e];
-            } else {
-                const float4 k0 = ld_act4(krows + (size_t)j * hd), k1 = ld_act4(krows + (size_t)j * hd + 4);
-                k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
-                k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
-            }
-            for (uint32_t jj = 0; jj < g; ++jj) {
-                const float4* qh = reinterpret_cast<const float4*>(q + (kv * g + jj) * hd + vl * 8);
-                const float4 qa = qh[0], qb = qh[1];
-                float acc = 0.0f;
-                acc = madd(acc, k8[0], qa.x);
-                acc = madd(acc, k8[1], qa.y);
-                acc = madd(acc, k8[2], qa.z);
-                acc = madd(acc, k8[3], qa.w);
-                acc = madd(acc, k8[4], qb.x);
-                acc = madd(acc, k8[5], qb.y);
-                acc = madd(acc, k8[6], qb.z);
-                acc = madd(acc, k8[7], qb.w);
-                for (uint32_t off = lpp / 2; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-                if (live && vl == 0) s[(kv * g + jj) * F + j] = __fmul_rn(acc, c.attn_scale);
-            }
-        }
-    }
-    __syncthreads();
-    trace_mark(3);
-    // max and exp-sum per query head: warp h (as op_attn)
-    for (uint32_t h = warp; h < nh; h += AF_WARPS) {
-        float* sh = s + h * F;
-        float m = -INFINITY;
-        for (uint32_t p = lane; p < n; p += 32) m = fmaxf(m, sh[p]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (uint32_t p = lane; p < n; p += 32) {
-            const float e = expf(__fsub_rn(sh[p], m));
-            sh[p] = e;
-            l = __fadd_rn(l, e);
-        }
-        l = warp_fold(l);
-        if (lane == 0) lsum[h] = l;
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    trace_mark(4);
-    // weighted values and the merge: thread (part, kv, d) for P query heads of kv
-    const uint32_t spread = max(1u, min(g, udiv(AF_THREADS, nkv * hdv)));
-    const uint32_t per = udiv(g + spread - 1, spread);
-    if (per <= 1) attend_values<1>(a, pos, xs, s, lsum, vst);
-    else if (per <= 2) attend_values<2>(a, pos, xs, s, lsum, vst);
-    else if (per <= 4) attend_values<4>(a, pos, xs, s, lsum, vst);
-    else attend_values<8>(a, pos, xs, s, lsum, vst);
-    __syncthreads();
-}
-
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* sm, bool xs_ready) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
         if (xs_ready) return;
-        if (fused_at(a, pos)) attend_short(a, t.layer, pos, xs, sm, t.row_start == 0 && t.part_start == 0 && !t.side);
-        else if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
+        if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_attention(a, t.layer, pos, xs);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, merge,
