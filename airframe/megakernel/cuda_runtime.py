@@ -46,10 +46,12 @@ CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, 
                   "error_step": 83, "tokens_out": 84}
 CONTROL_WORDS = 84 + MAX_STEPS
 ERROR_NON_FINITE = 1
+ERROR_FFN_RANGE = 2  # worker.cu, AF_FFN_ATOMIC: an FFN partial not finite or |v| >= 2^22
 
 
 class NonFiniteLogitError(AirframeError):
-    """The worker met a NaN or infinite logit: the weights or the arithmetic produced garbage."""
+    """The worker met a NaN or infinite logit, or an FFN output that is not finite or too large for
+    its fixed-point sum: the weights or the arithmetic produced garbage."""
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -274,6 +276,8 @@ def check_model_limits(k: dict) -> None:
                         f"and (group + 1) * head_dim + head_dim_v <= {THREADS}")
     if k["head_dim_v"] > THREADS:
         problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {THREADS}")
+    if not 2 <= k["ffn_parts"] <= 512:  # the FFN sums' 64-bit accumulators fill two slots; 512 * 2^22 * 2^32 < 2^63
+        problems.append(f"ffn_parts = {k['ffn_parts']}, expected 2..512 (a plan for 2 to 256 workers)")
     if problems:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
@@ -459,9 +463,11 @@ class Runtime:
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)
         f = CONTROL_FIELDS
         done = int(ctl[f["steps_done"]])
-        if ctl[f["error"]] & ERROR_NON_FINITE:
+        if ctl[f["error"]] & (ERROR_NON_FINITE | ERROR_FFN_RANGE):
             step = int(ctl[f["error_step"]])
-            raise NonFiniteLogitError(f"a non-finite logit at position {pos0 + step} (step {step} of the launch); "
+            what = ("an FFN output that is not finite or reaches 2^22 in magnitude (the range of its fixed-point "
+                    "sum)" if ctl[f["error"]] & ERROR_FFN_RANGE else "a non-finite logit")
+            raise NonFiniteLogitError(f"{what} at position {pos0 + step} (step {step} of the launch); "
                                       "expected finite logits: the weights or activations hold NaN or inf")
         result = LaunchResult(done, [int(t) for t in ctl[f["tokens_out"]:f["tokens_out"] + done]],
                               bool(ctl[f["stopped"]]), ms)

@@ -5,11 +5,13 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
   - dot(w, x) over K elements (`lane_sum`): lane l of a warp owns the 8-element vectors j with
     j % 32 == l; its one accumulator starts at +0 and adds w*x element by element in increasing
     order (multiply, round, add, round: no FMA); the 32 lanes fold in halves (l + 16, ..., + 1).
-  - attention: the exp-sum over positions and the FFN reduce over slots are lane sums with 8 = 1
-    (lane p % 32); the weighted values and the FFN down projection run in `groups` strided groups
+  - attention: the exp-sum over positions is a lane sum with 8 = 1 (lane p % 32); the weighted values and the FFN down projection run in `groups` strided groups
     (item i in group i % groups, each group from +0 in increasing i), then add the groups in
     order; groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
   - sums over chunks (the WO merge) run sequentially from +0 in increasing order.
+  - the FFN reduce is exact: every partial becomes a 64-bit integer count of 2^-32 (round to
+    nearest even), the integers add up (order does not matter), and the total is rounded once to
+    float32 and scaled back (`fixed_point_sum`); the CUDA worker adds them with atomics.
   - a split-K piece (columns [part_start, +part_count) of a row) is its own lane sum over those
     columns, lane 0 taking the piece's first 8; the second piece lands in the side vector, and a
     consumer adds it as qkv + qkv_side (h + h_side) in one rounding.
@@ -68,6 +70,25 @@ def lane_sum(products: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
 def dot_rows(w: np.ndarray, x: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
     """(R, K) . (K,): each product rounded to float32, then summed by lane_sum."""
     return lane_sum(w * x, lanes, vec)
+
+
+FIX_LIMIT = 2.0 ** 22  # |partial| below this: 512 of them cannot overflow the 64-bit sum
+FIX_SCALE = 2.0 ** 32
+
+
+class FixedPointRangeError(ParameterError):
+    """An FFN partial is not finite or too large for the 64-bit fixed-point sum."""
+
+
+def fixed_point_sum(parts: np.ndarray) -> np.ndarray:
+    """Sum over axis 0, exactly: each float32 partial as round(v * 2^32) in int64, the integers
+    added, the total rounded once to float32 and times 2^-32 (worker.cu's AF_FFN_ATOMIC)."""
+    parts = np.asarray(parts, dtype=np.float32)
+    if not np.all(np.abs(parts) < FIX_LIMIT):
+        raise FixedPointRangeError(f"an FFN partial of {float(np.max(np.abs(parts)))}, expected finite values "
+                                   f"below {FIX_LIMIT:.0f} in magnitude (the fixed-point sum's range)")
+    counts = np.rint(parts.astype(np.float64) * FIX_SCALE).astype(np.int64).sum(axis=0)
+    return counts.astype(np.float32) * F32(1.0 / FIX_SCALE)
 
 
 def sequential_sum(values: np.ndarray) -> np.ndarray:
@@ -285,7 +306,7 @@ class VM:
     def _ffn_reduce(self, t) -> None:
         k, r0, n, layer = self.k, int(t["row_start"]), int(t["row_count"]), int(t["layer"])
         parts = self._region("ffn", 0, k["ffn_parts"] * k["n_embd"], layer).reshape(k["ffn_parts"], k["n_embd"])
-        total = lane_sum(np.ascontiguousarray(parts[:, r0:r0 + n].T), 32, 1)  # lane k % 32 sums slot k
+        total = fixed_point_sum(parts[:, r0:r0 + n])
         self._region("x", r0, n, layer + 1)[:] = self._with_side("h", r0, n, layer) + total
 
     def _final_norm(self, t) -> None:

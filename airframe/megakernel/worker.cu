@@ -82,8 +82,11 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
     return bcast[1] != 0;
 }
 
+#define AF_SKIP_WAVE 0x80000000u
+
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
-// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin.
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
+// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -91,6 +94,8 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
+    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_SKIP_WAVE; }
+    __device__ __forceinline__ bool skipped(uint32_t w) const { return (wave_global()[w] & AF_SKIP_WAVE) != 0; }
     __device__ __forceinline__ af_task* tasks() const {
         return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
@@ -127,9 +132,23 @@ __device__ af_table load_table(const af_args& a, float* base) {
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
+        const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
+        if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
+            tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
     return tb;
+}
+
+// A skipped wave in a traced step: its tasks and its release stamped now, taking no time.
+__device__ void skip_trace(const af_args& a, const af_table& tb, uint32_t w) {
+    const unsigned long long now = global_ns();
+    for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
+        const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
+        a.trace[2 * g] = now;
+        a.trace[2 * g + 1] = now;
+    }
+    if (a.trace_waves) a.trace_waves[w * gridDim.x + blockIdx.x] = now;
 }
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
@@ -155,11 +174,15 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
+            if (tb.skipped(w)) {  // no work and no barrier
+                if (traced && threadIdx.x == 0) skip_trace(a, tb, w);
+                continue;
+            }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
                 run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
-                    const uint32_t g = tb.wave_global()[w] + i - tb.wave_first()[w];
+                    const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
                     const af_task& t = tb.tasks()[i];
                     const bool gemv = rows_of(a, t).n > 0;  // the task ran gemv_list

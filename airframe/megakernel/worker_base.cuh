@@ -56,6 +56,18 @@
 // barriers for 32 rows instead of seven); the same additions in the same order.
 #define AF_LEAN_REDUCE 1
 #endif
+#ifndef AF_FFN_ATOMIC
+// 1: an FFN task adds its partial sums to 64-bit fixed-point accumulators (units of 2^-32) with
+// red.global.add.u64 instead of writing them to its slot: integer sums do not depend on their
+// order, so the total is as reproducible as the FFN reduce wave's, and that wave and its barrier
+// are skipped; the next layer's QKV and WO tasks (and the final norm) read x as (h + h_side) +
+// total * 2^-32, the VM's FFN_REDUCE. A partial that is not finite or has |v| >= 2^22 (it could
+// overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
+#define AF_FFN_ATOMIC 1
+#endif
+#define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
+#define AF_FIX_SCALE 4294967296.0f       // 2^32
+#define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
 #ifndef AF_TRACE_MARK
 // Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
 // the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
@@ -76,7 +88,7 @@ struct af_control {
     uint32_t reserved[3];
     uint32_t tokens_in[AF_MAX_STEPS];
     uint32_t steps_done;      // outputs from here on
-    uint32_t error;           // bit 0: a non-finite logit
+    uint32_t error;           // bit 0: a non-finite logit; bit 1: an FFN partial out of the fixed-point range
     uint32_t stopped;         // 1 when an end-of-generation token ended the launch
     uint32_t error_step;
     uint32_t tokens_out[AF_MAX_STEPS];  // greedy token after each step
@@ -302,11 +314,31 @@ __device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float 
     }
 }
 
+// The FFN sum of `acc` (AF_FFN_ATOMIC) as a float: the accumulator rounded once, times 2^-32.
+__device__ __forceinline__ float fix_value(unsigned long long v) {
+    return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);
+}
+
+// The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc).
+struct af_x {
+    const float* x;
+    const float* side;                // null: none
+    bool side_is_zero;                // a side vector no task writes: added as 0.0f
+    const unsigned long long* acc;    // null: none
+    __device__ __forceinline__ float at(uint32_t i) const {
+        float v = ld_act(x + i);
+        if (side) v = __fadd_rn(v, side_is_zero ? 0.0f : ld_act(side + i));
+        if (acc) v = __fadd_rn(v, fix_value(__ldcg(acc + i)));
+        return v;
+    }
+};
+
 // xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
 // y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
-// writes, added as 0.0f). `red` is shared scratch of one float.
+// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float.
 __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
-                               const float* side = nullptr, bool side_is_zero = false) {
+                               const float* side = nullptr, bool side_is_zero = false,
+                               const unsigned long long* acc = nullptr) {
     if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
         // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
         const uint32_t q = threadIdx.x;
@@ -315,12 +347,20 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
             xv = __ldcg(reinterpret_cast<const float4*>(x) + q);
+            ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0;
+            if (acc) {
+                a0 = __ldcg(reinterpret_cast<const ulonglong2*>(acc) + 2 * q);
+                a1 = __ldcg(reinterpret_cast<const ulonglong2*>(acc) + 2 * q + 1);
+            }
             if (side) {
                 const float4 sv = side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
                                                : __ldcg(reinterpret_cast<const float4*>(side) + q);
                 xv = make_float4(__fadd_rn(xv.x, sv.x), __fadd_rn(xv.y, sv.y), __fadd_rn(xv.z, sv.z),
                                  __fadd_rn(xv.w, sv.w));
             }
+            if (acc)
+                xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
+                                 __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
             reinterpret_cast<float4*>(xs)[q] = xv;
         }
         __syncthreads();
@@ -337,7 +377,8 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
     // the norm weights of this thread's first two elements load with x, not after the sum
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
-    load_shared(xs, x, n, side);
+    const af_x in{x, side, side_is_zero, acc};
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[i] = in.at(i);
     __syncthreads();
     if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
     __syncthreads();
@@ -361,4 +402,17 @@ __device__ __forceinline__ float* x_at(const af_args& a, uint32_t l) {
 // Layer l's block of the arena; add lay_qkv, lay_attn, lay_h or lay_ffn.
 __device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_t region) {
     return a.act + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
+}
+
+// AF_FFN_ATOMIC: layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
+// (the slots, unused then; the arena's regions are 256-byte aligned).
+__device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
+    return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
+}
+
+// x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
+// readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
+__device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
+    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
+    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
 }

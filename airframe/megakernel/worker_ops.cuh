@@ -44,7 +44,9 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready) rmsnorm_shared(xs, x_at(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (xs_ready) return;
+        const af_x x = x_in(a, t.layer);
+        rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
@@ -295,7 +297,6 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 // h_side[rows] with no residual.
 __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
-    const float* x = x_at(a, t.layer);
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
         if (xs_ready) return;
@@ -305,7 +306,9 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
-                  h[r] = t.side ? v : __fadd_rn(ld_act(x + r), v);
+                  // (x and the accumulators found here, not held in registers across the GEMV)
+                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
+                  if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
               });
 }
 
@@ -379,6 +382,19 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
         }
     }
     __syncthreads();
+    if (AF_FFN_ATOMIC) {  // the partials into the layer's fixed-point sums (see AF_FFN_ATOMIC)
+        unsigned long long* acc = ffn_acc(a, t.layer);
+        bool bad = false;
+        for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
+            float v = part[i];
+            for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
+            bad |= !(fabsf(v) < AF_FIX_LIMIT);  // NaN included
+            const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
+            asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
+        }
+        if (bad) atomicOr(&a.ctl->error, 2u);
+        return;
+    }
     float* out = layer_at(a, t.layer, c.lay_ffn) + (size_t)t.slot * e;
     for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];
@@ -447,7 +463,8 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(xs, x_at(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    const af_x x = x_in(a, c.n_layers);
+    rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[r];
 }
