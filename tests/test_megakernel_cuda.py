@@ -135,9 +135,9 @@ LAYOUT_MAIN = r"""
 #include <cstddef>
 #include "worker.cu"
 int main() {
-    printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
            offsetof(af_args, ffn_max_rows), offsetof(af_plan_consts, rope_cos), sizeof(af_control),
-           offsetof(af_control, steps_done), offsetof(af_args, sides), offsetof(af_args, short_attn));
+           offsetof(af_control, steps_done), offsetof(af_args, sides));
     return 0;
 }
 """
@@ -156,8 +156,7 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
     rt = cuda_runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
-                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
-                     rt.ARGS_DTYPE.fields["short_attn"][1]]
+                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1]]
 
 
 # ---- no GPU here ----------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from .build import Build, build_worker
 from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from .package import Package
 from .validator import PlanError
-from .vm import attention_with_wo
 
 THREADS = 1024  # AF_THREADS in worker.cu
 WARPS = THREADS // 32
@@ -40,14 +39,14 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4"), ("short_attn", "<u4"), ("wo_stage", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
                   "error_step": 83, "tokens_out": 84}
 CONTROL_WORDS = 84 + MAX_STEPS
 ERROR_NON_FINITE = 1
-ERROR_FFN_RANGE = 2  # worker.cu: a partial of a fixed-point sum (FFN, short attention's W_o) not finite or |v| >= 2^22
+ERROR_FFN_RANGE = 2  # worker.cu, AF_FFN_ATOMIC: an FFN partial not finite or |v| >= 2^22
 
 
 class NonFiniteLogitError(AirframeError):
@@ -283,27 +282,15 @@ def check_model_limits(k: dict) -> None:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def attn_floats(k: dict) -> int:
-    """op_attn's shared memory in floats: q, k and v at pos, scores, value groups, m and l."""
-    g = k["n_head"] // k["n_head_kv"]
-    v_groups = THREADS // k["head_dim_v"]
-    return (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
-            + v_groups * g * k["head_dim_v"] + 2 * g)
-
-
-def wo_stage_floats(k: dict) -> int:
-    """The short attention's W_o rows in shared memory (worker.cu AF_WO_STAGE), in floats: the most
-    rows a task multiplies, times its heads' columns (BF16)."""
-    rows = -(-k["n_embd"] // k["attn_chunks"])
-    return rows * (k["n_head"] // k["n_head_kv"]) * k["head_dim_v"] // 2
-
-
-def shared_floats(k: dict, ffn_max_rows: int, wo_stage: bool = False) -> int:
+def shared_floats(k: dict, ffn_max_rows: int) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
     x_len = -(-max(k["n_embd"], k["n_head"] * k["head_dim_v"]) // 4) * 4
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= THREADS else THREADS // cols
-    attn = -(-attn_floats(k) // 4) * 4 + (wo_stage_floats(k) if wo_stage else 0)
+    g = k["n_head"] // k["n_head_kv"]
+    v_groups = THREADS // k["head_dim_v"]
+    attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
+            + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
@@ -341,13 +328,8 @@ class Runtime:
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
-        # below attn_chunk, the attention and its W_o slice in one wave (worker.cu AF_ATTN_WO); the
-        # slice is staged in shared memory when it fits (AF_WO_STAGE)
-        self.short_attn = attention_with_wo(self.plan.tasks, self.k)
-        room = self.device.shared_optin - worker.static_shared
-        self.wo_stage = self.short_attn and 4 * (shared_floats(self.k, self.ffn_max_rows, True) + table) <= room
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, self.wo_stage)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
@@ -437,8 +419,6 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
-        a["short_attn"] = int(self.short_attn)
-        a["wo_stage"] = -(-attn_floats(self.k) // 4) * 4 if self.wo_stage else 0
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:
@@ -485,8 +465,8 @@ class Runtime:
         done = int(ctl[f["steps_done"]])
         if ctl[f["error"]] & (ERROR_NON_FINITE | ERROR_FFN_RANGE):
             step = int(ctl[f["error_step"]])
-            what = ("a partial sum (FFN or W_o) that is not finite or reaches 2^22 in magnitude (the range of the "
-                    "fixed-point sums)" if ctl[f["error"]] & ERROR_FFN_RANGE else "a non-finite logit")
+            what = ("an FFN output that is not finite or reaches 2^22 in magnitude (the range of its fixed-point "
+                    "sum)" if ctl[f["error"]] & ERROR_FFN_RANGE else "a non-finite logit")
             raise NonFiniteLogitError(f"{what} at position {pos0 + step} (step {step} of the launch); "
                                       "expected finite logits: the weights or activations hold NaN or inf")
         result = LaunchResult(done, [int(t) for t in ctl[f["tokens_out"]:f["tokens_out"] + done]],

@@ -80,49 +80,15 @@ class FixedPointRangeError(ParameterError):
     """An FFN partial is not finite or too large for the 64-bit fixed-point sum."""
 
 
-def fixed_point_counts(parts: np.ndarray) -> np.ndarray:
-    """Each float32 partial as round(v * 2^32) (nearest, ties to even) in int64."""
-    parts = np.asarray(parts, dtype=np.float32)
-    if not np.all(np.abs(parts) < FIX_LIMIT):
-        raise FixedPointRangeError(f"a partial sum of {float(np.max(np.abs(parts)))}, expected finite values "
-                                   f"below {FIX_LIMIT:.0f} in magnitude (the fixed-point sum's range)")
-    return np.rint(parts.astype(np.float64) * FIX_SCALE).astype(np.int64)
-
-
-def fixed_point_value(counts: np.ndarray) -> np.ndarray:
-    """An int64 sum of counts rounded once to float32, times 2^-32."""
-    return counts.astype(np.float32) * F32(1.0 / FIX_SCALE)
-
-
 def fixed_point_sum(parts: np.ndarray) -> np.ndarray:
     """Sum over axis 0, exactly: each float32 partial as round(v * 2^32) in int64, the integers
     added, the total rounded once to float32 and times 2^-32 (worker.cu's AF_FFN_ATOMIC)."""
-    return fixed_point_value(fixed_point_counts(parts).sum(axis=0))
-
-
-def attention_with_wo(tasks: np.ndarray, k: dict) -> bool:
-    """Whether positions below attn_chunk run the attention with its W_o slice (the "short
-    attention", docs/MEGAKERNEL.md): no WO task writes a side piece (h_side stays zero), every
-    worker with an ATTN task has a WO task of the same layer (it finds W_o there), every worker
-    has an FFN task in every layer, and the FFN region holds the two 64-bit sums."""
-    if k["ffn_parts"] < 4:
-        return False
-    wo = tasks[tasks["opcode"] == int(Op.WO)]
-    if np.any(wo["side"] != 0):
-        return False
-    attn = tasks[tasks["opcode"] == int(Op.ATTN)]
-    have = set(zip(wo["worker"].tolist(), wo["layer"].tolist()))
-    if not all(pair in have for pair in zip(attn["worker"].tolist(), attn["layer"].tolist())):
-        return False
-    # every worker stores its share of h in each layer's FFN wave
-    ffn = tasks[tasks["opcode"] == int(Op.FFN)]
-    workers = int(tasks["worker"].max()) + 1
-    return len(set(zip(ffn["worker"].tolist(), ffn["layer"].tolist()))) == workers * k["n_layers"]
-
-
-def wo_rows(k: dict, chunk: int) -> tuple[int, int]:
-    """The W_o rows [start, end) the short attention's task of chunk `chunk` multiplies."""
-    return chunk * k["n_embd"] // k["attn_chunks"], (chunk + 1) * k["n_embd"] // k["attn_chunks"]
+    parts = np.asarray(parts, dtype=np.float32)
+    if not np.all(np.abs(parts) < FIX_LIMIT):
+        raise FixedPointRangeError(f"an FFN partial of {float(np.max(np.abs(parts)))}, expected finite values "
+                                   f"below {FIX_LIMIT:.0f} in magnitude (the fixed-point sum's range)")
+    counts = np.rint(parts.astype(np.float64) * FIX_SCALE).astype(np.int64).sum(axis=0)
+    return counts.astype(np.float32) * F32(1.0 / FIX_SCALE)
 
 
 def sequential_sum(values: np.ndarray) -> np.ndarray:
@@ -172,10 +138,6 @@ class VM:
         self.n_past = 0
         self.config = plan.config
         self.waves = np.searchsorted(plan.tasks["wave"], np.arange(k["n_waves"] + 1))
-        self.short_ok = attention_with_wo(plan.tasks, k)
-        wo = plan.tasks[plan.tasks["opcode"] == int(Op.WO)]
-        self.wo_weight = {int(t["layer"]): int(t["weight0"]) for t in wo}
-        self.h_counts = np.zeros((k["n_layers"], k["n_embd"]), np.int64)  # the short attention's W_o sums
         self._ops = {Op.EMBED: self._embed, Op.QKV: self._qkv, Op.ATTN: self._attn, Op.WO: self._wo,
                      Op.FFN: self._ffn, Op.FFN_REDUCE: self._ffn_reduce, Op.FINAL_NORM: self._final_norm,
                      Op.LM_HEAD: self._lm_head}
@@ -197,18 +159,10 @@ class VM:
         if not 0 <= token < self.k["vocab"]:
             raise ParameterError(f"token {token}, expected 0..{self.k['vocab'] - 1}")
         self.token, self.pos = token, pos
-        # below attn_chunk the ATTN tasks multiply their share of W_o too, and the WO waves do not run
-        self.short = self.short_ok and pos < self.k["attn_chunk"]
         for w in range(self.k["n_waves"]):
             order = np.arange(self.waves[w], self.waves[w + 1])
             if rng is not None:
                 rng.shuffle(order)
-            if self.short and len(order):
-                first = self.plan.tasks[self.waves[w]]
-                if int(first["opcode"]) == Op.WO:
-                    continue
-                if int(first["opcode"]) == Op.FFN:
-                    self._short_h(int(first["layer"]))
             for i in order:
                 t = self.plan.tasks[i]
                 self._ops[Op(int(t["opcode"]))](t)
@@ -286,19 +240,10 @@ class VM:
         out[:, ib] = a * sin + b * cos
         return out
 
-    def _short_h(self, layer: int) -> None:
-        """h of a layer after a short-attention wave: x + the W_o sums (the FFN's readers form it)."""
-        e = self.k["n_embd"]
-        self._region("h", 0, e, layer)[:] = self._region("x", 0, e, layer) + fixed_point_value(self.h_counts[layer])
-        self.h_counts[layer] = 0
-
     def _attn(self, t) -> None:
         k = self.k
         chunk, first = int(t["slot"]), int(t["row_start"])
-        short = self.short
-        if short:
-            first = 0  # every chunk's task computes chunk 0's attention (all of it, below attn_chunk)
-        elif first > self.pos:
+        if first > self.pos:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
         hd, g = k["head_dim"], k["n_head"] // k["n_head_kv"]
@@ -315,10 +260,7 @@ class VM:
         keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache
         values[self.pos - first:] = v_new
         rec = attn_record(k)
-        if short:
-            out = np.zeros((g, rec), F32)
-        else:
-            out = self._region("attn", (chunk * k["n_head"] + head * g) * rec, g * rec, layer).reshape(g, rec)
+        out = self._region("attn", (chunk * k["n_head"] + head * g) * rec, g * rec, layer).reshape(g, rec)
         products = (q[:, None, :] * keys[None, :, :]).reshape(-1, hd)  # (g * positions, head_dim)
         scores = lane_sum(products, k["dot_lanes"], k["dot_vec"]).reshape(g, -1) * F32(k["attn_scale"])
         m = scores.max(axis=1)
@@ -327,14 +269,6 @@ class VM:
         out[:, 1] = lane_sum(e, 32, 1)
         groups = self.plan.target.threads_per_worker // k["head_dim_v"]
         out[:, 2:] = group_sum(e.T[:, :, None] * values[:, None, :], groups)  # over positions
-        if short:  # merged as one chunk, (0 + o) / l, times this task's rows of W_o's columns for these heads
-            o = ((F32(0) + out[:, 2:]) / out[:, 1:2]).reshape(-1)
-            r0, r1 = wo_rows(k, chunk)
-            width = k["n_head"] * hdv
-            rows = self._bf16(self.wo_weight[layer] + r0 * width * 2, r1 - r0, width)
-            c0 = head * g * hdv
-            partial = self._dot(np.ascontiguousarray(rows[:, c0:c0 + g * hdv]), o)
-            self.h_counts[layer, r0:r1] += fixed_point_counts(partial)
 
     def _merged_attention(self, layer: int) -> np.ndarray:
         """Every query head's attention output from the active chunks' partials, (n_head * head_dim_v,)."""

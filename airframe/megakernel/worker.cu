@@ -23,9 +23,9 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
         case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
-        case AF_OP_ATTN: op_attn(a, t, pos, xs, sm); break;
+        case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
         case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
-        case AF_OP_FFN: op_ffn(a, t, pos, xs, red, sm, xs_ready); break;
+        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
         case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
@@ -83,13 +83,10 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 }
 
 #define AF_SKIP_WAVE 0x80000000u
-#define AF_WO_WAVE 0x40000000u
-#define AF_WAVE_BITS (AF_SKIP_WAVE | AF_WO_WAVE)
 
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves) and
-// AF_WO_WAVE on the WO waves (skipped at the steps that run the short attention, AF_ATTN_WO).
+// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -97,11 +94,8 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_WAVE_BITS; }
-    __device__ __forceinline__ bool skipped(uint32_t w, bool short_step) const {
-        const uint32_t g = wave_global()[w];
-        return (g & AF_SKIP_WAVE) != 0 || (short_step && (g & AF_WO_WAVE) != 0);
-    }
+    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_SKIP_WAVE; }
+    __device__ __forceinline__ bool skipped(uint32_t w) const { return (wave_global()[w] & AF_SKIP_WAVE) != 0; }
     __device__ __forceinline__ af_task* tasks() const {
         return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
     }
@@ -139,25 +133,8 @@ __device__ af_table load_table(const af_args& a, float* base) {
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        const uint32_t op = first < end ? __ldg(&a.tasks[first].opcode) : AF_OP_NOP;
-        if (AF_FFN_ATOMIC && op == AF_OP_FFN_REDUCE) tb.wave_global()[w] |= AF_SKIP_WAVE;
-        if (AF_ATTN_WO && op == AF_OP_WO) tb.wave_global()[w] |= AF_WO_WAVE;
-    }
-    __syncthreads();
-    if (AF_ATTN_WO && threadIdx.x == 0) {
-        // an ATTN task's weight0 (unused in tasks.bin) becomes W_o of its layer, from the block's WO
-        // task of that layer, which comes later (vm.attention_with_wo checks that there is one)
-        uint64_t wo = 0;
-        uint32_t wo_layer = 0xffffffffu;
-        for (uint32_t k = tb.wave_first()[n_waves]; k-- > 0;) {
-            af_task& t = tb.tasks()[k];
-            if (t.opcode == AF_OP_WO) {
-                wo = t.weight0;
-                wo_layer = t.layer;
-            } else if (t.opcode == AF_OP_ATTN) {
-                t.weight0 = t.layer == wo_layer ? wo : 0;
-            }
-        }
+        if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
+            tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
     return tb;
@@ -197,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
-            if (tb.skipped(w, short_attention(a, pos))) {  // no work and no barrier
+            if (tb.skipped(w)) {  // no work and no barrier
                 if (traced && threadIdx.x == 0) skip_trace(a, tb, w);
                 continue;
             }

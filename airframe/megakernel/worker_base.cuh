@@ -65,23 +65,6 @@
 // overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
 #define AF_FFN_ATOMIC 1
 #endif
-#ifndef AF_ATTN_WO
-// 1: at positions below attn_chunk (one chunk of attention active), when af_args.short_attn says
-// the plan allows it (vm.attention_with_wo), every ATTN task computes chunk 0's attention of its
-// K/V head and multiplies it by its share of W_o's columns for those heads (rows chunk *
-// n_embd / attn_chunks ..), adding the products to h's 64-bit fixed-point sums; the WO wave and
-// its barrier are skipped, and the FFN's norm reads h = x + sum * 2^-32 (writing its block's
-// share of h for the next layer). 0: the attention partials, the barrier and the WO wave.
-#define AF_ATTN_WO 1
-#endif
-#ifndef AF_WO_STAGE
-// 1 (AF_ATTN_WO): the short attention's W_o rows go to shared memory by cp.async while the scores
-// and values are computed, when af_args.wo_stage says where (the host: when they fit)
-#define AF_WO_STAGE 1
-#endif
-#if AF_ATTN_WO && !AF_FFN_ATOMIC
-#error "AF_ATTN_WO keeps h's sums in the FFN region, which only AF_FFN_ATOMIC leaves free of slots"
-#endif
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
 #define AF_FIX_SCALE 4294967296.0f       // 2^32
 #define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
@@ -130,8 +113,6 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
-    uint32_t short_attn;            // 1: AF_ATTN_WO may run at positions below attn_chunk (vm.attention_with_wo)
-    uint32_t wo_stage;              // AF_WO_STAGE: floats from op_attn's shared memory to the W_o rows' (0: none)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -164,14 +145,6 @@ __device__ __forceinline__ bool side_live(uint32_t bit) {
     return !AF_SIDE_SKIP || (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
 }
 __device__ __forceinline__ float ld_side(const float* p, bool live) { return live ? ld_act(p) : 0.0f; }
-
-// 16 bytes from global memory (through L2) into shared memory without passing registers;
-// cp_async_wait_all waits for this thread's copies (a __syncthreads then publishes them).
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
@@ -346,33 +319,26 @@ __device__ __forceinline__ float fix_value(unsigned long long v) {
     return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);
 }
 
-// A vector as its readers see it: x (+ side) (+ the fixed-point sum acc) (+ acc2), added in
-// that order: x[l] = (h + h_side) + the FFN sum, and (AF_ATTN_WO) h = x[l] + the W_o sum.
+// The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc).
 struct af_x {
     const float* x;
     const float* side;                // null: none
     bool side_is_zero;                // a side vector no task writes: added as 0.0f
     const unsigned long long* acc;    // null: none
-    const unsigned long long* acc2;   // null: none
     __device__ __forceinline__ float at(uint32_t i) const {
         float v = ld_act(x + i);
         if (side) v = __fadd_rn(v, side_is_zero ? 0.0f : ld_act(side + i));
         if (acc) v = __fadd_rn(v, fix_value(__ldcg(acc + i)));
-        if (acc2) v = __fadd_rn(v, fix_value(__ldcg(acc2 + i)));
         return v;
     }
 };
 
-// xs = rmsnorm(in) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
-// y = (x * inv) * w, x being `in` as af_x::at adds it up. `red` is shared scratch of one float.
-// `keep`: this block's share of x (its blockIdx.x-th of gridDim.x parts) is also stored there.
-__device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32_t n, float eps, float* red,
-                               float* keep = nullptr) {
-    const float* x = in.x;
-    const float* side = in.side;
-    const bool side_is_zero = in.side_is_zero;
-    const unsigned long long* acc = in.acc;
-    const unsigned long long* acc2 = in.acc2;
+// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
+// y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
+// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float.
+__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
+                               const float* side = nullptr, bool side_is_zero = false,
+                               const unsigned long long* acc = nullptr) {
     if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
         // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
         const uint32_t q = threadIdx.x;
@@ -381,14 +347,10 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
             xv = __ldcg(reinterpret_cast<const float4*>(x) + q);
-            ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0, b0 = a0, b1 = a0;
+            ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0;
             if (acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(acc) + 2 * q + 1);
-            }
-            if (acc2) {
-                b0 = __ldcg(reinterpret_cast<const ulonglong2*>(acc2) + 2 * q);
-                b1 = __ldcg(reinterpret_cast<const ulonglong2*>(acc2) + 2 * q + 1);
             }
             if (side) {
                 const float4 sv = side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
@@ -399,13 +361,7 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (acc)
                 xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
                                  __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
-            if (acc2)
-                xv = make_float4(__fadd_rn(xv.x, fix_value(b0.x)), __fadd_rn(xv.y, fix_value(b0.y)),
-                                 __fadd_rn(xv.z, fix_value(b1.x)), __fadd_rn(xv.w, fix_value(b1.y)));
             reinterpret_cast<float4*>(xs)[q] = xv;
-            const uint32_t quads = n / 4;
-            if (keep && q >= blockIdx.x * quads / gridDim.x && q < (blockIdx.x + 1) * quads / gridDim.x)
-                reinterpret_cast<float4*>(keep)[q] = xv;
         }
         __syncthreads();
         if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
@@ -421,11 +377,8 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
     // the norm weights of this thread's first two elements load with x, not after the sum
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
-    const uint32_t lo = blockIdx.x * n / gridDim.x, hi = (blockIdx.x + 1) * n / gridDim.x;
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
-        xs[i] = in.at(i);
-        if (keep && i >= lo && i < hi) keep[i] = xs[i];
-    }
+    const af_x in{x, side, side_is_zero, acc};
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[i] = in.at(i);
     __syncthreads();
     if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
     __syncthreads();
@@ -452,24 +405,14 @@ __device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_
 }
 
 // AF_FFN_ATOMIC: layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
-// (the slots, unused then; the arena's regions are 256-byte aligned); AF_ATTN_WO: h's W_o sum,
-// the next n_embd.
+// (the slots, unused then; the arena's regions are 256-byte aligned).
 __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
     return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
-}
-__device__ __forceinline__ unsigned long long* h_acc(const af_args& a, uint32_t l) {
-    return ffn_acc(a, l) + a.c.n_embd;
-}
-
-// AF_ATTN_WO: whether this step runs the short attention (the same answer in every block).
-__device__ __forceinline__ bool short_attention(const af_args& a, uint32_t pos) {
-    return AF_ATTN_WO && a.short_attn != 0 && pos < a.c.attn_chunk;
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
 // readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
 __device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
-    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr, nullptr};
-    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1),
-                nullptr};
+    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
+    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
 }

@@ -44,19 +44,12 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (xs_ready) return;
+        const af_x x = x_in(a, t.layer);
+        rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm, [&](uint32_t i, float v) {
-        const uint32_t r = t.row_start + i;
-        out[r] = v;
-        // this layer's fixed-point sums start from zero here: the FFN's (AF_FFN_ATOMIC, read by the
-        // next layer) and h's W_o sums (AF_ATTN_WO, read by this layer's FFN); their last readers
-        // ran in the step before
-        if (r < c.n_embd) {
-            if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;
-            if (AF_ATTN_WO) h_acc(a, t.layer)[r] = 0ull;
-        }
-    });
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
+                               [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -82,90 +75,21 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
     dst[i] = y;
 }
 
-// AF_ATTN_WO: the end of a short-attention task. Its heads' output, merged as one chunk ((0 + o)
-// / l, merge_one_chunk's arithmetic), goes to xs; then rows [slot * n_embd / attn_chunks, ..) of
-// W_o (t.weight0, set from the block's WO task of the layer in load_table), the columns of these
-// heads only, each row a lane sum over those columns (a split-K piece's order), and the products
-// are added to h's fixed-point sums. A product out of the fixed-point range sets bit 1 of the
-// error word.
-// AF_WO_STAGE: the task's W_o rows, requested into shared memory (cp.async, no registers) once
-// the RoPE is done, so that they arrive during the scores and values.
-__device__ __forceinline__ void stage_wo(const af_args& a, const af_task& t, float* stage) {
-    const af_plan_consts& c = a.c;
-    const uint32_t kvec = udiv(c.n_head, c.n_head_kv) * c.head_dim_v / 8, stride = c.n_head * c.head_dim_v / 8;
-    const uint32_t r0 = t.slot * c.n_embd / c.attn_chunks, r1 = (t.slot + 1) * c.n_embd / c.attn_chunks;
-    const uint4* w0 = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)r0 * stride + t.head * kvec;
-    uint4* dst = reinterpret_cast<uint4*>(stage);
-    for (uint32_t i = threadIdx.x; i < (r1 - r0) * kvec; i += AF_THREADS) {
-        const uint32_t row = udiv(i, kvec);
-        cp_async16(dst + i, w0 + (size_t)row * stride + (i - row * kvec));
-    }
-}
-
-__device__ void attend_wo(const af_args& a, const af_task& t, float* xs, const float* opart, const float* lsum,
-                          uint32_t groups, const float* stage) {
-    const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv), width = g * hdv;
-    if (stage) cp_async_wait_all();  // (the __syncthreads below publishes every thread's copies)
-    for (uint32_t i = threadIdx.x; i < width; i += AF_THREADS) {
-        const uint32_t j = udiv(i, hdv), dd = umod(i, hdv);
-        float o = 0.0f;
-        for (uint32_t k = 0; k < groups; ++k) o = __fadd_rn(o, opart[(k * g + j) * hdv + dd]);
-        xs[i] = __fdiv_rn(__fadd_rn(0.0f, o), lsum[j]);
-    }
-    __syncthreads();
-    const uint32_t r0 = t.slot * c.n_embd / c.attn_chunks, r1 = (t.slot + 1) * c.n_embd / c.attn_chunks;
-    const uint32_t kvec = width / 8, stride = c.n_head * hdv / 8;
-    const uint4* w0 = reinterpret_cast<const uint4*>(a.weights + t.weight0) + (size_t)r0 * stride + t.head * kvec;
-    unsigned long long* acc = h_acc(a, t.layer) + r0;
-    bool bad = false;
-    auto add = [&](uint32_t i, float v) {  // lane 0 of the row's warp
-        bad |= !(fabsf(v) < AF_FIX_LIMIT);
-        const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
-        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
-    };
-    const uint32_t rows = r1 - r0, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (kvec <= 32) {  // a row is at most one vector per lane: four rows a warp at once
-        constexpr uint32_t R = 4;
-        for (uint32_t i0 = warp; i0 < rows; i0 += R * AF_WARPS) {
-            uint4 v[R];
-#pragma unroll
-            for (uint32_t u = 0; u < R; ++u) {
-                const uint32_t i = i0 + u * AF_WARPS;
-                v[u] = i >= rows || lane >= kvec ? make_uint4(0, 0, 0, 0)
-                       : stage ? reinterpret_cast<const uint4*>(stage)[i * kvec + lane]
-                               : ld_weight16(w0 + (size_t)i * stride + lane);
-            }
-#pragma unroll
-            for (uint32_t u = 0; u < R; ++u) {
-                const uint32_t i = i0 + u * AF_WARPS;
-                const float d = warp_fold(lane < kvec ? dot8(v[u], xs + 8 * lane, 0.0f) : 0.0f);
-                if (lane == 0 && i < rows) add(i, d);
-            }
-        }
-    } else {
-        gemv_list<AF_UNROLL_SHORT>(af_rows{w0, w0, rows, rows, stride, kvec}, xs, [] {}, add);
-    }
-    if (bad) atomicOr(&a.ctl->error, 2u);
-}
-
 // One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
 // q, k and v at pos come from qkv + qkv_side; chunk 0 writes K and V at pos to the caches, and
 // every chunk takes them from shared memory, never from the cache (chunk 0 may be writing it).
 // Scores: head_dim/8 lanes per position, each an 8-element run, folded as the VM folds.
 // l: lane-strided partials over positions, folded in halves. o: 1024/hdv position groups
 // (position p in group p % groups), each in increasing p, then summed in group order.
-__device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* sm) {
+__device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
-    // AF_ATTN_WO below attn_chunk: every chunk's task computes chunk 0's attention (all of it)
-    const bool shrt = short_attention(a, pos);
-    if (!shrt && t.row_start > pos) {  // chunk not active yet
+    if (t.row_start > pos) {  // chunk not active yet
         if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
     }
     trace_mark(6);
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
-    const uint32_t first = shrt ? 0 : t.row_start, n = min(shrt ? c.attn_chunk : t.row_count, pos + 1 - first);
+    const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
     float* q = sm;                       // (g, hd), roped
@@ -201,7 +125,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
     __syncthreads();
     trace_mark(2);
-    if (shrt && AF_WO_STAGE && a.wo_stage) stage_wo(a, t, sm + a.wo_stage);
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
@@ -281,10 +204,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
     __syncthreads();
     trace_mark(5);
-    if (shrt) {
-        attend_wo(a, t, xs, opart, lsum, groups, AF_WO_STAGE && a.wo_stage ? sm + a.wo_stage : nullptr);
-        return;
-    }
     const uint32_t rec = hdv + 2;
     float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
@@ -389,23 +308,15 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
                   h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
+                  if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
               });
-}
-
-// AF_ATTN_WO, a step with the short attention: the FFN's norm of h = x[layer] + the W_o sums, and
-// this block's share of h stored for the next layer's readers. A call (inlined, op_ffn spilled)
-// that takes everything by value: a noinline function reading af_args goes through generic loads.
-__device__ __noinline__ void norm_keep(float* xs, af_x in, const float* w, uint32_t n, float eps, float* red,
-                                       float* keep) {
-    rmsnorm_shared(xs, in, w, n, eps, red, keep);
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
 // ffn_down (stored transposed, one row of n_embd per FFN row), output rows [part_start,
 // +part_count) only, times h. The down sum: `groups` row groups (row i in group i % groups),
 // each in increasing row order, then summed in group order.
-__device__ void op_ffn(const af_args& a, const af_task& t, uint32_t pos, float* xs, float* red, float* sm,
-                       bool xs_ready) {
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
@@ -414,16 +325,9 @@ __device__ void op_ffn(const af_args& a, const af_task& t, uint32_t pos, float* 
     const uint32_t n = t.row_count;
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
-                  if (xs_ready) return;
-                  float* h_l = layer_at(a, t.layer, c.lay_h);
-                  if (short_attention(a, pos)) {
-                      af_x hx = x_in(a, t.layer);
-                      hx.acc2 = h_acc(a, t.layer);
-                      norm_keep(xs, hx, f32_at(a, t.norm), e, c.rms_eps, red, h_l);
-                  } else {
-                      rmsnorm_shared(xs, af_x{h_l, layer_at(a, t.layer, c.lay_h_side), !side_live(2), nullptr, nullptr},
-                                     f32_at(a, t.norm), e, c.rms_eps, red);
-                  }
+                  if (!xs_ready)
+                      rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
+                                     layer_at(a, t.layer, c.lay_h_side), !side_live(2));
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
@@ -559,7 +463,8 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    const af_x x = x_in(a, c.n_layers);
+    rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[r];
 }
