@@ -74,7 +74,7 @@ def test_latency_probe_kernels_compile(arch, tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     cubin = (tmp_path / "probe.cubin").read_bytes()
-    for kernel in (b"probe", b"pages", b"icache", b"clocks"):  # the names main() looks up
+    for kernel in (b"probe", b"pages", b"icache", b"clocks", b"sums"):  # the names main() looks up
         assert b".text." + kernel + b"\0" in cubin
 
 
@@ -257,6 +257,17 @@ def test_unsupported_shapes_are_named():
         cuda_runtime.check_model_limits(dict(k, head_dim=80))
     with pytest.raises(UnsupportedError, match="query heads per K/V head"):
         cuda_runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
+    # the FFN's 64-bit sums fill two slots, and 512 partials below 2^22 cannot overflow them
+    for parts in (1, 513):
+        with pytest.raises(UnsupportedError, match="ffn_parts"):
+            cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
+
+
+@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",)])
+def test_measurement_builds_compile(defines):
+    # the device check times them beside the default: the FFN partials through slots and the reduce wave
+    cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
+    assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 
 
 def test_floor_of_llama_1b_bf16():

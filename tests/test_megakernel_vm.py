@@ -14,7 +14,8 @@ from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
 from airframe.megakernel.package import write_package
 from airframe.megakernel.target import load_target
-from airframe.megakernel.vm import VM, bf16_to_f32, dot_rows, f32_to_bf16, group_sum, lane_sum, sequential_sum
+from airframe.megakernel.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
+                                    group_sum, lane_sum, sequential_sum)
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.tokenizer import build_hf_tokenizer, read_vocab
 
@@ -156,3 +157,28 @@ def test_split_plan_is_order_free_inside_a_wave(smollm2_split_package):
         rng = None if seed is None else np.random.default_rng(seed)
         runs.append(vm.forward(tokens, all_logits=True, rng=rng))
     assert runs[0].tobytes() == runs[1].tobytes()
+
+
+def test_fixed_point_sum_is_exact_and_order_free():
+    # the FFN reduce (worker.cu AF_FFN_ATOMIC adds the same integers with atomics, in any order)
+    rng = np.random.default_rng(5)
+    parts = (rng.standard_normal((132, 2048)) * rng.choice([1e-4, 1.0, 300.0], (132, 1))).astype(np.float32)
+    total = fixed_point_sum(parts)
+    assert total.dtype == np.float32
+    assert total.tobytes() == fixed_point_sum(parts[rng.permutation(132)]).tobytes()
+    counts = [[round(float(v) * 2**32) for v in col] for col in parts[:, :3].T]  # spelled out in Python ints
+    want = np.array([sum(c) / 2**32 for c in counts], np.float32)  # one rounding of the exact count
+    assert total[:3].tobytes() == want.tobytes()
+    exact = parts.astype(np.float64).sum(axis=0)
+    assert np.all(np.abs(total - exact) <= np.spacing(np.abs(exact).astype(np.float32)) + 132 * 2.0**-33)
+    assert fixed_point_sum(np.zeros((3, 4), np.float32)).tobytes() == np.zeros(4, np.float32).tobytes()
+
+
+def test_fixed_point_sum_refuses_what_could_overflow():
+    ok = np.full((2, 3), 4194303.5, np.float32)  # just below 2^22
+    assert np.all(fixed_point_sum(ok) == np.float32(8388607.0))
+    for bad in (4194304.0, np.inf, np.nan):
+        parts = np.ones((2, 3), np.float32)
+        parts[1, 2] = bad
+        with pytest.raises(FixedPointRangeError, match="fixed-point"):
+            fixed_point_sum(parts)

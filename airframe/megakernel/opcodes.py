@@ -45,7 +45,8 @@ OPCODE_DOCS = {
            "(side: h_side[rows], no residual)",
     Op.FFN: "ffn[slot][part] = down[part, rows] . (silu(gate[rows] . n) * (up[rows] . n)), "
             "n = rmsnorm(h + h_side, norm)",
-    Op.FFN_REDUCE: "x[layer+1][rows] = (h + h_side)[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order",
+    Op.FFN_REDUCE: "x[layer+1][rows] = (h + h_side)[rows] + the exact sum over slots of ffn[k][rows] (64-bit fixed point, "
+                   "2^-32 units, rounded once)",
     Op.FINAL_NORM: "xn[rows] = rmsnorm(x[n_layers], norm)[rows]",
     Op.LM_HEAD: "logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)",
 }
@@ -90,8 +91,8 @@ PLAN_CONSTS = (
     ("ctx", "u32", "K/V cache capacity in positions"),
     ("attn_chunk", "u32", "positions per attention chunk C: chunk c holds [c*C, (c+1)*C)"),
     ("attn_chunks", "u32", "chunks planned = ceil(ctx / C); active at pos p: p / C + 1"),
-    ("ffn_parts", "u32", "FFN partial slots per layer, all summed by FFN_REDUCE in slot order; a slot "
-                         "written only in part (a split FFN task's output rows) is zero elsewhere"),
+    ("ffn_parts", "u32", "FFN partial slots per layer, all summed by FFN_REDUCE (exactly, in fixed point); a "
+                         "slot written only in part (a split FFN task's output rows) is zero elsewhere"),
     ("lm_parts", "u32", "LM_HEAD candidate slots"),
     ("dot_lanes", "u32", "lanes of the fixed dot-product order"),
     ("dot_vec", "u32", "consecutive elements per lane step"),

@@ -20,7 +20,7 @@ enum af_opcode : uint32_t {
     AF_OP_ATTN = 3,  // one K/V head, one chunk of positions: RoPE on Q and K (of qkv + qkv_side), flash-decoding partial (m, l, o) per query head; chunk 0 writes the roped K and the V row to the caches at pos
     AF_OP_WO = 4,  // h[rows] = x[layer][rows] + W_o[rows, part] . merge(attention partials)[part] (side: h_side[rows], no residual)
     AF_OP_FFN = 5,  // ffn[slot][part] = down[part, rows] . (silu(gate[rows] . n) * (up[rows] . n)), n = rmsnorm(h + h_side, norm)
-    AF_OP_FFN_REDUCE = 6,  // x[layer+1][rows] = (h + h_side)[rows] + sum over slots k = 0.. of ffn[k][rows], in slot order
+    AF_OP_FFN_REDUCE = 6,  // x[layer+1][rows] = (h + h_side)[rows] + the exact sum over slots of ffn[k][rows] (64-bit fixed point, 2^-32 units, rounded once)
     AF_OP_FINAL_NORM = 7,  // xn[rows] = rmsnorm(x[n_layers], norm)[rows]
     AF_OP_LM_HEAD = 8,  // logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)
 };
@@ -78,7 +78,7 @@ struct af_plan_consts {
     uint32_t ctx;  // K/V cache capacity in positions
     uint32_t attn_chunk;  // positions per attention chunk C: chunk c holds [c*C, (c+1)*C)
     uint32_t attn_chunks;  // chunks planned = ceil(ctx / C); active at pos p: p / C + 1
-    uint32_t ffn_parts;  // FFN partial slots per layer, all summed by FFN_REDUCE in slot order; a slot written only in part (a split FFN task's output rows) is zero elsewhere
+    uint32_t ffn_parts;  // FFN partial slots per layer, all summed by FFN_REDUCE (exactly, in fixed point); a slot written only in part (a split FFN task's output rows) is zero elsewhere
     uint32_t lm_parts;  // LM_HEAD candidate slots
     uint32_t dot_lanes;  // lanes of the fixed dot-product order
     uint32_t dot_vec;  // consecutive elements per lane step
