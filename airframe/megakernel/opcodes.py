@@ -45,8 +45,8 @@ OPCODE_DOCS = {
            "(side: h_side[rows], no residual)",
     Op.FFN: "ffn[slot][part] = down[part, rows] . (silu(gate[rows] . n) * (up[rows] . n)), "
             "n = rmsnorm(h + h_side, norm)",
-    Op.FFN_REDUCE: "x[layer+1][rows] = (h + h_side)[rows] + the exact sum over slots of ffn[k][rows] (64-bit fixed point, "
-                   "2^-32 units, rounded once)",
+    Op.FFN_REDUCE: "x[layer+1][rows] = (h + h_side)[rows] + the exact sum over slots of ffn[k][rows] "
+                   "(64-bit fixed point, 2^-32 units, rounded once)",
     Op.FINAL_NORM: "xn[rows] = rmsnorm(x[n_layers], norm)[rows]",
     Op.LM_HEAD: "logits[rows] = W_out[rows] . xn; cand[slot] = (largest logit, lowest id among ties)",
 }

@@ -5,9 +5,10 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
   - dot(w, x) over K elements (`lane_sum`): lane l of a warp owns the 8-element vectors j with
     j % 32 == l; its one accumulator starts at +0 and adds w*x element by element in increasing
     order (multiply, round, add, round: no FMA); the 32 lanes fold in halves (l + 16, ..., + 1).
-  - attention: the exp-sum over positions is a lane sum with 8 = 1 (lane p % 32); the weighted values and the FFN down projection run in `groups` strided groups
-    (item i in group i % groups, each group from +0 in increasing i), then add the groups in
-    order; groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
+  - attention: the exp-sum over positions is a lane sum with 8 = 1 (lane p % 32); the weighted
+    values and the FFN down projection run in `groups` strided groups (item i in group
+    i % groups, each group from +0 in increasing i), then add the groups in order;
+    groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
   - sums over chunks (the WO merge) run sequentially from +0 in increasing order.
   - the FFN reduce is exact: every partial becomes a 64-bit integer count of 2^-32 (round to
     nearest even), the integers add up (order does not matter), and the total is rounded once to
