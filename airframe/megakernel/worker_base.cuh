@@ -282,10 +282,9 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
     }
 }
 
-// Copy n floats of the arena into shared memory; with `side`, src + side element-wise (one rounding).
-__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n, const float* side = nullptr) {
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS)
-        dst[i] = side ? __fadd_rn(ld_act(src + i), ld_act(side + i)) : ld_act(src + i);
+// Copy n floats of the arena into shared memory.
+__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) dst[i] = ld_act(src + i);
 }
 
 // Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats at xs (shared memory, n a
