@@ -197,7 +197,7 @@ def test_sampling_options_the_kernel_cannot_honour():
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
-    return SimpleNamespace(build=build, device=device, static_shared=16, blocks_per_sm=lambda shared: 1, stages=True)
+    return SimpleNamespace(build=build, device=device, static_shared=16, blocks_per_sm=lambda shared: 1)
 
 
 def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
@@ -263,45 +263,9 @@ def test_unsupported_shapes_are_named():
             cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
 
 
-def test_stage_slots_hold_the_largest_whole_row_qkv_and_wo_tasks():
-    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], binary_sha256="a" * 64), ctx=4160)
-    k, tasks = plan.consts, plan.tasks
-    qkv, wo = 24 * 2048 * 2, 16 * 2048 * 2  # 3,072 and 2,048 rows over 132 workers, BF16 rows of 4 KiB
-    assert cuda_runtime.stage_slots(tasks, k, 227 * 1024) == (qkv, wo)
-    assert cuda_runtime.stage_slots(tasks, k, qkv + wo - 16) == (qkv, 0)  # the QKV slot alone when only it fits
-    assert cuda_runtime.stage_slots(tasks, k, qkv - 16) == (0, 0)
-    # a runtime of the H200 worker takes both: the task table, the scratch and both slots fit in 227 KiB
-    worker = fake_worker("a" * 64)
-
-    class NoUpload(cuda_runtime.Runtime):
-        def _upload(self, progress):
-            self.buffers = {name: SimpleNamespace(ptr=0) for name in
-                            ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "barrier", "logits_all")}
-
-    rt = NoUpload(SimpleNamespace(plan=plan), worker)
-    assert rt.stage == (qkv, wo) and rt.shared_bytes == 4 * rt.shared_floats + qkv + wo <= 227 * 1024 - 16
-    args = rt.args(False, None)
-    assert args["stage_qkv"] == qkv and args["stage_wo"] == wo
-    # the same plan on a worker built without staging (sm_86) asks for no slots
-    worker.stages = False
-    rt = NoUpload(SimpleNamespace(plan=plan), worker)
-    assert rt.stage == (0, 0) and rt.shared_bytes == 4 * rt.shared_floats
-    # 20 workers: 154 QKV rows (616 KiB) a task fit nowhere; split-K pieces and side vectors are never staged
-    twenty = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], workers=20), ctx=4160)
-    assert cuda_runtime.stage_slots(twenty.tasks, k, 227 * 1024) == (0, 0)
-    split = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=True).tasks
-    whole = (split["part_count"] == 2048) & (split["side"] == 0)
-    assert not whole[split["opcode"] == Op.QKV].all()
-    most = cuda_runtime.stage_slots(split, k, 1 << 30)
-    for op, slot in zip((Op.QKV, Op.WO), most):
-        sel = (split["opcode"] == op) & whole & (split["part_start"] == 0)
-        assert slot == (int(split["row_count"][sel].max()) * 2048 * 2 if sel.any() else 0)
-
-
-@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_STAGE=0",)])
+@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",)])
 def test_measurement_builds_compile(defines):
-    # the device check times them beside the default: the FFN partials through slots and the reduce
-    # wave; every wave streaming its weights (no staging)
+    # the device check times them beside the default: the FFN partials through slots and the reduce wave
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 

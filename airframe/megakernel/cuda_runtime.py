@@ -39,8 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4"), ("stage_qkv", "<u4"), ("stage_wo", "<u4")],
-                      align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -190,10 +189,9 @@ class Worker:
         try:
             self.launch(self.layout_kernel, 1, 1, 0, [np.array([out.ptr], dtype=np.uint64)], cooperative=False)
             dev.synchronize("af_layout")
-            found = dev.download(out, np.uint32, 9).tolist()
+            found = dev.download(out, np.uint32, 8).tolist()
         finally:
             dev.free(out)
-        self.stages = bool(found.pop())  # AF_STAGE built in (sm_90 and later)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
                     4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS]
@@ -308,21 +306,7 @@ def side_bits(tasks: np.ndarray) -> int:
 def table_floats(tasks: np.ndarray, n_waves: int, workers: int) -> tuple[int, int]:
     """(floats, most tasks of one worker) of the per-block task table in shared memory."""
     most = int(np.bincount(tasks["worker"], minlength=workers).max())
-    return -(-(3 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
-
-
-def stage_slots(tasks: np.ndarray, k: dict, room: int) -> tuple[int, int]:
-    """Bytes of the worker's two staging slots (AF_STAGE): the largest QKV and the largest WO task
-    that can be staged (whole rows, no side vector), in BF16. Both when they fit in `room` bytes of
-    shared memory, the QKV slot alone when only it does, else none (every wave then streams)."""
-    def largest(op: Op, cols: int) -> int:
-        sel = (tasks["opcode"] == int(op)) & (tasks["side"] == 0) & (tasks["part_start"] == 0) & (tasks["part_count"] == cols)
-        return int(tasks["row_count"][sel].max()) * cols * 2 if sel.any() else 0
-
-    qkv, wo = largest(Op.QKV, k["n_embd"]), largest(Op.WO, k["n_head"] * k["head_dim_v"])
-    if qkv + wo <= room:
-        return qkv, wo
-    return (qkv, 0) if qkv <= room else (0, 0)
+    return -(-(2 * n_waves + 1) // 4) * 4 + most * TASK_WORDS, most
 
 
 def task_cells(tasks: np.ndarray, n_waves: int, workers: int) -> np.ndarray:
@@ -348,9 +332,6 @@ class Runtime:
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
-        room = self.device.shared_optin - worker.static_shared - self.shared_bytes
-        self.stage = stage_slots(self.plan.tasks, self.k, room) if worker.stages else (0, 0)
-        self.shared_bytes += sum(self.stage)
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
@@ -438,7 +419,6 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
-        a["stage_qkv"], a["stage_wo"] = self.stage
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

@@ -15,129 +15,22 @@
 // kernels the host launches; worker_base.cuh and worker_ops.cuh hold the rest.
 #include "worker_ops.cuh"
 
-#define AF_SKIP_WAVE 0x80000000u
-#define AF_NO_TASK 0xffffffffu
-
-// This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
-// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves), and
-// wave_stage[w] (AF_STAGE) the tasks whose rows wave w's first task copies into shared memory:
-// local index + 1 of a QKV task in bits 0-15, of a WO task in bits 16-31 (0: none).
-// Its parts are found from the arguments each time they are used rather than held in registers,
-// which the GEMV loops need more.
-struct af_table {
-    const af_args& a;
-    float* base;
-    __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
-    __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    __device__ __forceinline__ uint32_t* wave_stage() const { return wave_global() + a.c.n_waves; }
-    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_SKIP_WAVE; }
-    __device__ __forceinline__ bool skipped(uint32_t w) const { return (wave_global()[w] & AF_SKIP_WAVE) != 0; }
-    __device__ __forceinline__ af_task* tasks() const {
-        return reinterpret_cast<af_task*>(base + ((3 * a.c.n_waves + 1 + 3) / 4) * 4);
-    }
-};
-
-// ---- staging (AF_STAGE) -------------------------------------------------------------------
-// Two slots after the task table: slot 0 holds a QKV task's rows (af_args.stage_qkv bytes), slot
-// 1 a WO task's (stage_wo). af_stage_task[s] is the local index of the task whose rows slot s
-// holds or receives (AF_NO_TASK: none); af_stage_uses[s] counts the fillings, so the phase of
-// the slot's mbarrier that the last filling completes has parity (uses - 1) & 1.
-__shared__ uint64_t af_stage_bar[2];
-__shared__ uint32_t af_stage_task[2];
-__shared__ uint32_t af_stage_uses[2];
-
-__device__ __forceinline__ uint4* stage_slot(const af_args& a, float* xs, uint32_t s) {
-    return reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(xs + a.shared_floats) + (s ? a.stage_qkv : 0));
-}
-
-// Wait (every thread that reads the slot, or thread 0 before refilling it) until its last filling landed.
-__device__ __forceinline__ void stage_settle(uint32_t s) {
-    if (af_stage_uses[s] > 0) mbar_wait(&af_stage_bar[s], (af_stage_uses[s] - 1) & 1);
-}
-
-// One thread: start the copies of the tasks in `entry` (wave_stage) into their slots.
-__device__ __forceinline__ void stage_issue(const af_args& a, const af_table& tb, float* xs, uint32_t entry) {
-    for (uint32_t s = 0; s < 2; ++s) {
-        const uint32_t e = (entry >> (16 * s)) & 0xffffu;
-        if (e == 0) continue;
-        stage_settle(s);  // the slot's previous filling (long landed) completes before the next
-        const af_rows r = rows_of(a, tb.tasks()[e - 1]);
-        const uint32_t bytes = r.n * r.kvec * 16;
-        uint4* dst = stage_slot(a, xs, s);
-        mbar_expect(&af_stage_bar[s], bytes);
-        for (uint32_t done = 0; done < bytes; done += 32768)
-            bulk_copy(dst + done / 16, r.p0 + done / 16, min(32768u, bytes - done), &af_stage_bar[s]);
-        af_stage_task[s] = e - 1;
-        af_stage_uses[s] += 1;
-    }
-}
-
-// The local index + 1 of this block's task in wave w when it can be staged in slot s (0: not):
-// the block's only task in that wave, whole rows of its matrix, no side vector, and the slot
-// large enough (the host sizes slots for the largest such task).
-__device__ uint32_t stage_candidate(const af_args& a, const af_table& tb, uint32_t w, uint32_t s) {
-    const uint32_t i = tb.wave_first()[w], slot = s ? a.stage_wo : a.stage_qkv;
-    if (tb.wave_first()[w + 1] - i != 1 || slot == 0 || i >= 0xffffu) return 0;
-    const af_task& t = tb.tasks()[i];
-    const af_rows r = rows_of(a, t);
-    const bool whole = t.part_start == 0 && r.kvec == r.stride;
-    return !t.side && whole && r.n * r.kvec * 16 <= slot ? i + 1 : 0;
-}
-
-// wave_stage[w] for a wave whose first task here is an FFN task (the next layer's QKV and WO
-// tasks) or the LM head (layer 0's, for the next token); 0 for any other.
-__device__ uint32_t stage_entry(const af_args& a, const af_table& tb, uint32_t w) {
-    const uint32_t n_waves = a.c.n_waves, workers = gridDim.x;
-    if (!AF_HAS_STAGE || tb.wave_first()[w + 1] == tb.wave_first()[w]) return 0;
-    const af_task& t = tb.tasks()[tb.wave_first()[w]];
-    if (t.opcode != AF_OP_FFN && t.opcode != AF_OP_LM_HEAD) return 0;
-    const uint32_t layer = t.opcode == AF_OP_FFN ? t.layer + 1 : 0;
-    uint32_t entry = 0;
-    for (uint32_t w2 = t.opcode == AF_OP_FFN ? w + 1 : 0; w2 < n_waves; ++w2) {
-        const uint32_t first = __ldg(a.cells + w2 * workers), end = __ldg(a.cells + (w2 + 1) * workers);
-        if (first == end) continue;
-        const uint32_t op = __ldg(&a.tasks[first].opcode), l = __ldg(&a.tasks[first].layer);
-        if (op == AF_OP_QKV && l == layer) entry |= stage_candidate(a, tb, w2, 0);
-        if (op == AF_OP_WO && l == layer) {
-            entry |= stage_candidate(a, tb, w2, 1) << 16;
-            break;  // the layer's QKV wave came before
-        }
-        if (op == AF_OP_FFN && l >= layer) break;
-    }
-    return entry;
-}
-
 // ---- the worker ---------------------------------------------------------------------------
 // A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
-// `local` is the task's index in the table; `stage` the wave_stage entry its copies start
-// (only the wave's first task gets one).
-__device__ void run_task(const af_args& a, const af_table& tb, uint32_t local, uint32_t stage, uint32_t step,
-                         uint32_t pos, uint32_t token, float* xs, float* red, float* sm) {
-    const af_task& t = tb.tasks()[local];
+__device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
+                         float* xs, float* red, float* sm) {
     const bool xs_ready = t.pad != 0;
-    auto issue = [&] {
-        if (AF_HAS_STAGE && stage != 0 && threadIdx.x == AF_THREADS - 32) stage_issue(a, tb, xs, stage);
-    };
-    // QKV and WO read their rows from slot 0 and 1 when those were copied for them
-    const uint32_t s = t.opcode == AF_OP_WO ? 1 : 0;
-    const uint4* staged = nullptr;
-    if (AF_HAS_STAGE && (t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO) && af_stage_task[s] == local) {
-        stage_settle(s);
-        staged = stage_slot(a, xs, s);
-    }
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready, staged); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready, staged); break;
-        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready, issue); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
+        case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
-        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm, issue); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
     }
-    if (staged && threadIdx.x == 0) af_stage_task[s] = AF_NO_TASK;
     __syncthreads();  // the next task reuses shared memory
 }
 
@@ -189,6 +82,25 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
     return bcast[1] != 0;
 }
 
+#define AF_SKIP_WAVE 0x80000000u
+
+// This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
+// index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
+// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves).
+// Its parts are found from the arguments each time they are used rather than held in registers,
+// which the GEMV loops need more.
+struct af_table {
+    const af_args& a;
+    float* base;
+    __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
+    __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
+    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_SKIP_WAVE; }
+    __device__ __forceinline__ bool skipped(uint32_t w) const { return (wave_global()[w] & AF_SKIP_WAVE) != 0; }
+    __device__ __forceinline__ af_task* tasks() const {
+        return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
+    }
+};
+
 __device__ af_table load_table(const af_args& a, float* base) {
     const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
     const af_table tb{a, base};
@@ -225,22 +137,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
             tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
-    for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) tb.wave_stage()[w] = stage_entry(a, tb, w);
-    if (threadIdx.x < 2) {
-        mbar_init(&af_stage_bar[threadIdx.x]);
-        af_stage_task[threadIdx.x] = AF_NO_TASK;
-        af_stage_uses[threadIdx.x] = 0;
-    }
-    __syncthreads();
     return tb;
-}
-
-// Before the block exits: the copies it started (the LM head's, for a token that never came) land.
-__device__ __forceinline__ void stage_drain() {
-    if (AF_HAS_STAGE && threadIdx.x == 0) {
-        stage_settle(0);
-        stage_settle(1);
-    }
 }
 
 // A skipped wave in a traced step: its tasks and its release stamped now, taking no time.
@@ -272,10 +169,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     const uint32_t workers = gridDim.x, me = blockIdx.x;
     uint32_t target = 0, token = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {
-        if (step > 0 && finish_step(a, step - 1, token, bcast)) {
-            stage_drain();
-            return;
-        }
+        if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
@@ -286,10 +180,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
             }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                // (the LM head of a launch's last token stages nothing: no token follows)
-                const uint32_t stage = i == tb.wave_first()[w] ? tb.wave_stage()[w] : 0;
-                run_task(a, tb, i, stage && (step + 1 < n_steps || tb.tasks()[i].opcode != AF_OP_LM_HEAD) ? stage : 0,
-                         step, pos, token, xs, red, sm);
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
@@ -304,7 +195,6 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         }
     }
     if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast);
-    stage_drain();
 }
 
 // The host checks its picture of af_args and af_control against the compiled one.
@@ -317,7 +207,6 @@ extern "C" __global__ void af_layout(uint32_t* out) {
     out[5] = sizeof(af_control);
     out[6] = offsetof(af_control, steps_done);
     out[7] = AF_THREADS;
-    out[8] = AF_HAS_STAGE;
 }
 
 // Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.

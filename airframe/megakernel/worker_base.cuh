@@ -65,21 +65,6 @@
 // overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
 #define AF_FFN_ATOMIC 1
 #endif
-#ifndef AF_STAGE
-// 1 (sm_90 and later): while a layer's FFN streams, each block has the copy engine bring the
-// weight rows of its next QKV and WO tasks (the next layer's) into shared memory with bulk
-// copies (cp.async.bulk), and the LM head does the same for layer 0 of the next token; those
-// short waves then multiply from shared memory instead of starting with a DRAM round trip. The
-// copies are issued right after the FFN's norm, ~20 us before the barrier they must not delay,
-// while the FFN keeps DRAM busy anyway. The host sizes the two slots (af_args.stage_qkv,
-// stage_wo; 0: that opcode is not staged). 0: no staging.
-#define AF_STAGE 1
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && AF_STAGE
-#define AF_HAS_STAGE 1
-#else
-#define AF_HAS_STAGE 0  // bulk copies need sm_90: the sm_86 build streams every wave
-#endif
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
 #define AF_FIX_SCALE 4294967296.0f       // 2^32
 #define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
@@ -128,8 +113,6 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
-    uint32_t stage_qkv;             // AF_STAGE: bytes of the QKV slot after the task table (0: not staged)
-    uint32_t stage_wo;              // bytes of the WO slot after it (0: not staged)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -173,52 +156,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
 __device__ __forceinline__ void trace_mark(int phase) {
     if (AF_TRACE_MARK == phase && threadIdx.x == 0) af_mark_ns = global_ns();
 }
-
-// ---- weights staged in shared memory (AF_STAGE) --------------------------------------------
-// Bulk copies complete on an mbarrier: the producer announces the bytes (expect_tx), the copy
-// engine counts them in, and the phase completes when all have landed.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ uint4 ld_shared16(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-    return v;
-}
-
-#if AF_HAS_STAGE
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the copy engine
-}
-
-// Every thread that reads staged bytes waits itself: the wait is what makes them visible to it.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
-// The next phase of `bar` completes when `bytes` have landed (its one arrival: this call). The
-// slot was last read by ordinary loads: the proxy fence orders them before the engine's writes.
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-
-// bytes (a multiple of 16) from global src to shared dst, counted on bar; weights leave L2 first.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy) : "memory");
-}
-#else
-__device__ __forceinline__ void mbar_init(uint64_t*) {}
-__device__ __forceinline__ void mbar_wait(uint64_t*, uint32_t) {}
-__device__ __forceinline__ void mbar_expect(uint64_t*, uint32_t) {}
-__device__ __forceinline__ void bulk_copy(void*, const void*, uint32_t, uint64_t*) {}
-#endif
 
 // Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
 // until k * blocks arrivals; the host zeroes the counter before each launch.
@@ -315,8 +252,7 @@ struct af_rows {
 // lane 0. (Requesting the first chunk before or during the prologue, to hide its latency behind
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
-// Shared: the rows are in shared memory (staged, AF_STAGE), read with ld.shared.
-template <int U, bool Shared = false, class Prologue, class Emit>
+template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
@@ -325,7 +261,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t j = base + u * 32 + lane;
-            v[u] = j >= kvec ? make_uint4(0, 0, 0, 0) : Shared ? ld_shared16(smem_u32(w) + 16 * j) : ld_weight16(w + j);
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
     prologue();

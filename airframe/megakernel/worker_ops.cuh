@@ -38,15 +38,9 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
     return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8};
 }
 
-// The rows of a staged task (whole rows, AF_STAGE): packed in shared memory at `stage`.
-__device__ __forceinline__ af_rows staged_rows(const af_rows& r, const uint4* stage) {
-    return af_rows{stage, stage, r.n, r.n, r.kvec, r.kvec};
-}
-
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
-// pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side. `stage`: its rows
-// in shared memory (AF_STAGE), or null.
-__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready, const uint4* stage) {
+// pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
@@ -54,9 +48,8 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
         const af_x x = x_in(a, t.layer);
         rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     };
-    auto emit = [&](uint32_t i, float v) { out[t.row_start + i] = v; };
-    if (stage) gemv_list<AF_UNROLL_SHORT, true>(staged_rows(rows_of(a, t), stage), xs, norm, emit);
-    else gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm, emit);
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, norm,
+                               [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -301,8 +294,8 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 }
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
-// h_side[rows] with no residual. `stage`: its rows in shared memory (AF_STAGE), or null.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready, const uint4* stage) {
+// h_side[rows] with no residual.
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
@@ -310,23 +303,20 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
         if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_attention(a, t.layer, pos, xs);
     };
-    auto emit = [&](uint32_t i, float v) {
-        const uint32_t r = t.row_start + i;
-        // (x and the accumulators found here, not held in registers across the GEMV)
-        h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
-        if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
-    };
-    if (stage) gemv_list<AF_UNROLL_SHORT, true>(staged_rows(rows_of(a, t), stage), xs, merge, emit);
-    else gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, merge, emit);
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + t.part_start, merge,
+              [&](uint32_t i, float v) {
+                  const uint32_t r = t.row_start + i;
+                  // (x and the accumulators found here, not held in registers across the GEMV)
+                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
+                  if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
 // ffn_down (stored transposed, one row of n_embd per FFN row), output rows [part_start,
 // +part_count) only, times h. The down sum: `groups` row groups (row i in group i % groups),
-// each in increasing row order, then summed in group order. `stage()` runs after the norm
-// (AF_STAGE: the copies of the next layer's QKV and WO rows start there).
-template <class Stage>
-__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready, Stage stage) {
+// each in increasing row order, then summed in group order.
+__device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
@@ -338,7 +328,6 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                   if (!xs_ready)
                       rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
                                      layer_at(a, t.layer, c.lay_h_side), !side_live(2));
-                  stage();
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
@@ -481,9 +470,8 @@ __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, flo
 }
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
-// A non-finite logit sets bit 0 of the error word. `stage()` runs once xn is in shared memory.
-template <class Stage>
-__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm, Stage stage) {
+// A non-finite logit sets bit 0 of the error word.
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
@@ -495,7 +483,6 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     auto fill = [&] {
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
-        stage();
     };
     gemv_list<AF_UNROLL>(rows_of(a, t), xs, fill, [&](uint32_t i, float v) {
         const uint32_t r = t.row_start + i;
