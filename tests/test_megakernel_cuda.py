@@ -159,6 +159,52 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
                      4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1]]
 
 
+XS_MAIN = r"""
+#include <cstdio>
+#include "worker.cu"
+int main() {
+    af_plan_consts c{};
+    printf("%u %u\n", xs_plane(c), (unsigned)AF_XS_STEP);
+    for (uint32_t i = 0; i < 4096; ++i) printf("%u\n", xs_index(i, xs_plane(c)));
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("planes", [1, 0])
+def test_xs_layout_gives_every_lane_its_two_halves(tmp_path, planes):
+    # where the worker keeps element i of the vector a GEMV multiplies (AF_XS_PLANES), compiled for
+    # the host from the worker's own source and checked against the layout dot8 and the norm read
+    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
+    src = tmp_path / "xs.cu"
+    src.write_text(XS_MAIN)
+    exe = tmp_path / "xs"
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", f"-DAF_XS_PLANES={planes}", "-I", str(build.SOURCE_PATH.parent),
+           "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    plane, step, where = out[0], out[1], np.array(out[2:])
+    i = np.arange(4096)
+    j, e = i // 8, i % 8
+    # dot8 reads vector j's elements 0-3 at xs + step * j and 4-7 at xs + plane + step * j
+    assert np.array_equal(where, np.where(e < 4, step * j + e, plane + step * j + e - 4))
+    assert len(set(where.tolist())) == 4096 and where.max() < 2 * cuda_runtime.XS_PLANE_FLOATS
+    if planes:
+        # lanes l = 0..31 reading vectors l (a warp's float4 loads): 32 consecutive 16-byte words
+        first = where[8 * np.arange(32)]
+        assert plane == cuda_runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
+    else:
+        assert (plane, step) == (4, 8) and np.array_equal(where, i)
+
+
+def test_vectors_longer_than_xs_are_refused():
+    plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
+    cuda_runtime.check_model_limits(dict(plan.consts, n_embd=4096))
+    with pytest.raises(UnsupportedError, match="vectors of 8192"):
+        cuda_runtime.check_model_limits(dict(plan.consts, n_embd=8192))
+
+
 # ---- no GPU here ----------------------------------------------------------------------------------
 @pytest.mark.skipif(gpu_present(), reason="this machine has a CUDA GPU: the no-GPU error cannot happen")
 def test_no_cuda_gpu_is_a_clear_error(tmp_path):
@@ -263,9 +309,10 @@ def test_unsupported_shapes_are_named():
             cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",)])
+@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",)])
 def test_measurement_builds_compile(defines):
-    # the device check times them beside the default: the FFN partials through slots and the reduce wave
+    # the device check times them beside the default: the FFN partials through slots and the reduce
+    # wave; xs in element order
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 

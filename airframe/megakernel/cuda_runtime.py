@@ -31,6 +31,7 @@ WARPS = THREADS // 32
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
+XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -274,6 +275,9 @@ def check_model_limits(k: dict) -> None:
     if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > THREADS:
         problems.append(f"{g} query heads per K/V head of {k['head_dim']}, expected at most {MAX_GROUP} "
                         f"and (group + 1) * head_dim + head_dim_v <= {THREADS}")
+    x_len = max(k["n_embd"], k["n_head"] * k["head_dim_v"])
+    if x_len > 2 * XS_PLANE_FLOATS:
+        problems.append(f"vectors of {x_len} (n_embd, n_head * head_dim_v), expected at most {2 * XS_PLANE_FLOATS}")
     if k["head_dim_v"] > THREADS:
         problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {THREADS}")
     if not 2 <= k["ffn_parts"] <= 512:  # the FFN sums' 64-bit accumulators fill two slots; 512 * 2^22 * 2^32 < 2^63
@@ -284,7 +288,7 @@ def check_model_limits(k: dict) -> None:
 
 def shared_floats(k: dict, ffn_max_rows: int) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
-    x_len = -(-max(k["n_embd"], k["n_head"] * k["head_dim_v"]) // 4) * 4
+    x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= THREADS else THREADS // cols
     g = k["n_head"] // k["n_head_kv"]

@@ -102,9 +102,10 @@ struct af_table {
 };
 
 __device__ af_table load_table(const af_args& a, float* base) {
-    const uint32_t n_waves = a.c.n_waves, workers = gridDim.x, me = blockIdx.x;
+    const uint32_t n_waves = a.c.n_waves, me = blockIdx.x;
     const af_table tb{a, base};
     for (uint32_t w = threadIdx.x; w < n_waves; w += AF_THREADS) {
+        const uint32_t workers = grid_blocks();
         const uint32_t lo = __ldg(a.cells + w * workers + me), hi = __ldg(a.cells + w * workers + me + 1);
         tb.wave_first()[w + 1] = hi - lo;
         tb.wave_global()[w] = lo;
@@ -132,6 +133,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
             const bool fed = t.opcode == AF_OP_QKV || t.opcode == AF_OP_WO || t.opcode == AF_OP_FFN;
             t.pad = fed && before.opcode == t.opcode && before.layer == t.layer ? 1u : 0u;
         }
+        const uint32_t workers = grid_blocks();
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
         if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
             tb.wave_global()[w] |= AF_SKIP_WAVE;
@@ -148,7 +150,7 @@ __device__ void skip_trace(const af_args& a, const af_table& tb, uint32_t w) {
         a.trace[2 * g] = now;
         a.trace[2 * g + 1] = now;
     }
-    if (a.trace_waves) a.trace_waves[w * gridDim.x + blockIdx.x] = now;
+    if (a.trace_waves) a.trace_waves[w * grid_blocks() + blockIdx.x] = now;
 }
 
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_constant__ const af_args a) {
@@ -156,8 +158,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     __shared__ uint32_t bcast[2];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
-    const uint32_t x_len = max(c.n_embd, c.n_head * c.head_dim_v);
-    float* red = xs + ((x_len + 3) / 4) * 4;
+    float* red = xs + 2 * AF_XS_PLANE_FLOATS;  // xs: two planes (AF_XS_PLANES)
     float* sm = red + 64;
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
@@ -166,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     if (threadIdx.x == 0) n_steps_shared = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
     __syncthreads();
     const volatile uint32_t& n_steps = n_steps_shared;
-    const uint32_t workers = gridDim.x, me = blockIdx.x;
+    const uint32_t me = blockIdx.x;
     uint32_t target = 0, token = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
@@ -191,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                 }
             }
             grid_sync(a.barrier, target);
-            if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * workers + me] = global_ns();
+            if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * grid_blocks() + me] = global_ns();
         }
     }
     if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast);

@@ -65,6 +65,20 @@
 // overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
 #define AF_FFN_ATOMIC 1
 #endif
+#ifndef AF_XS_PLANES
+// 1: the vector a GEMV multiplies (xs, shared memory) is kept as two planes: elements 8j..8j+3
+// of 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1 (xs_plane
+// floats further on). Lane l of a warp reads vectors l, l + 32, ...: 32 consecutive 16-byte
+// words per plane, where the element order (vector j at float 8j) put them 32 bytes apart, two
+// lanes on every bank, and every GEMV's reads of xs took twice the shared-memory cycles.
+// 0: element order. The same values in the same arithmetic either way.
+#define AF_XS_PLANES 1
+#endif
+// Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
+// variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
+// (n_embd and n_head * head_dim_v; check_model_limits).
+#define AF_XS_PLANE_FLOATS 2048
+#define AF_XS_STEP (AF_XS_PLANES ? 4 : 8)  // floats from vector j to vector j + 1 in a plane
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
 #define AF_FIX_SCALE 4294967296.0f       // 2^32
 #define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
@@ -157,6 +171,13 @@ __device__ __forceinline__ void trace_mark(int phase) {
     if (AF_TRACE_MARK == phase && threadIdx.x == 0) af_mark_ns = global_ns();
 }
 
+// gridDim.x, read where it is needed: held in a register across the waves, it was spilled.
+__device__ __forceinline__ uint32_t grid_blocks() {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+    return n;
+}
+
 // Grid barrier: a counter that only grows during a launch. Barrier number k (1, 2, ...) waits
 // until k * blocks arrivals; the host zeroes the counter before each launch.
 __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
@@ -172,7 +193,7 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 }
 
 __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
-    target += gridDim.x;
+    target += grid_blocks();
     __syncthreads();
     if (threadIdx.x == 0) {
         // The release is cumulative: it publishes this block's writes, which the __syncthreads
@@ -207,10 +228,22 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
     return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
 }
 
-// acc += w . x over 8 consecutive elements, in element order; x is 8 floats in shared memory.
-__device__ __forceinline__ float dot8(uint4 w, const float* x, float acc) {
-    const float4 a = *reinterpret_cast<const float4*>(x);
-    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+// ---- xs, the vector a GEMV multiplies (AF_XS_PLANES) --------------------------------------
+// Floats from plane 0 to plane 1 of xs (4 in element order: the vector's second half).
+__host__ __device__ __forceinline__ constexpr uint32_t xs_plane(const af_plan_consts&) {
+    return AF_XS_PLANES ? AF_XS_PLANE_FLOATS : 4;
+}
+
+// Where element i of the vector lives in xs (plane: xs_plane).
+__host__ __device__ __forceinline__ uint32_t xs_index(uint32_t i, uint32_t plane) {
+    return AF_XS_PLANES ? ((i >> 2) & 1) * plane + ((i >> 3) << 2) + (i & 3) : i;
+}
+
+// acc += w . x over 8 consecutive elements, in element order; x0 and x1 are the vector's two
+// halves of 4 floats in shared memory.
+__device__ __forceinline__ float dot8(uint4 w, const float* x0, const float* x1, float acc) {
+    const float4 a = *reinterpret_cast<const float4*>(x0);
+    const float4 b = *reinterpret_cast<const float4*>(x1);
     acc = madd(acc, bf16_lo(w.x), a.x);
     acc = madd(acc, bf16_hi(w.x), a.y);
     acc = madd(acc, bf16_lo(w.y), a.z);
@@ -252,8 +285,10 @@ struct af_rows {
 // lane 0. (Requesting the first chunk before or during the prologue, to hide its latency behind
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
+// xs points at the first vector multiplied (in plane 0), plane is xs_plane.
 template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, uint32_t plane, Prologue prologue,
+                                          Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -274,7 +309,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
-                if (j < kvec) acc = dot8(v[u], xs + 8 * j, acc);
+                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + plane + AF_XS_STEP * j, acc);
             }
         }
         acc = warp_fold(acc);
@@ -282,21 +317,21 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
     }
 }
 
-// Copy n floats of the arena into shared memory.
-__device__ __forceinline__ void load_shared(float* dst, const float* src, uint32_t n) {
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) dst[i] = ld_act(src + i);
+// Copy n floats of the arena into xs (plane: xs_plane).
+__device__ __forceinline__ void load_shared(float* xs, const float* src, uint32_t n, uint32_t plane) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i, plane)] = ld_act(src + i);
 }
 
-// Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats at xs (shared memory, n a
-// multiple of 8) in the VM's order: lane l sums vectors l, l + 32, ... in turn (read four
-// vectors ahead), the lanes folded in halves.
-__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float eps, float* red) {
+// Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats in xs (n a multiple of 8) in
+// the VM's order: lane l sums vectors l, l + 32, ... in turn (read four vectors ahead), the
+// lanes folded in halves.
+__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t plane, uint32_t n, float eps, float* red) {
     const uint32_t lane = threadIdx.x, kvec = n / 8;  // called by threads 0-31
     float acc = 0.0f;
 #pragma unroll 4
     for (uint32_t j = lane; j < kvec; j += 32) {
-        const float4 a = reinterpret_cast<const float4*>(xs)[2 * j];
-        const float4 b = reinterpret_cast<const float4*>(xs)[2 * j + 1];
+        const float4 a = *reinterpret_cast<const float4*>(xs + AF_XS_STEP * j);
+        const float4 b = *reinterpret_cast<const float4*>(xs + plane + AF_XS_STEP * j);
         acc = madd(acc, a.x, a.x);
         acc = madd(acc, a.y, a.y);
         acc = madd(acc, a.z, a.z);
@@ -334,14 +369,17 @@ struct af_x {
 
 // xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
 // y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
-// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float.
-__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
-                               const float* side = nullptr, bool side_is_zero = false,
+// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float;
+// plane is xs_plane.
+__device__ void rmsnorm_shared(float* xs, uint32_t plane, const float* x, const float* w, uint32_t n, float eps,
+                               float* red, const float* side = nullptr, bool side_is_zero = false,
                                const unsigned long long* acc = nullptr) {
     if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
         // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
         const uint32_t q = threadIdx.x;
         const bool mine = q < n / 4;
+        // (its place in xs found at each use, not held in a register across the sum)
+        auto xq = [&] { return reinterpret_cast<float4*>(xs + xs_index(4 * q, plane)); };
         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
@@ -360,14 +398,14 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
             if (acc)
                 xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
                                  __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
-            reinterpret_cast<float4*>(xs)[q] = xv;
+            *xq() = xv;
         }
         __syncthreads();
-        if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
+        if (threadIdx.x < 32) norm_inverse(xs, plane, n, eps, red);
         __syncthreads();
         const float inv = red[0];
         if (mine)
-            reinterpret_cast<float4*>(xs)[q] = make_float4(
+            *xq() = make_float4(
                 __fmul_rn(__fmul_rn(xv.x, inv), wv.x), __fmul_rn(__fmul_rn(xv.y, inv), wv.y),
                 __fmul_rn(__fmul_rn(xv.z, inv), wv.z), __fmul_rn(__fmul_rn(xv.w, inv), wv.w));
         __syncthreads();
@@ -377,14 +415,15 @@ __device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
     const af_x in{x, side, side_is_zero, acc};
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[i] = in.at(i);
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i, plane)] = in.at(i);
     __syncthreads();
-    if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
+    if (threadIdx.x < 32) norm_inverse(xs, plane, n, eps, red);
     __syncthreads();
     const float inv = red[0];
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
-        xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), wi);
+        float& xi = xs[xs_index(i, plane)];
+        xi = __fmul_rn(__fmul_rn(xi, inv), wi);
     }
     __syncthreads();
 }
