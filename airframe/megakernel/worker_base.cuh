@@ -67,7 +67,7 @@
 #endif
 #ifndef AF_XS_PLANES
 // 1: the vector a GEMV multiplies (xs, shared memory) is kept as two planes: elements 8j..8j+3
-// of 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1 (xs_plane
+// of 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1 (AF_XS_PLANE
 // floats further on). Lane l of a warp reads vectors l, l + 32, ...: 32 consecutive 16-byte
 // words per plane, where the element order (vector j at float 8j) put them 32 bytes apart, two
 // lanes on every bank, and every GEMV's reads of xs took twice the shared-memory cycles.
@@ -79,6 +79,7 @@
 // (n_embd and n_head * head_dim_v; check_model_limits).
 #define AF_XS_PLANE_FLOATS 2048
 #define AF_XS_STEP (AF_XS_PLANES ? 4 : 8)  // floats from vector j to vector j + 1 in a plane
+#define AF_XS_PLANE (AF_XS_PLANES ? AF_XS_PLANE_FLOATS : 4)  // floats from a vector's first half to its second
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
 #define AF_FIX_SCALE 4294967296.0f       // 2^32
 #define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
@@ -229,14 +230,9 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
 }
 
 // ---- xs, the vector a GEMV multiplies (AF_XS_PLANES) --------------------------------------
-// Floats from plane 0 to plane 1 of xs (4 in element order: the vector's second half).
-__host__ __device__ __forceinline__ constexpr uint32_t xs_plane(const af_plan_consts&) {
-    return AF_XS_PLANES ? AF_XS_PLANE_FLOATS : 4;
-}
-
-// Where element i of the vector lives in xs (plane: xs_plane).
-__host__ __device__ __forceinline__ uint32_t xs_index(uint32_t i, uint32_t plane) {
-    return AF_XS_PLANES ? ((i >> 2) & 1) * plane + ((i >> 3) << 2) + (i & 3) : i;
+// Where element i of the vector lives in xs.
+__host__ __device__ __forceinline__ constexpr uint32_t xs_index(uint32_t i) {
+    return AF_XS_PLANES ? ((i >> 2) & 1) * AF_XS_PLANE + ((i >> 3) << 2) + (i & 3) : i;
 }
 
 // acc += w . x over 8 consecutive elements, in element order; x0 and x1 are the vector's two
@@ -285,10 +281,9 @@ struct af_rows {
 // lane 0. (Requesting the first chunk before or during the prologue, to hide its latency behind
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
-// xs points at the first vector multiplied (in plane 0), plane is xs_plane.
+// xs points at the first vector multiplied (in plane 0).
 template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, uint32_t plane, Prologue prologue,
-                                          Emit emit) {
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -309,7 +304,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, uin
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
-                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + plane + AF_XS_STEP * j, acc);
+                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE + AF_XS_STEP * j, acc);
             }
         }
         acc = warp_fold(acc);
@@ -317,21 +312,21 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, uin
     }
 }
 
-// Copy n floats of the arena into xs (plane: xs_plane).
-__device__ __forceinline__ void load_shared(float* xs, const float* src, uint32_t n, uint32_t plane) {
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i, plane)] = ld_act(src + i);
+// Copy n floats of the arena into xs.
+__device__ __forceinline__ void load_shared(float* xs, const float* src, uint32_t n) {
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = ld_act(src + i);
 }
 
 // Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats in xs (n a multiple of 8) in
 // the VM's order: lane l sums vectors l, l + 32, ... in turn (read four vectors ahead), the
 // lanes folded in halves.
-__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t plane, uint32_t n, float eps, float* red) {
+__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float eps, float* red) {
     const uint32_t lane = threadIdx.x, kvec = n / 8;  // called by threads 0-31
     float acc = 0.0f;
 #pragma unroll 4
     for (uint32_t j = lane; j < kvec; j += 32) {
         const float4 a = *reinterpret_cast<const float4*>(xs + AF_XS_STEP * j);
-        const float4 b = *reinterpret_cast<const float4*>(xs + plane + AF_XS_STEP * j);
+        const float4 b = *reinterpret_cast<const float4*>(xs + AF_XS_PLANE + AF_XS_STEP * j);
         acc = madd(acc, a.x, a.x);
         acc = madd(acc, a.y, a.y);
         acc = madd(acc, a.z, a.z);
@@ -369,17 +364,16 @@ struct af_x {
 
 // xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
 // y = (x * inv) * w; x is x + side when `side` is given (side_is_zero: a side vector no task
-// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float;
-// plane is xs_plane.
-__device__ void rmsnorm_shared(float* xs, uint32_t plane, const float* x, const float* w, uint32_t n, float eps,
-                               float* red, const float* side = nullptr, bool side_is_zero = false,
+// writes, added as 0.0f), then + the FFN sum when `acc` is. `red` is shared scratch of one float.
+__device__ void rmsnorm_shared(float* xs, const float* x, const float* w, uint32_t n, float eps, float* red,
+                               const float* side = nullptr, bool side_is_zero = false,
                                const unsigned long long* acc = nullptr) {
     if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
         // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
         const uint32_t q = threadIdx.x;
         const bool mine = q < n / 4;
         // (its place in xs found at each use, not held in a register across the sum)
-        auto xq = [&] { return reinterpret_cast<float4*>(xs + xs_index(4 * q, plane)); };
+        auto xq = [&] { return reinterpret_cast<float4*>(xs + xs_index(4 * q)); };
         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
@@ -401,7 +395,7 @@ __device__ void rmsnorm_shared(float* xs, uint32_t plane, const float* x, const 
             *xq() = xv;
         }
         __syncthreads();
-        if (threadIdx.x < 32) norm_inverse(xs, plane, n, eps, red);
+        if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
         __syncthreads();
         const float inv = red[0];
         if (mine)
@@ -415,14 +409,14 @@ __device__ void rmsnorm_shared(float* xs, uint32_t plane, const float* x, const 
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
     const af_x in{x, side, side_is_zero, acc};
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i, plane)] = in.at(i);
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i);
     __syncthreads();
-    if (threadIdx.x < 32) norm_inverse(xs, plane, n, eps, red);
+    if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
     __syncthreads();
     const float inv = red[0];
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
-        float& xi = xs[xs_index(i, plane)];
+        float& xi = xs[xs_index(i)];
         xi = __fmul_rn(__fmul_rn(xi, inv), wi);
     }
     __syncthreads();

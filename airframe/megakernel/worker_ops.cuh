@@ -46,10 +46,9 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     auto norm = [&] {
         if (xs_ready) return;
         const af_x x = x_in(a, t.layer);
-        rmsnorm_shared(xs, xs_plane(c), x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero,
-                       x.acc);
+        rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), xs_plane(c), norm,
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm,
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
@@ -226,14 +225,13 @@ __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2;
     const float* parts = layer_at(a, layer, c.lay_attn);
-    const uint32_t plane = xs_plane(c);
     for (uint32_t i = 2 * threadIdx.x; i < c.n_head * hdv; i += 2 * AF_THREADS) {
         const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
         const float* r = parts + (size_t)h * rec;
         const float l = ld_act(r + 1);
         const float2 o = __ldcg(reinterpret_cast<const float2*>(r + 2 + d));
         // (i is even: elements i and i + 1 sit side by side in one plane)
-        *reinterpret_cast<float2*>(xs + xs_index(i, plane)) = make_float2(__fdiv_rn(__fadd_rn(0.0f, o.x), l),
+        *reinterpret_cast<float2*>(xs + xs_index(i)) = make_float2(__fdiv_rn(__fadd_rn(0.0f, o.x), l),
                                                          __fdiv_rn(__fadd_rn(0.0f, o.y), l));
     }
     __syncthreads();
@@ -291,7 +289,7 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
                 add(ch0);
             }
         }
-        xs[xs_index(i, xs_plane(c))] = __fdiv_rn(o, total);
+        xs[xs_index(i)] = __fdiv_rn(o, total);
     }
     __syncthreads();
 }
@@ -306,7 +304,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
         if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_attention(a, t.layer, pos, xs);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), xs_plane(c), merge,
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
@@ -326,11 +324,11 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     float* up = sm + a.ffn_max_rows;      // (row_count)
     float* part = up + a.ffn_max_rows;    // (groups, n_embd)
     const uint32_t n = t.row_count;
-    gemv_list<AF_UNROLL>(rows_of(a, t), xs, xs_plane(c),
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
                   if (!xs_ready)
-                      rmsnorm_shared(xs, xs_plane(c), layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps,
-                                     red, layer_at(a, t.layer, c.lay_h_side), !side_live(2));
+                      rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
+                                     layer_at(a, t.layer, c.lay_h_side), !side_live(2));
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
@@ -467,9 +465,9 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
     const af_x x = x_in(a, c.n_layers);
-    rmsnorm_shared(xs, xs_plane(c), x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
+    rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
-        a.act[c.act_xn + r] = xs[xs_index(r, xs_plane(c))];
+        a.act[c.act_xn + r] = xs[xs_index(r)];
 }
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
@@ -484,10 +482,10 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     uint32_t bi = 0xffffffffu;
     bool bad = false;
     auto fill = [&] {
-        load_shared(xs, a.act + c.act_xn, c.n_embd, xs_plane(c));
+        load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
-    gemv_list<AF_UNROLL>(rows_of(a, t), xs, xs_plane(c), fill, [&](uint32_t i, float v) {
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs, fill, [&](uint32_t i, float v) {
         const uint32_t r = t.row_start + i;
         logits[r] = v;
         if (all) all[r] = v;
