@@ -130,6 +130,19 @@ def test_parse_ptxas_names_the_missing_kernel():
         build.parse_ptxas("ptxas info : Compiling entry function 'other' for 'sm_90'")
 
 
+def run_host_program(tmp_path, source: str, defines: tuple[str, ...] = ()) -> list[int]:
+    """Compile `source` (a main() that includes worker.cu) for the host and return the integers it prints."""
+    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
+    src = tmp_path / "main.cu"
+    src.write_text(source)
+    exe = tmp_path / "main"
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", *(f"-D{d}" for d in defines), "-I", str(build.SOURCE_PATH.parent),
+           "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+
+
 LAYOUT_MAIN = r"""
 #include <cstdio>
 #include <cstddef>
@@ -144,15 +157,7 @@ int main() {
 
 
 def test_host_layout_matches_the_compiled_structs(tmp_path):
-    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
-    src = tmp_path / "layout.cu"
-    src.write_text(LAYOUT_MAIN)
-    exe = tmp_path / "layout"
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-I", str(build.SOURCE_PATH.parent), "-I", str(HEADER_PATH.parent),
-           str(src), "-o", str(exe)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    found = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    found = run_host_program(tmp_path, LAYOUT_MAIN)
     rt = cuda_runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
@@ -174,15 +179,7 @@ int main() {
 def test_xs_layout_gives_every_lane_its_two_halves(tmp_path, planes):
     # where the worker keeps element i of the vector a GEMV multiplies (AF_XS_PLANES), compiled for
     # the host from the worker's own source and checked against the layout dot8 and the norm read
-    assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
-    src = tmp_path / "xs.cu"
-    src.write_text(XS_MAIN)
-    exe = tmp_path / "xs"
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", f"-DAF_XS_PLANES={planes}", "-I", str(build.SOURCE_PATH.parent),
-           "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    out = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    out = run_host_program(tmp_path, XS_MAIN, (f"AF_XS_PLANES={planes}",))
     plane, step, where = out[0], out[1], np.array(out[2:])
     i = np.arange(4096)
     j, e = i // 8, i % 8
