@@ -295,7 +295,8 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     v_groups = THREADS // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
-    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
+    # gate, up, the down partials (AF_DOWN_EARLY stages rows there, from a 16-byte boundary)
+    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"] + 4
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 

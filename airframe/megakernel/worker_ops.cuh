@@ -40,13 +40,11 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
+__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t token, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (xs_ready) return;
-        const af_x x = x_in(a, t.layer);
-        rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
+        if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer, token), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm,
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
@@ -296,7 +294,7 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, uint32_t token, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
@@ -308,7 +306,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
-                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
+                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer, token).at(r), v);
                   if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
               });
 }
@@ -327,8 +325,10 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
                   if (!xs_ready)
-                      rmsnorm_shared(xs, layer_at(a, t.layer, c.lay_h), f32_at(a, t.norm), e, c.rms_eps, red,
-                                     layer_at(a, t.layer, c.lay_h_side), !side_live(2));
+                      rmsnorm_shared(xs,
+                                     af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
+                                          !side_live(2), nullptr, nullptr, 1.0f},
+                                     f32_at(a, t.norm), e, c.rms_eps, red);
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
@@ -337,46 +337,76 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
     const uint32_t grp = udiv(threadIdx.x, cols);
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
+    const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
+    // AF_DOWN_EARLY: this thread's first AF_DOWN_EARLY_ROWS rows of its first column, requested
+    // before the block waits for the gate and up rows (they depend on neither), into the part
+    // region (free until the down products are written; row u of thread j at u * stride + j)
+    const uint32_t stride = cols >= AF_THREADS ? AF_THREADS : groups * cols;
+    uint4* early = reinterpret_cast<uint4*>((reinterpret_cast<unsigned long long>(part) + 15) & ~15ull);
+    bool have_early = false;
+    if (AF_DOWN_EARLY && grp < groups) {
+        const uint32_t col = umod(threadIdx.x, cols);
+        if (col >= col_lo && col < col_hi && grp + (AF_DOWN_EARLY_ROWS - 1) * groups < n) {
+#pragma unroll
+            for (int u = 0; u < AF_DOWN_EARLY_ROWS; ++u)
+                cp_async_weight16(early + u * stride + threadIdx.x, down + (size_t)(grp + u * groups) * cols + col);
+            have_early = true;
+        }
+    }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float gate = h[i];
         h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
     }
     __syncthreads();
-    const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
+    float acc[8];
+    // acc += w * h[i] for the rows i, i + groups, ... of one batch, in increasing row order
+    auto batch = [&](const uint4* w, uint32_t i, int count) {
+#pragma unroll
+        for (int u = 0; u < count; ++u) {
+            const float hv = h[i + u * groups];
+            acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
+            acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
+            acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
+            acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
+            acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
+            acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
+            acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
+            acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
+    if (AF_DOWN_EARLY) {
+        if (have_early) {  // the first rows of the first column, then the region is free again
+            cp_async_wait_all();
+            uint4 w[AF_DOWN_EARLY_ROWS];
+#pragma unroll
+            for (int u = 0; u < AF_DOWN_EARLY_ROWS; ++u) w[u] = early[u * stride + threadIdx.x];
+            batch(w, grp, AF_DOWN_EARLY_ROWS);
+        }
+        __syncthreads();
+    }
     if (grp < groups) {
         for (uint32_t col = umod(threadIdx.x, cols); col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
             if (col < col_lo || col >= col_hi) continue;
-            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
+            if (have_early) {  // (its first rows are in acc already)
+                i += AF_DOWN_EARLY_ROWS * groups;
+                have_early = false;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
+            }
             for (; i + (AF_DOWN_UNROLL - 1) * groups < t.row_count; i += AF_DOWN_UNROLL * groups) {
                 uint4 w[AF_DOWN_UNROLL];
 #pragma unroll
                 for (int u = 0; u < AF_DOWN_UNROLL; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
-#pragma unroll
-                for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
-                    const float hv = h[i + u * groups];
-                    acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
-                    acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
-                    acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
-                    acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
-                    acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
-                    acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
-                    acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
-                    acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
-                }
+                batch(w, i, AF_DOWN_UNROLL);
             }
             for (; i < t.row_count; i += groups) {
                 const uint4 w = ld_weight16(down + (size_t)i * cols + col);
-                const float hv = h[i];
-                acc[0] = madd(acc[0], bf16_lo(w.x), hv);
-                acc[1] = madd(acc[1], bf16_hi(w.x), hv);
-                acc[2] = madd(acc[2], bf16_lo(w.y), hv);
-                acc[3] = madd(acc[3], bf16_hi(w.y), hv);
-                acc[4] = madd(acc[4], bf16_lo(w.z), hv);
-                acc[5] = madd(acc[5], bf16_hi(w.z), hv);
-                acc[6] = madd(acc[6], bf16_lo(w.w), hv);
-                acc[7] = madd(acc[7], bf16_hi(w.w), hv);
+                batch(&w, i, 1);
             }
 #pragma unroll
             for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
@@ -464,15 +494,14 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    const af_x x = x_in(a, c.n_layers);
-    rmsnorm_shared(xs, x.x, f32_at(a, t.norm), c.n_embd, c.rms_eps, red, x.side, x.side_is_zero, x.acc);
+    rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[xs_index(r)];
 }
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
 // A non-finite logit sets bit 0 of the error word.
-__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* red, float* sm) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
@@ -481,7 +510,11 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    auto fill = [&] {
+    auto fill = [&] {  // xn, or (AF_FOLD_ENDS) the final norm computed here, as FINAL_NORM would
+        if (folded(af_fold_norm)) {
+            rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, fold_offset(af_fold_norm)), c.n_embd, c.rms_eps, red);
+            return;
+        }
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
