@@ -31,6 +31,7 @@ WARPS = THREADS // 32
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
+ATTN_STAGE_FLOATS = 8192 + 4096  # AF_ATTN_STAGE_K + AF_ATTN_STAGE_V in worker_base.cuh
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
 UPLOAD_BLOCK = 256 << 20
 
@@ -40,7 +41,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4"), ("attn_stage", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -286,8 +287,9 @@ def check_model_limits(k: dict) -> None:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def shared_floats(k: dict, ffn_max_rows: int) -> int:
-    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
+def shared_floats(k: dict, ffn_max_rows: int, attn_stage: bool = False) -> int:
+    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
+    attn_stage: room for attention's staged K/V rows (AF_ATTN_STAGE) before its other arrays."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= THREADS else THREADS // cols
@@ -295,8 +297,9 @@ def shared_floats(k: dict, ffn_max_rows: int) -> int:
     v_groups = THREADS // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
-    # gate, up, the down partials (AF_DOWN_EARLY stages rows there, from a 16-byte boundary)
-    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"] + 4
+    if attn_stage:
+        attn += ATTN_STAGE_FLOATS
+    ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
 
@@ -333,8 +336,11 @@ class Runtime:
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
+        # attention's K/V stage where the GPU has the room (the H200 has; an RTX 3050 at long contexts not)
+        self.attn_stage = 4 * (shared_floats(self.k, self.ffn_max_rows, True) + table) + worker.static_shared \
+            <= self.device.shared_optin
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows, self.attn_stage)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
@@ -424,6 +430,7 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
+        a["attn_stage"] = int(self.attn_stage)
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:

@@ -22,9 +22,9 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
     const bool xs_ready = t.pad != 0;
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, token, xs, red, xs_ready); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, token, xs, xs_ready); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
@@ -87,7 +87,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
 // with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves;
-// AF_FOLD_ENDS: the embedding and final-norm waves, whose readers do the work themselves).
+// AF_FOLD_FINAL_NORM: the final norm wave, whose LM_HEAD tasks norm x themselves).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -114,7 +114,6 @@ __device__ af_table load_table(const af_args& a, float* base) {
     __syncthreads();
     if (threadIdx.x == 0) {
         af_sides = a.sides;  // (read through side_live, where used)
-        af_fold_embed = 0;
         af_fold_norm = 0;
         tb.wave_first()[0] = 0;
         for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first()[w] += tb.wave_first()[w - 1];
@@ -140,11 +139,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
         const uint32_t op = first < end ? __ldg(&a.tasks[first].opcode) : 0u;
         if (AF_FFN_ATOMIC && op == AF_OP_FFN_REDUCE) tb.wave_global()[w] |= AF_SKIP_WAVE;
-        if ((AF_FOLD_ENDS & 1) && op == AF_OP_EMBED) {
-            tb.wave_global()[w] |= AF_SKIP_WAVE;
-            af_fold_embed = __ldg(&a.tasks[first].weight0) + 1;
-        }
-        if ((AF_FOLD_ENDS & 2) && op == AF_OP_FINAL_NORM) {
+        if (AF_FOLD_FINAL_NORM && op == AF_OP_FINAL_NORM) {
             tb.wave_global()[w] |= AF_SKIP_WAVE;
             af_fold_norm = __ldg(&a.tasks[first].norm) + 1;
         }

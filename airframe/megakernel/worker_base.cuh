@@ -74,21 +74,21 @@
 // 0: element order. The same values in the same arithmetic either way.
 #define AF_XS_PLANES 1
 #endif
-#ifndef AF_DOWN_EARLY
-// 1: an FFN task requests the first AF_DOWN_EARLY_ROWS ffn_down rows of every thread's column
-// as soon as its warp has finished the gate and up rows, before the block waits for the other
-// warps and computes silu(gate) * up; they depend on neither. They go to shared memory by
-// cp.async (held in registers across silu's division, they spilled), into the region of the down
-// partials, which two rows per thread fill exactly. 0: requested after silu. The same arithmetic.
-#define AF_DOWN_EARLY 1
+#ifndef AF_FOLD_FINAL_NORM
+// 1: the plan's FINAL_NORM wave is skipped with its barrier: every LM_HEAD task norms x[n_layers]
+// itself (as every QKV task norms its layer's x) instead of copying xn. The same arithmetic.
+#define AF_FOLD_FINAL_NORM 1
 #endif
-#define AF_DOWN_EARLY_ROWS 2
-#ifndef AF_FOLD_ENDS
-// 1: the plan's EMBED and FINAL_NORM waves are skipped with their barriers. Layer 0's QKV norm
-// and WO residual read the token's embedding row themselves (af_x), and every LM_HEAD task norms
-// x[n_layers] itself instead of copying xn: the same arithmetic, two waves and barriers fewer.
-#define AF_FOLD_ENDS 3  // bit 0: the embedding wave, bit 1: the final norm wave
+#ifndef AF_ATTN_STAGE
+// 1: an attention task requests the cached K rows of its chunk's first positions (as many as
+// its first pass of scores reads: 8192 floats) and the cached V rows of its first batch of
+// values (4096 floats) by cp.async into shared memory as it starts, beside the loads of q, k
+// and v, instead of after the RoPE and after the softmax: two dependent round trips fewer. Only
+// when af_args.attn_stage says the host found room (AF_ATTN_STAGE_FLOATS). The same values.
+#define AF_ATTN_STAGE 1
 #endif
+#define AF_ATTN_STAGE_K 8192  // floats: the positions of one pass of scores (AF_WARPS * 32 / (head_dim / 8)) x head_dim
+#define AF_ATTN_STAGE_V 4096  // floats: the positions of one batch of values (4 * AF_THREADS / head_dim_v) x head_dim_v
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).
@@ -143,23 +143,17 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
+    uint32_t attn_stage;            // 1: shared memory holds AF_ATTN_STAGE_FLOATS for attention's cached K/V (AF_ATTN_STAGE)
 };
 
 // ---- memory access ------------------------------------------------------------------------
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
-// 16 bytes of weights into shared memory without passing registers (through L2, evict_first as
-// ld_weight16); cp_async_wait_all waits for this thread's copies.
-__device__ __forceinline__ void cp_async_weight16(void* shared, const void* global) {
+// 16 bytes of activations (written in this launch: through L2) into shared memory without
+// passing registers; cp_async_wait_all waits for this thread's copies.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
     const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-    if (AF_WEIGHT_EVICT_FIRST) {
-        uint64_t policy;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(global), "l"(policy)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
@@ -378,21 +372,13 @@ __device__ __forceinline__ float fix_value(unsigned long long v) {
     return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);
 }
 
-// The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc),
-// or (AF_FOLD_ENDS, layer 0) the token's embedding row, as EMBED would have written x[0].
+// The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc).
 struct af_x {
     const float* x;
     const float* side;                // null: none
     bool side_is_zero;                // a side vector no task writes: added as 0.0f
     const unsigned long long* acc;    // null: none
-    const uint16_t* emb;              // not null: x is this BF16 row times emb_scale
-    float emb_scale;
-    __device__ __forceinline__ float embedded(uint16_t raw) const {
-        const float v = __uint_as_float((uint32_t)raw << 16);
-        return emb_scale == 1.0f ? v : __fmul_rn(v, emb_scale);
-    }
     __device__ __forceinline__ float at(uint32_t i) const {
-        if (emb) return embedded(__ldg(emb + i));
         float v = ld_act(x + i);
         if (side) v = __fadd_rn(v, side_is_zero ? 0.0f : ld_act(side + i));
         if (acc) v = __fadd_rn(v, fix_value(__ldcg(acc + i)));
@@ -412,27 +398,21 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
-            if (in.emb) {
-                const uint2 raw = __ldg(reinterpret_cast<const uint2*>(in.emb) + q);
-                xv = make_float4(in.embedded(raw.x & 0xffffu), in.embedded(raw.x >> 16), in.embedded(raw.y & 0xffffu),
-                                 in.embedded(raw.y >> 16));
-            } else {
-                xv = __ldcg(reinterpret_cast<const float4*>(in.x) + q);
-                ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0;
-                if (in.acc) {
-                    a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
-                    a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
-                }
-                if (in.side) {
-                    const float4 sv = in.side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                                                      : __ldcg(reinterpret_cast<const float4*>(in.side) + q);
-                    xv = make_float4(__fadd_rn(xv.x, sv.x), __fadd_rn(xv.y, sv.y), __fadd_rn(xv.z, sv.z),
-                                     __fadd_rn(xv.w, sv.w));
-                }
-                if (in.acc)
-                    xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
-                                     __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
+            xv = __ldcg(reinterpret_cast<const float4*>(in.x) + q);
+            ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0;
+            if (in.acc) {
+                a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
+                a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
             }
+            if (in.side) {
+                const float4 sv = in.side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                                                  : __ldcg(reinterpret_cast<const float4*>(in.side) + q);
+                xv = make_float4(__fadd_rn(xv.x, sv.x), __fadd_rn(xv.y, sv.y), __fadd_rn(xv.z, sv.z),
+                                 __fadd_rn(xv.w, sv.w));
+            }
+            if (in.acc)
+                xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
+                                 __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
             *xq() = xv;
         }
         __syncthreads();
@@ -482,10 +462,10 @@ __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_
     return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
 }
 
-// AF_FOLD_ENDS: one more than the byte offset in weights.bin of the embedding matrix (the plan's
-// EMBED task) and of the final norm's weights (its FINAL_NORM task) when those waves are skipped,
-// 0 otherwise (an offset may be 0). Shared memory, read where used, as af_sides.
-__shared__ unsigned long long af_fold_embed, af_fold_norm;
+// AF_FOLD_FINAL_NORM: one more than the byte offset in weights.bin of the final norm's weights
+// (the plan's FINAL_NORM task) when that wave is skipped, 0 otherwise (an offset may be 0).
+// Shared memory, read where used, as af_sides.
+__shared__ unsigned long long af_fold_norm;
 __device__ __forceinline__ bool folded(const unsigned long long& v) {
     return *static_cast<const volatile unsigned long long*>(&v) != 0;
 }
@@ -494,14 +474,8 @@ __device__ __forceinline__ uint64_t fold_offset(const unsigned long long& v) {
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
-// readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum;
-// at layer 0 with the embedding wave skipped (AF_FOLD_ENDS), the embedding row of `token`.
-__device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l, uint32_t token = 0) {
-    if (l == 0 && folded(af_fold_embed)) {
-        const uint16_t* row = reinterpret_cast<const uint16_t*>(a.weights + fold_offset(af_fold_embed)) + (size_t)token * a.c.n_embd;
-        return af_x{nullptr, nullptr, false, nullptr, row, a.c.embed_scale};
-    }
-    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr, nullptr, 1.0f};
-    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1),
-                nullptr, 1.0f};
+// readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
+__device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
+    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
+    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
 }

@@ -40,11 +40,11 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, uint32_t token, float* xs, float* red, bool xs_ready) {
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer, token), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm,
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
@@ -90,7 +90,9 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
-    float* q = sm;                       // (g, hd), roped
+    // AF_ATTN_STAGE: sm starts with the staged K rows (AF_ATTN_STAGE_K floats) and V rows
+    const bool staged = AF_ATTN_STAGE && a.attn_stage != 0;
+    float* q = staged ? sm + AF_ATTN_STAGE_K + AF_ATTN_STAGE_V : sm;  // (g, hd), roped
     float* knew = q + g * hd;            // (hd), roped
     float* vnew = knew + hd;             // (hdv)
     float* s = vnew + hdv;               // (g, attn_chunk) scores, then exp
@@ -109,6 +111,12 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     // The position pos, when this chunk holds it, is its last (n - 1) and comes from knew and
     // vnew, never from the cache.
     const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
+    // AF_ATTN_STAGE: the cached K rows of the first pass of scores and the V rows of the first
+    // batch of values (chunk positions < pk, < pv), requested now into sm's stage
+    const uint32_t pk = staged ? min(cached, AF_WARPS * per_warp) : 0u, pv = staged ? min(cached, 4 * groups) : 0u;
+    for (uint32_t i = t_id; i < pk * hd / 4; i += AF_THREADS) cp_async16(sm + 4 * i, kbase + (size_t)first * hd + 4 * i);
+    for (uint32_t i = t_id; i < pv * hdv / 4; i += AF_THREADS)
+        cp_async16(sm + AF_ATTN_STAGE_K + 4 * i, vbase + (size_t)first * hdv + 4 * i);
     // thread j * hd + i ropes element i of query head j, the next hd threads the new key, the
     // next hdv copy the new value (q heads of this K/V head are rows (head * g + j) * hd, in turn)
     const uint32_t k_row = c.n_head * hd + t.head * hd, v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
@@ -121,6 +129,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         const uint32_t d = t_id - (g + 1) * hd;
         vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_side(side + v_row + d, side_live(1)));
     }
+    if (staged) cp_async_wait_all();  // (the barrier below publishes every thread's copies)
     __syncthreads();
     trace_mark(2);
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
@@ -135,6 +144,11 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         if (abs_p == pos) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) k8[e] = knew[vl * 8 + e];
+        } else if (p < pk) {
+            const float4 k0 = *reinterpret_cast<const float4*>(sm + p * hd + vl * 8);
+            const float4 k1 = *reinterpret_cast<const float4*>(sm + p * hd + vl * 8 + 4);
+            k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
+            k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
         } else {
             const float4 k0 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8);
             const float4 k1 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8 + 4);
@@ -180,7 +194,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const uint32_t p = p0 + u * groups;
-                v[u] = p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
+                v[u] = p < pv ? sm[AF_ATTN_STAGE_K + p * hdv + d] : p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -294,7 +308,7 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, uint32_t token, float* xs, bool xs_ready) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
@@ -306,7 +320,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, uint32_t
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
-                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer, token).at(r), v);
+                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
                   if (AF_FFN_ATOMIC) ffn_acc(a, t.layer)[r] = 0ull;  // a wave before this layer's FFN adds to it
               });
 }
@@ -327,7 +341,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                   if (!xs_ready)
                       rmsnorm_shared(xs,
                                      af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
-                                          !side_live(2), nullptr, nullptr, 1.0f},
+                                          !side_live(2), nullptr},
                                      f32_at(a, t.norm), e, c.rms_eps, red);
               },
               [&](uint32_t i, float v) {
@@ -337,76 +351,46 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
     const uint32_t grp = udiv(threadIdx.x, cols);
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
-    const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
-    // AF_DOWN_EARLY: this thread's first AF_DOWN_EARLY_ROWS rows of its first column, requested
-    // before the block waits for the gate and up rows (they depend on neither), into the part
-    // region (free until the down products are written; row u of thread j at u * stride + j)
-    const uint32_t stride = cols >= AF_THREADS ? AF_THREADS : groups * cols;
-    uint4* early = reinterpret_cast<uint4*>((reinterpret_cast<unsigned long long>(part) + 15) & ~15ull);
-    bool have_early = false;
-    if (AF_DOWN_EARLY && grp < groups) {
-        const uint32_t col = umod(threadIdx.x, cols);
-        if (col >= col_lo && col < col_hi && grp + (AF_DOWN_EARLY_ROWS - 1) * groups < n) {
-#pragma unroll
-            for (int u = 0; u < AF_DOWN_EARLY_ROWS; ++u)
-                cp_async_weight16(early + u * stride + threadIdx.x, down + (size_t)(grp + u * groups) * cols + col);
-            have_early = true;
-        }
-    }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         const float gate = h[i];
         h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
     }
     __syncthreads();
-    float acc[8];
-    // acc += w * h[i] for the rows i, i + groups, ... of one batch, in increasing row order
-    auto batch = [&](const uint4* w, uint32_t i, int count) {
-#pragma unroll
-        for (int u = 0; u < count; ++u) {
-            const float hv = h[i + u * groups];
-            acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
-            acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
-            acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
-            acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
-            acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
-            acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
-            acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
-            acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
-        }
-    };
-#pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
-    if (AF_DOWN_EARLY) {
-        if (have_early) {  // the first rows of the first column, then the region is free again
-            cp_async_wait_all();
-            uint4 w[AF_DOWN_EARLY_ROWS];
-#pragma unroll
-            for (int u = 0; u < AF_DOWN_EARLY_ROWS; ++u) w[u] = early[u * stride + threadIdx.x];
-            batch(w, grp, AF_DOWN_EARLY_ROWS);
-        }
-        __syncthreads();
-    }
+    const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
     if (grp < groups) {
         for (uint32_t col = umod(threadIdx.x, cols); col < cols; col += (cols >= AF_THREADS ? AF_THREADS : cols)) {
             if (col < col_lo || col >= col_hi) continue;
+            float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
-            if (have_early) {  // (its first rows are in acc already)
-                i += AF_DOWN_EARLY_ROWS * groups;
-                have_early = false;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
-            }
             for (; i + (AF_DOWN_UNROLL - 1) * groups < t.row_count; i += AF_DOWN_UNROLL * groups) {
                 uint4 w[AF_DOWN_UNROLL];
 #pragma unroll
                 for (int u = 0; u < AF_DOWN_UNROLL; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
-                batch(w, i, AF_DOWN_UNROLL);
+#pragma unroll
+                for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
+                    const float hv = h[i + u * groups];
+                    acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
+                    acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
+                    acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
+                    acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
+                    acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
+                    acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
+                    acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
+                    acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
+                }
             }
             for (; i < t.row_count; i += groups) {
                 const uint4 w = ld_weight16(down + (size_t)i * cols + col);
-                batch(&w, i, 1);
+                const float hv = h[i];
+                acc[0] = madd(acc[0], bf16_lo(w.x), hv);
+                acc[1] = madd(acc[1], bf16_hi(w.x), hv);
+                acc[2] = madd(acc[2], bf16_lo(w.y), hv);
+                acc[3] = madd(acc[3], bf16_hi(w.y), hv);
+                acc[4] = madd(acc[4], bf16_lo(w.z), hv);
+                acc[5] = madd(acc[5], bf16_hi(w.z), hv);
+                acc[6] = madd(acc[6], bf16_lo(w.w), hv);
+                acc[7] = madd(acc[7], bf16_hi(w.w), hv);
             }
 #pragma unroll
             for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
@@ -510,7 +494,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    auto fill = [&] {  // xn, or (AF_FOLD_ENDS) the final norm computed here, as FINAL_NORM would
+    auto fill = [&] {  // xn, or (AF_FOLD_FINAL_NORM) the final norm computed here, as FINAL_NORM would
         if (folded(af_fold_norm)) {
             rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, fold_offset(af_fold_norm)), c.n_embd, c.rms_eps, red);
             return;
