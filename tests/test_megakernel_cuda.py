@@ -239,7 +239,7 @@ def test_sampling_options_the_kernel_cannot_honour():
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
-    return SimpleNamespace(build=build, device=device, static_shared=16, blocks_per_sm=lambda shared: 1)
+    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, blocks_per_sm=lambda shared: 1)
 
 
 def test_runtime_refuses_packages_made_for_another_worker_or_gpu():

@@ -127,7 +127,9 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
     from .planner import make_plan
 
     worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=defines))
-    plan = make_plan(runtime.plan.config, replace(runtime.plan.target, binary_sha256=worker.build.sha256),
+    target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, threads_per_worker=worker.threads,
+                     registers_per_thread=worker.registers)
+    plan = make_plan(runtime.plan.config, target,
                      runtime.k["ctx"], split=plan_is_split(runtime.plan))
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)

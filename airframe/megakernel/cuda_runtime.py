@@ -26,12 +26,10 @@ from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from .package import Package
 from .validator import PlanError
 
-THREADS = 1024  # AF_THREADS in worker.cu
-WARPS = THREADS // 32
+THREADS = 1024  # AF_THREADS in worker_base.cuh, the default build; Worker.threads is the compiled one
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
-ATTN_STAGE_FLOATS = 8192 + 4096  # AF_ATTN_STAGE_K + AF_ATTN_STAGE_V in worker_base.cuh
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
 UPLOAD_BLOCK = 256 << 20
 
@@ -41,7 +39,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4"), ("attn_stage", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
@@ -171,7 +169,7 @@ class Worker:
 
     def blocks_per_sm(self, shared_bytes: int) -> int:
         self.set_shared(shared_bytes)
-        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.kernel, THREADS, shared_bytes),
+        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.kernel, self.threads, shared_bytes),
                      "occupancy")
 
     def launch(self, kernel, grid: int, block: int, shared: int, args: Sequence[np.ndarray], cooperative: bool) -> None:
@@ -196,8 +194,9 @@ class Worker:
             dev.free(out)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
-                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS]
-        if found != expected:
+                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"]]
+        self.threads = found[7]  # AF_THREADS of this build
+        if found[:7] != expected or self.threads % 32 or not 32 <= self.threads <= 1024:
             raise GPUError(f"worker argument layout {found}, expected {expected} "
                            "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads)")
 
@@ -261,7 +260,7 @@ class LaunchResult:
     trace: dict | None = None
 
 
-def check_model_limits(k: dict) -> None:
+def check_model_limits(k: dict, threads: int = THREADS) -> None:
     """What worker.cu assumes about the shape; UnsupportedError naming the value otherwise."""
     g = k["n_head"] // max(1, k["n_head_kv"])
     lanes = k["head_dim"] // 8
@@ -273,35 +272,32 @@ def check_model_limits(k: dict) -> None:
         problems.append(f"n_head * head_dim_v = {k['n_head'] * k['head_dim_v']} is not a multiple of 8")
     if k["head_dim"] % 8 or lanes < 1 or lanes > 32 or lanes & (lanes - 1):
         problems.append(f"head_dim = {k['head_dim']}, expected 8 times a power of two up to 256")
-    if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > THREADS:
+    if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > threads:
         problems.append(f"{g} query heads per K/V head of {k['head_dim']}, expected at most {MAX_GROUP} "
-                        f"and (group + 1) * head_dim + head_dim_v <= {THREADS}")
+                        f"and (group + 1) * head_dim + head_dim_v <= {threads}")
     x_len = max(k["n_embd"], k["n_head"] * k["head_dim_v"])
     if x_len > 2 * XS_PLANE_FLOATS:
         problems.append(f"vectors of {x_len} (n_embd, n_head * head_dim_v), expected at most {2 * XS_PLANE_FLOATS}")
-    if k["head_dim_v"] > THREADS:
-        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {THREADS}")
+    if k["head_dim_v"] > threads:
+        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {threads}")
     if not 2 <= k["ffn_parts"] <= 512:  # the FFN sums' 64-bit accumulators fill two slots; 512 * 2^22 * 2^32 < 2^63
         problems.append(f"ffn_parts = {k['ffn_parts']}, expected 2..512 (a plan for 2 to 256 workers)")
     if problems:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def shared_floats(k: dict, ffn_max_rows: int, attn_stage: bool = False) -> int:
-    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
-    attn_stage: room for attention's staged K/V rows (AF_ATTN_STAGE) before its other arrays."""
+def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS) -> int:
+    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
-    ffn_groups = 1 if cols >= THREADS else THREADS // cols
+    ffn_groups = 1 if cols >= threads else threads // cols
     g = k["n_head"] // k["n_head_kv"]
-    v_groups = THREADS // k["head_dim_v"]
+    v_groups = threads // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
-    if attn_stage:
-        attn += ATTN_STAGE_FLOATS
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
-    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * WARPS)) // 4) * 4
+    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * (threads // 32))) // 4) * 4
 
 
 def side_bits(tasks: np.ndarray) -> int:
@@ -332,15 +328,12 @@ class Runtime:
         self.package, self.worker, self.device = package, worker, worker.device
         self.plan, self.k = package.plan, package.plan.consts
         self.check_target()
-        check_model_limits(self.k)
+        check_model_limits(self.k, worker.threads)
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.threads)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
-        # attention's K/V stage where the GPU has the room (the H200 has; an RTX 3050 at long contexts not)
-        self.attn_stage = 4 * (shared_floats(self.k, self.ffn_max_rows, True) + table) + worker.static_shared \
-            <= self.device.shared_optin
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, self.attn_stage)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
@@ -349,7 +342,7 @@ class Runtime:
         per_sm = worker.blocks_per_sm(self.shared_bytes)
         if self.workers > per_sm * self.device.sm_count:
             raise PlanError(f"plan for {self.workers} workers, this GPU holds {per_sm * self.device.sm_count} "
-                            f"resident blocks of {THREADS} threads ({self.device.sm_count} SMs x {per_sm})")
+                            f"resident blocks of {worker.threads} threads ({self.device.sm_count} SMs x {per_sm})")
         self.buffers: dict[str, DeviceBuffer] = {}
         self._upload(progress)
 
@@ -360,8 +353,9 @@ class Runtime:
                             f"{build.sha256} ({build.arch}, {build.compiler}): plan it again for this worker")
         if target.arch != self.device.arch:
             raise PlanError(f"package made for {target.arch}, this GPU is {self.device.arch}")
-        if target.threads_per_worker != THREADS:
-            raise PlanError(f"package made for {target.threads_per_worker} threads per worker, the worker has {THREADS}")
+        if target.threads_per_worker != self.worker.threads:
+            raise PlanError(f"package made for {target.threads_per_worker} threads per worker, "
+                            f"the worker has {self.worker.threads}")
 
     # ---- memory ---------------------------------------------------------------------------------
     def _upload(self, progress: bool) -> None:
@@ -430,7 +424,6 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
-        a["attn_stage"] = int(self.attn_stage)
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:
@@ -469,7 +462,8 @@ class Runtime:
         self.worker.set_shared(self.shared_bytes)
 
         def go():
-            self.worker.launch(self.worker.kernel, self.workers, THREADS, self.shared_bytes, [args], cooperative=True)
+            self.worker.launch(self.worker.kernel, self.workers, self.worker.threads, self.shared_bytes, [args],
+                               cooperative=True)
 
         ms = self.worker.timed(go)
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)

@@ -17,7 +17,7 @@ import sys
 from dataclasses import replace
 
 from ..errors import AirframeError, GPUError
-from .cuda_runtime import THREADS, Device, Worker
+from .cuda_runtime import Device, Worker
 from .target import Target, target_to_dict
 
 
@@ -28,13 +28,13 @@ def probe(device: Device | None = None, worker: Worker | None = None, bandwidth:
     dynamic = device.shared_optin - worker.static_shared
     per_sm = worker.blocks_per_sm(dynamic)
     if per_sm < 1:
-        raise GPUError(f"the worker ({worker.registers} registers, {THREADS} threads) does not fit on one SM "
+        raise GPUError(f"the worker ({worker.registers} registers, {worker.threads} threads) does not fit on one SM "
                        f"of {device.name} with {device.shared_optin} B of shared memory; expected one block per SM")
     if not device.cooperative:
         raise GPUError(f"{device.name} does not support cooperative launches, which the worker needs")
     gbs = worker.stream_read_gbs() if bandwidth else 1.0
     return Target(name=device.name.replace(" ", "-").lower(), arch=device.arch, workers=device.sm_count,
-                  threads_per_worker=THREADS, shared_bytes=dynamic,
+                  threads_per_worker=worker.threads, shared_bytes=dynamic,
                   registers_per_thread=worker.registers, bandwidth_gbs=round(gbs, 1),
                   binary_sha256=worker.build.sha256)
 

@@ -9,7 +9,11 @@
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+#ifndef AF_THREADS
+// threads per worker block (one block per SM); the host reads it from af_layout and the planner's
+// target carries it (the VM's attention and FFN-down orders depend on it)
 #define AF_THREADS 1024
+#endif
 #define AF_WARPS (AF_THREADS / 32)
 #define AF_MAX_STEPS 64
 #define AF_MAX_EOS 8
@@ -65,6 +69,9 @@
 // overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
 #define AF_FFN_ATOMIC 1
 #endif
+#if AF_THREADS != 1024 && !AF_FFN_ATOMIC
+#error "the FFN reduce wave (AF_FFN_ATOMIC=0) plays 32 lanes with 32 warps: it needs 1024 threads"
+#endif
 #ifndef AF_XS_PLANES
 // 1: the vector a GEMV multiplies (xs, shared memory) is kept as two planes: elements 8j..8j+3
 // of 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1 (AF_XS_PLANE
@@ -79,16 +86,6 @@
 // itself (as every QKV task norms its layer's x) instead of copying xn. The same arithmetic.
 #define AF_FOLD_FINAL_NORM 1
 #endif
-#ifndef AF_ATTN_STAGE
-// 1: an attention task requests the cached K rows of its chunk's first positions (as many as
-// its first pass of scores reads: 8192 floats) and the cached V rows of its first batch of
-// values (4096 floats) by cp.async into shared memory as it starts, beside the loads of q, k
-// and v, instead of after the RoPE and after the softmax: two dependent round trips fewer. Only
-// when af_args.attn_stage says the host found room (AF_ATTN_STAGE_FLOATS). The same values.
-#define AF_ATTN_STAGE 1
-#endif
-#define AF_ATTN_STAGE_K 8192  // floats: the positions of one pass of scores (AF_WARPS * 32 / (head_dim / 8)) x head_dim
-#define AF_ATTN_STAGE_V 4096  // floats: the positions of one batch of values (4 * AF_THREADS / head_dim_v) x head_dim_v
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).
@@ -143,20 +140,11 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
-    uint32_t attn_stage;            // 1: shared memory holds AF_ATTN_STAGE_FLOATS for attention's cached K/V (AF_ATTN_STAGE)
 };
 
 // ---- memory access ------------------------------------------------------------------------
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
-// 16 bytes of activations (written in this launch: through L2) into shared memory without
-// passing registers; cp_async_wait_all waits for this thread's copies.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
     uint4 v;
     if (AF_WEIGHT_EVICT_FIRST) {

@@ -90,9 +90,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
-    // AF_ATTN_STAGE: sm starts with the staged K rows (AF_ATTN_STAGE_K floats) and V rows
-    const bool staged = AF_ATTN_STAGE && a.attn_stage != 0;
-    float* q = staged ? sm + AF_ATTN_STAGE_K + AF_ATTN_STAGE_V : sm;  // (g, hd), roped
+    float* q = sm;                       // (g, hd), roped
     float* knew = q + g * hd;            // (hd), roped
     float* vnew = knew + hd;             // (hdv)
     float* s = vnew + hdv;               // (g, attn_chunk) scores, then exp
@@ -111,12 +109,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     // The position pos, when this chunk holds it, is its last (n - 1) and comes from knew and
     // vnew, never from the cache.
     const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
-    // AF_ATTN_STAGE: the cached K rows of the first pass of scores and the V rows of the first
-    // batch of values (chunk positions < pk, < pv), requested now into sm's stage
-    const uint32_t pk = staged ? min(cached, AF_WARPS * per_warp) : 0u, pv = staged ? min(cached, 4 * groups) : 0u;
-    for (uint32_t i = t_id; i < pk * hd / 4; i += AF_THREADS) cp_async16(sm + 4 * i, kbase + (size_t)first * hd + 4 * i);
-    for (uint32_t i = t_id; i < pv * hdv / 4; i += AF_THREADS)
-        cp_async16(sm + AF_ATTN_STAGE_K + 4 * i, vbase + (size_t)first * hdv + 4 * i);
     // thread j * hd + i ropes element i of query head j, the next hd threads the new key, the
     // next hdv copy the new value (q heads of this K/V head are rows (head * g + j) * hd, in turn)
     const uint32_t k_row = c.n_head * hd + t.head * hd, v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
@@ -129,7 +121,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         const uint32_t d = t_id - (g + 1) * hd;
         vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_side(side + v_row + d, side_live(1)));
     }
-    if (staged) cp_async_wait_all();  // (the barrier below publishes every thread's copies)
     __syncthreads();
     trace_mark(2);
     float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
@@ -144,11 +135,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         if (abs_p == pos) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) k8[e] = knew[vl * 8 + e];
-        } else if (p < pk) {
-            const float4 k0 = *reinterpret_cast<const float4*>(sm + p * hd + vl * 8);
-            const float4 k1 = *reinterpret_cast<const float4*>(sm + p * hd + vl * 8 + 4);
-            k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
-            k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
         } else {
             const float4 k0 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8);
             const float4 k1 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8 + 4);
@@ -194,7 +180,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const uint32_t p = p0 + u * groups;
-                v[u] = p < pv ? sm[AF_ATTN_STAGE_K + p * hdv + d] : p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
+                v[u] = p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -430,7 +416,9 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
     const float* h = layer_at(a, t.layer, c.lay_h);
     const float* h_side = layer_at(a, t.layer, c.lay_h_side);
     float* x = x_at(a, t.layer + 1);
-    static_assert(AF_WARPS == 32, "the halving below plays one warp's lanes with 32 warps");
+#if AF_WARPS != 32
+    __trap();  // (unreachable: AF_FFN_ATOMIC skips this wave; worker_base.cuh)
+#else
     // (32 warps, 32 rows; AF_LEAN_REDUCE: rows padded to 33), then h + h_side of the 32 rows, then
     // (AF_LEAN_REDUCE) the 32 folded sums
     float* sums = sm;
@@ -474,6 +462,7 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
         }
         __syncthreads();
     }
+#endif
 }
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
