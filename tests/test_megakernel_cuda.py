@@ -313,6 +313,45 @@ def test_measurement_builds_compile(defines):
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.parametrize("threads", [512, 768])
+def test_thread_count_is_a_build_setting(threads):
+    # fewer threads per block leave more registers per thread (__launch_bounds__(threads, 1))
+    cubin, log = build._compile_nvcc(NVCC, "sm_90", (f"AF_THREADS={threads}",))
+    report = build.parse_ptxas(log)
+    assert 64 < report["registers"] <= 65536 // threads and report["spill_stores"] == 0
+    # the host sizes shared memory and checks the model for the compiled count (Worker.threads)
+    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], threads_per_worker=threads), ctx=4160)
+    k = plan.consts
+    rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
+    # the FFN's down partials: threads / (n_embd / 8) row groups of n_embd floats
+    fewer = cuda_runtime.shared_floats(k, rows) - cuda_runtime.shared_floats(k, rows, threads)
+    assert fewer == (1024 // 256 - threads // 256) * 2048
+    cuda_runtime.check_model_limits(k, threads)
+    # eight query heads per K/V head of 64: their RoPE needs (8 + 1) * 64 + 64 = 640 threads
+    eight = dict(k, n_head=64)
+    cuda_runtime.check_model_limits(eight, 1024)
+    if threads < 640:
+        with pytest.raises(UnsupportedError, match="query heads per K/V head"):
+            cuda_runtime.check_model_limits(eight, threads)
+
+
+@pytest.mark.parametrize("target,workers,limit", [("h200", 132, 227 * 1024), ("rtx3050", 20, 99 * 1024)])
+def test_staged_merge_room_fits_both_gpus(target, workers, limit):
+    # AF_STAGED_MERGE: every chunk's (m, l, o) records of all query heads, their scales and sums
+    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS[target], workers=workers), ctx=4160)
+    k = plan.consts
+    rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
+    records = k["attn_chunks"] * k["n_head"] * (k["head_dim_v"] + 2)
+    plain, staged = (4 * cuda_runtime.shared_floats(k, rows, stage=s) for s in (False, True))
+    assert staged >= 4 * (2 * cuda_runtime.XS_PLANE_FLOATS + 64 + records + k["n_head"] * (k["attn_chunks"] + 2))
+    assert plain <= staged <= limit  # 16 chunks of 260 positions on the H200: 135 KiB of records
+
+
+def test_only_1024_threads_build_the_ffn_reduce_wave():
+    with pytest.raises(GPUError, match="FFN reduce wave"):
+        build._compile_nvcc(NVCC, "sm_90", ("AF_THREADS=512", "AF_FFN_ATOMIC=0"))
+
+
 def test_floor_of_llama_1b_bf16():
     plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
     norms = 33 * 2048  # 2 per layer and the output norm: BF16 in the checkpoint, F32 in the package

@@ -286,8 +286,9 @@ def check_model_limits(k: dict, threads: int = THREADS) -> None:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS) -> int:
-    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout."""
+def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: bool = False) -> int:
+    """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
+    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE)."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= threads else threads // cols
@@ -297,7 +298,9 @@ def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS) -> int:
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
-    return -(-(x_len + 64 + max(attn, ffn, reduce, 2 * (threads // 32))) // 4) * 4
+    chunks, heads = k["attn_chunks"], k["n_head"]
+    staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
+    return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (threads // 32))) // 4) * 4
 
 
 def side_bits(tasks: np.ndarray) -> int:
@@ -332,8 +335,12 @@ class Runtime:
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.threads)
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
+        # room for the staged attention merge where the GPU has it (the worker checks it and
+        # merges four chunks at a time without)
+        self.staged = (4 * (shared_floats(self.k, self.ffn_max_rows, worker.threads, True) + table)
+                       + worker.static_shared <= self.device.shared_optin)
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.threads, self.staged)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:

@@ -28,7 +28,7 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
-        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, red, sm); break;
+        case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
     }
     __syncthreads();  // the next task reuses shared memory
@@ -86,8 +86,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves;
-// AF_FOLD_FINAL_NORM: the final norm wave, whose LM_HEAD tasks norm x themselves).
+// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -114,7 +113,6 @@ __device__ af_table load_table(const af_args& a, float* base) {
     __syncthreads();
     if (threadIdx.x == 0) {
         af_sides = a.sides;  // (read through side_live, where used)
-        af_fold_norm = 0;
         tb.wave_first()[0] = 0;
         for (uint32_t w = 1; w <= n_waves; ++w) tb.wave_first()[w] += tb.wave_first()[w - 1];
     }
@@ -137,12 +135,8 @@ __device__ af_table load_table(const af_args& a, float* base) {
         }
         const uint32_t workers = grid_blocks();
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        const uint32_t op = first < end ? __ldg(&a.tasks[first].opcode) : 0u;
-        if (AF_FFN_ATOMIC && op == AF_OP_FFN_REDUCE) tb.wave_global()[w] |= AF_SKIP_WAVE;
-        if (AF_FOLD_FINAL_NORM && op == AF_OP_FINAL_NORM) {
+        if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
             tb.wave_global()[w] |= AF_SKIP_WAVE;
-            af_fold_norm = __ldg(&a.tasks[first].norm) + 1;
-        }
     }
     __syncthreads();
     return tb;

@@ -81,10 +81,11 @@
 // 0: element order. The same values in the same arithmetic either way.
 #define AF_XS_PLANES 1
 #endif
-#ifndef AF_FOLD_FINAL_NORM
-// 1: the plan's FINAL_NORM wave is skipped with its barrier: every LM_HEAD task norms x[n_layers]
-// itself (as every QKV task norms its layer's x) instead of copying xn. The same arithmetic.
-#define AF_FOLD_FINAL_NORM 1
+#ifndef AF_STAGED_MERGE
+// 1: a WO task merging two or more attention chunks first copies all their records into shared
+// memory at once (merge_staged) instead of loading them four chunks at a time per element
+// (merge_attention); the same arithmetic. 0: merge_attention always.
+#define AF_STAGED_MERGE 1
 #endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
@@ -143,6 +144,14 @@ struct af_args {
 };
 
 // ---- memory access ------------------------------------------------------------------------
+// 16 bytes of activations (written in this launch: through L2, not L1) into shared memory without
+// passing registers; cp_async_wait_all waits for this thread's copies.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
@@ -448,17 +457,6 @@ __device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_
 // (the slots, unused then; the arena's regions are 256-byte aligned).
 __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
     return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
-}
-
-// AF_FOLD_FINAL_NORM: one more than the byte offset in weights.bin of the final norm's weights
-// (the plan's FINAL_NORM task) when that wave is skipped, 0 otherwise (an offset may be 0).
-// Shared memory, read where used, as af_sides.
-__shared__ unsigned long long af_fold_norm;
-__device__ __forceinline__ bool folded(const unsigned long long& v) {
-    return *static_cast<const volatile unsigned long long*>(&v) != 0;
-}
-__device__ __forceinline__ uint64_t fold_offset(const unsigned long long& v) {
-    return *static_cast<const volatile unsigned long long*>(&v) - 1;
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its

@@ -235,10 +235,9 @@ __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer
     __syncthreads();
 }
 
-// Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM.
-// Not inlined: inside op_wo its loops left the worker 120-150 B of register spills at 64
-// registers per thread (ptxas -v); as a call, the worker and it spill nothing.
-__device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+// Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM, four
+// chunks at a time per element (inside the call merge_chunks, not in op_wo: see there).
+__device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
     const float* parts = layer_at(a, layer, c.lay_attn);
@@ -292,6 +291,65 @@ __device__ __noinline__ void merge_attention(const af_args& a, uint32_t layer, u
     __syncthreads();
 }
 
+// The merge of several chunks with every partial in shared memory (AF_STAGED_MERGE): the active
+// chunks' records are copied at once (cp.async, one round trip to L2 where merge_attention makes
+// two per batch of four chunks and element), then per head its max m over the chunks, each
+// chunk's scale expf(m_c - m) once (merge_attention computes the same value for every element),
+// the sum of scale * l in chunk order, and per element the sum of scale * o in chunk order over
+// that: merge_attention's arithmetic, the same bits. Returns false, doing nothing, when the
+// records do not fit beside xs (the host reserves the room where the GPU has it).
+__device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+    const af_plan_consts& c = a.c;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1, heads = c.n_head;
+    const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
+    float* st = xs + 2 * AF_XS_PLANE_FLOATS + 64;  // the scratch after xs and red: (active, heads, rec)
+    if (n4 + heads * (active + 2) > a.table_offset - (2 * AF_XS_PLANE_FLOATS + 64)) return false;
+    float* scale = st + n4;                       // (heads, active)
+    float* mx = scale + heads * active;           // (heads): the max, then the sum of scale * l
+    const float* parts = layer_at(a, layer, c.lay_attn);  // 256-byte aligned, records back to back
+    for (uint32_t i = threadIdx.x; i < n / 4; i += AF_THREADS) cp_async16(st + 4 * i, parts + 4 * i);
+    for (uint32_t i = n / 4 * 4 + threadIdx.x; i < n; i += AF_THREADS) st[i] = ld_act(parts + i);
+    cp_async_wait_all();
+    __syncthreads();
+    for (uint32_t h = threadIdx.x; h < heads; h += AF_THREADS) {
+        float m = -INFINITY;
+        for (uint32_t ch = 0; ch < active; ++ch) m = fmaxf(m, st[(ch * heads + h) * rec]);
+        mx[h] = m;
+    }
+    __syncthreads();
+    for (uint32_t j = threadIdx.x; j < heads * active; j += AF_THREADS) {
+        const uint32_t h = udiv(j, active), ch = j - h * active;
+        scale[j] = expf(__fsub_rn(st[(ch * heads + h) * rec], mx[h]));
+    }
+    __syncthreads();
+    for (uint32_t h = threadIdx.x; h < heads; h += AF_THREADS) {
+        float total = 0.0f;
+        for (uint32_t ch = 0; ch < active; ++ch)
+            total = __fadd_rn(total, __fmul_rn(scale[h * active + ch], st[(ch * heads + h) * rec + 1]));
+        mx[h] = total;
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < heads * hdv; i += AF_THREADS) {
+        const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
+        float o = 0.0f;
+        for (uint32_t ch = 0; ch < active; ++ch)
+            o = __fadd_rn(o, __fmul_rn(scale[h * active + ch], st[(ch * heads + h) * rec + 2 + d]));
+        xs[xs_index(i)] = __fdiv_rn(o, mx[h]);
+    }
+    __syncthreads();
+    return true;
+}
+
+// The merge of two or more active chunks: staged past four chunks where it fits, else four
+// chunks at a time.
+// Not inlined: inside op_wo the merges' loops left the worker 120-150 B of register spills at 64
+// registers per thread (ptxas -v); as one call, neither it nor the worker spills (sm_90, sm_86).
+__device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+    // (up to four chunks merge_attention's loads go out together already: one round trip)
+    if (!(AF_STAGED_MERGE && pos / a.c.attn_chunk + 1 > 4 && merge_staged(a, layer, pos, xs)))
+        merge_attention(a, layer, pos, xs);
+}
+
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
 __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
@@ -300,7 +358,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     auto merge = [&] {
         if (xs_ready) return;
         if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
-        else merge_attention(a, t.layer, pos, xs);
+        else merge_chunks(a, t.layer, pos, xs);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
@@ -474,7 +532,7 @@ __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, flo
 
 // Logits of this task's rows; its candidate slot gets the largest logit, lowest id among ties.
 // A non-finite logit sets bit 0 of the error word.
-__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* red, float* sm) {
+__device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, float* xs, float* sm) {
     const af_plan_consts& c = a.c;
     float* best_v = sm;  // (warps)
     uint32_t* best_i = reinterpret_cast<uint32_t*>(sm + AF_WARPS);
@@ -483,11 +541,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
     bool bad = false;
-    auto fill = [&] {  // xn, or (AF_FOLD_FINAL_NORM) the final norm computed here, as FINAL_NORM would
-        if (folded(af_fold_norm)) {
-            rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, fold_offset(af_fold_norm)), c.n_embd, c.rms_eps, red);
-            return;
-        }
+    auto fill = [&] {
         load_shared(xs, a.act + c.act_xn, c.n_embd);
         __syncthreads();
     };
