@@ -305,10 +305,10 @@ def test_unsupported_shapes_are_named():
             cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",)])
+@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",), ("AF_STAGED_MERGE=0",)])
 def test_measurement_builds_compile(defines):
     # the device check times them beside the default: the FFN partials through slots and the reduce
-    # wave; xs in element order
+    # wave; xs in element order; every multi-chunk merge four chunks at a time
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 
