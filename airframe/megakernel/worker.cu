@@ -187,7 +187,9 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                     a.trace[2 * g] = t0;
                     const af_task& t = tb.tasks()[i];
                     const bool gemv = rows_of(a, t).n > 0;  // the task ran gemv_list
-                    const bool marked = AF_TRACE_MARK == 1 ? gemv : AF_TRACE_MARK > 1 && t.opcode == AF_OP_ATTN;
+                    const bool marked = AF_TRACE_MARK == 1 ? gemv
+                                        : AF_TRACE_MARK >= 7 ? t.opcode == AF_OP_FFN
+                                                             : AF_TRACE_MARK > 1 && t.opcode == AF_OP_ATTN;
                     a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }

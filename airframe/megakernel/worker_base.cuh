@@ -100,7 +100,8 @@
 // Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
 // the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
 // 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values,
-// 6 the moment it begins its work (what starting a task costs).
+// 6 the moment it begins its work (what starting a task costs); 7, 8, 9 an FFN task's the end of
+// its gate and up rows, of its down rows, of its fixed-point sums' atomics.
 #define AF_TRACE_MARK 0
 #endif
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with

@@ -392,6 +392,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                   if (i < n) h[i] = v;
                   else up[i - n] = v;
               });
+    trace_mark(7);
     const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
     const uint32_t grp = udiv(threadIdx.x, cols);
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
@@ -441,6 +442,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
         }
     }
     __syncthreads();
+    trace_mark(8);
     if (AF_FFN_ATOMIC) {  // the partials into the layer's fixed-point sums (see AF_FFN_ATOMIC)
         unsigned long long* acc = ffn_acc(a, t.layer);
         bool bad = false;
@@ -452,6 +454,11 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
             asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
         }
         if (bad) atomicOr(&a.ctl->error, 2u);
+        if (AF_TRACE_MARK == 9) {  // (the atomics' completion, as the barrier's release waits for it)
+            __threadfence();
+            __syncthreads();
+            trace_mark(9);
+        }
         return;
     }
     float* out = layer_at(a, t.layer, c.lay_ffn) + (size_t)t.slot * e;
