@@ -158,8 +158,8 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     __shared__ uint32_t bcast[2];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
-    float* red = xs + 2 * AF_XS_PLANE_FLOATS;  // xs: two planes (AF_XS_PLANES)
-    float* sm = red + 64;
+    float* red = xs + AF_RED_OFFSET;  // xs: two planes (AF_XS_PLANES)
+    float* sm = xs + AF_SM_OFFSET;
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;
     // the step count lives in shared memory (read once a step), not in a register for the whole launch

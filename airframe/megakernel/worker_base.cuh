@@ -91,6 +91,10 @@
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).
 #define AF_XS_PLANE_FLOATS 2048
+// Dynamic shared memory from its start: xs (two planes), red (64 floats), then sm, the scratch the
+// opcodes share, up to the task table (af_args.table_offset); cuda_runtime.shared_floats.
+#define AF_RED_OFFSET (2 * AF_XS_PLANE_FLOATS)
+#define AF_SM_OFFSET (AF_RED_OFFSET + 64)
 #define AF_XS_STEP (AF_XS_PLANES ? 4 : 8)  // floats from vector j to vector j + 1 in a plane
 #define AF_XS_PLANE (AF_XS_PLANES ? AF_XS_PLANE_FLOATS : 4)  // floats from a vector's first half to its second
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow

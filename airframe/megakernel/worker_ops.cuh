@@ -302,8 +302,8 @@ __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, u
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1, heads = c.n_head;
     const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
-    float* st = xs + 2 * AF_XS_PLANE_FLOATS + 64;  // the scratch after xs and red: (active, heads, rec)
-    if (n4 + heads * (active + 2) > a.table_offset - (2 * AF_XS_PLANE_FLOATS + 64)) return false;
+    float* st = xs + AF_SM_OFFSET;  // the opcodes' scratch after xs and red: (active, heads, rec)
+    if (n4 + heads * (active + 2) > a.table_offset - AF_SM_OFFSET) return false;
     float* scale = st + n4;                       // (heads, active)
     float* mx = scale + heads * active;           // (heads): the max, then the sum of scale * l
     const float* parts = layer_at(a, layer, c.lay_attn);  // 256-byte aligned, records back to back
