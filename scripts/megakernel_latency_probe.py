@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airframe.megakernel.build import find_nvcc  # noqa: E402
 from airframe.megakernel.cuda_runtime import Device, check  # noqa: E402
 
-PARTS = ("barrier", "vectors", "pages", "icache", "sums")
+PARTS = ("barrier", "vectors", "pages", "icache", "sums", "clusters")
 PAGES = 1024  # 2 MiB pages of the buffer the pages part touches
 
 SOURCE = r"""
@@ -207,6 +207,169 @@ sums(float* slots, float* total, unsigned long long* acc, uint32_t* bar, unsigne
     }
 }
 
+// Barrier forms (the "clusters" part). Every iteration warp 0 of block b writes 32 floats, the
+// block passes one barrier of the given form, and thread 0 reads the floats block b + 1 wrote
+// (a stale value counts as an error: the form's ordering checked, not only its time).
+// out[it * grid + b] = ns from arrival to release; out2 = ns to the read's value in hand.
+// form 0: the worker's counter (red.release + ld.acquire polling by thread 0);
+// form 1: a flag per block (st.release), warp 0 polls every flag with relaxed loads, then a fence;
+// form 2: as 1 with acquire loads and no fence; form 3: as 1 with each flag on its own 32-byte
+// sector; form 4: four counters (block b arrives at counter b % 4), lanes 0-3 poll one each;
+// form 5 (cluster launch): a cluster barrier, rank 0's thread 0 arrives and polls the counter
+// for the clusters, a cluster barrier; form 6 (cluster launch): a cluster barrier alone.
+__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
+    uint32_t v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+__device__ __forceinline__ uint32_t cluster_size() {
+    uint32_t r; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r)); return r; }
+
+__device__ __forceinline__ void form_sync(int form, uint32_t* bar, uint32_t& k) {
+    const int G = gridDim.x;
+    ++k;
+    if (form == 0) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(bar) : "memory");
+            while (ld_acquire(bar) < k * G) {}
+        }
+        __syncthreads();
+    } else if (form <= 3) {
+        const int stride = form == 3 ? 8 : 1;
+        uint32_t* flags = bar + 64;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            if (threadIdx.x == 0)
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(flags + blockIdx.x * stride), "r"(k) : "memory");
+            __syncwarp();
+            for (;;) {
+                bool ok = true;
+#pragma unroll
+                for (int j = 0; j < 5; ++j) {
+                    const int b = threadIdx.x + 32 * j;
+                    if (b < G) ok &= (form == 2 ? ld_acquire(flags + b * stride) : ld_relaxed(flags + b * stride)) >= k;
+                }
+                if (__all_sync(0xffffffffu, ok)) break;
+            }
+            if (form != 2) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        }
+        __syncthreads();
+    } else if (form == 4) {
+        uint32_t* ctr = bar + 2048;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            if (threadIdx.x == 0)
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(ctr + (blockIdx.x % 4) * 32) : "memory");
+            __syncwarp();
+            const uint32_t lane = threadIdx.x, members = (G - lane + 3) / 4;
+            for (;;) {
+                const bool ok = lane >= 4 || ld_acquire(ctr + lane * 32) >= k * members;
+                if (__all_sync(0xffffffffu, ok)) break;
+            }
+        }
+        __syncthreads();
+    } else if (form == 5) {
+        cluster_sync_all();
+        if (cluster_rank() == 0 && threadIdx.x == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(bar) : "memory");
+            const uint32_t clusters = G / cluster_size();
+            while (ld_acquire(bar) < k * clusters) {}
+        }
+        cluster_sync_all();
+    } else {
+        cluster_sync_all();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024, 1)
+barriers(float* x, uint32_t* bar, unsigned long long* out, uint32_t* errors, int iters, int form) {
+    __shared__ float red[2];
+    uint32_t k = 0;
+    const int G = gridDim.x, b = blockIdx.x;
+    for (int it = 0; it < iters; ++it) {
+        if (threadIdx.x < 32) x[b * 32 + threadIdx.x] = (float)(it + 1);
+        const unsigned long long t0 = ns();
+        form_sync(form, bar, k);
+        const unsigned long long t1 = ns();
+        if (threadIdx.x == 0) red[0] = __ldcg(x + ((b + 1) % G) * 32 + 5);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            out[it * G + b] = t1 - t0;
+            out[(iters + it) * G + b] = ns() - t0;
+            if (red[0] < (float)(it + 1)) atomicAdd(errors, 1u);
+        }
+        form_sync(form, bar, k);  // nobody writes the next round before every block has read
+    }
+}
+
+// The FFN's end in other forms (the "clusters" part): every block holds 2048 partials and every
+// block then needs the 2048 totals. mode 1: two red.global.add.u64 a thread (the worker's way);
+// mode 2: the blocks of a cluster (launched with 2 or 4) first combine their partials in
+// distributed shared memory (each rank owns 2048 / n rows; the others store their fixed-point
+// values into its inbox), then each rank adds its rows, one atomic a row: n times fewer
+// atomics; mode 3: two copies of the accumulators (even blocks add to one, odd to the other),
+// the readers add both. Then the worker's grid barrier and the read of the totals.
+// out = ns from the start to the totals in shared memory; errors counts wrong totals.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+csums(unsigned long long* acc, uint32_t* bar, unsigned long long* out, uint32_t* errors, int iters, int mode) {
+    __shared__ float xs[2048];
+    __shared__ long long inbox[2048];
+    uint32_t k = 0;
+    const int G = gridDim.x, b = blockIdx.x, t = threadIdx.x;
+    const uint32_t n = mode == 2 ? cluster_size() : 1, r = mode == 2 ? cluster_rank() : 0, per = 2048 / n;
+    for (int it = 0; it < iters; ++it) {
+        acc[t] = 0ull;
+        acc[t + 1024] = 0ull;
+        acc[t + 2048] = 0ull;
+        acc[t + 3072] = 0ull;
+        form_sync(0, bar, k);
+        const unsigned long long t0 = ns();
+        const long long q0 = (long long)(b + t) << 20, q1 = (long long)(b - t) << 20;  // the partials
+        if (mode == 1 || mode == 3) {
+            unsigned long long* dst = acc + (mode == 3 ? (b & 1) * 2048 : 0);
+            asm volatile("red.global.add.u64 [%0], %1;" :: "l"(dst + t), "l"(q0) : "memory");
+            asm volatile("red.global.add.u64 [%0], %1;" :: "l"(dst + t + 1024), "l"(q1) : "memory");
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t row = t + 1024 * h, owner = row / per;
+                const long long q = h ? q1 : q0;
+                const uint32_t slot = r * per + row % per;  // the owner's inbox: [source rank][row]
+                if (owner == r) {
+                    inbox[slot] = q;
+                } else {
+                    uint32_t local = (uint32_t)__cvta_generic_to_shared(inbox + slot), remote;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(owner));
+                    asm volatile("st.shared::cluster.s64 [%0], %1;" :: "r"(remote), "l"(q) : "memory");
+                }
+            }
+            cluster_sync_all();
+            if (t < per) {
+                long long s = 0;
+                for (uint32_t src = 0; src < n; ++src) s += inbox[src * per + t];
+                asm volatile("red.global.add.u64 [%0], %1;" :: "l"(acc + r * per + t), "l"(s) : "memory");
+            }
+        }
+        form_sync(0, bar, k);
+        for (int i = t; i < 2048; i += 1024) {
+            long long v = (long long)__ldcg(acc + i);
+            if (mode == 3) v += (long long)__ldcg(acc + 2048 + i);
+            xs[i] = (float)v;
+        }
+        __syncthreads();
+        if (t == 0) out[it * G + b] = ns() - t0;
+        // expected: sum over blocks of (b + i) << 20 (rows i < 1024), (b - (i - 1024)) << 20 after
+        if (t < 2) {
+            const long long i = t ? 1500 : 7, sb = (long long)G * (G - 1) / 2;
+            const long long want = (i < 1024 ? sb + G * i : sb - G * (i - 1024)) << 20;
+            if (xs[i] != (float)want) atomicAdd(errors, 1u);
+        }
+        form_sync(0, bar, k);
+    }
+}
+
 // Resolution of %globaltimer and the SM clock: out[0] = smallest nonzero step seen, out[1] = ns,
 // out[2] = clock64 cycles over the same spin.
 extern "C" __global__ void clocks(unsigned long long* out) {
@@ -239,7 +402,7 @@ class Probe:
         self.cu = self.dev.cu
         module = check(self.cu.cuModuleLoadData(build(self.dev.arch)), "cuModuleLoadData(probe)")
         self.kernels = {name: check(self.cu.cuModuleGetFunction(module, name.encode()), name)
-                        for name in ("probe", "pages", "icache", "clocks", "sums")}
+                        for name in ("probe", "pages", "icache", "clocks", "sums", "barriers", "csums")}
         self.blocks, self.iters = self.dev.sm_count, iters
         self.x = self.dev.alloc(8192 * 4 * self.blocks)
         self.bar = self.dev.alloc(16)
@@ -256,6 +419,32 @@ class Probe:
         else:
             check(cu.cuLaunchKernel(kernel, grid, 1, 1, block, 1, 1, 0, 0, ptrs.ctypes.data, 0), name)
         self.dev.synchronize(name)
+
+    def launch_ex(self, name: str, grid: int, params: list, cluster: int) -> None:
+        """A cooperative launch with thread-block clusters of `cluster` blocks (sm_90)."""
+        arrays = [np.array([value], dtype=dtype) for value, dtype in params]
+        ptrs = np.array([a.ctypes.data for a in arrays], dtype=np.uint64)
+        cu = self.cu
+        check(cu.cuMemsetD8(self.bar.ptr, 0, 16), "cuMemsetD8")
+        config = self.cluster_config(grid, cluster)
+        check(cu.cuLaunchKernelEx(config, self.kernels[name], ptrs.ctypes.data, 0), f"{name} (clusters of {cluster})")
+        self.dev.synchronize(name)
+
+    def cluster_config(self, grid: int, cluster: int):
+        cu = self.cu
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = 1024, 1, 1
+        config.sharedMemBytes = 0
+        dims = cu.CUlaunchAttribute()
+        dims.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        dims.value.clusterDim.x, dims.value.clusterDim.y, dims.value.clusterDim.z = cluster, 1, 1
+        coop = cu.CUlaunchAttribute()
+        coop.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        coop.value.cooperative = 1
+        config.attrs = [dims, coop]
+        config.numAttrs = 2
+        return config
 
     def times(self, skip: int) -> dict:
         """Summary of out[iteration, block] in ns, the first `skip` iterations dropped."""
@@ -329,6 +518,83 @@ class Probe:
             for buf in (slots, total, acc):
                 self.dev.free(buf)
         return {"sums": rows}
+
+    def clusters(self) -> dict:
+        """Barrier forms and the FFN's end combined in thread-block clusters (sm_90)."""
+        big = self.dev.alloc(4 * 4096)  # the barrier forms' flags and counters (zeroed per launch)
+        acc = self.dev.alloc(8 * 4096)
+        errors = self.dev.alloc(4)
+        rows = []
+        names = {0: "counter", 1: "flags, relaxed polls + fence", 2: "flags, acquire polls",
+                 3: "flags on their own sectors", 4: "four counters", 5: "cluster barrier + counter of clusters",
+                 6: "cluster barrier alone"}
+        res = {}
+        try:
+            for cluster in (2, 4):
+                try:
+                    found = check(self.cu.cuOccupancyMaxActiveClusters(self.kernels["barriers"],
+                                                                     self.cluster_config(self.blocks, cluster)),
+                                  "cuOccupancyMaxActiveClusters")
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                    found = f"error: {exc}"
+                res[f"max_active_clusters_{cluster}"] = found
+                print(f"clusters of {cluster} x 1024 threads that fit at once: {found}", flush=True)
+            out = self.out
+            self.out = self.dev.alloc(8 * 2 * self.iters * self.blocks)
+            for form in range(7):
+                for cluster in ((1, 2) if form < 5 else (2, 4)):
+                    if form == 6 and cluster == 4:
+                        continue
+                    check(self.cu.cuMemsetD8(big.ptr, 0, 4 * 4096), "memset")
+                    check(self.cu.cuMemsetD8(errors.ptr, 0, 4), "memset")
+                    params = [(self.x.ptr, np.uint64), (big.ptr, np.uint64), (self.out.ptr, np.uint64),
+                              (errors.ptr, np.uint64), (self.iters, np.int32), (form, np.int32)]
+                    try:
+                        if cluster == 1:
+                            self.launch("barriers", self.blocks, params)
+                        else:
+                            self.launch_ex("barriers", self.blocks, params, cluster)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"barrier form {form} ({names[form]}), clusters of {cluster}: {exc}", flush=True)
+                        rows.append({"form": names[form], "cluster": cluster, "error": str(exc)})
+                        continue
+                    t = self.dev.download(self.out, np.uint64, 2 * self.iters * self.blocks).reshape(2, self.iters, self.blocks)
+                    t = t[:, 20:].astype(np.float64)
+                    n_err = int(self.dev.download(errors, np.uint32, 1)[0])
+                    r = {"form": names[form], "cluster": cluster, "median_ns": float(np.median(t[0])),
+                         "p90_ns": float(np.percentile(t[0], 90)), "with_read_median_ns": float(np.median(t[1])),
+                         "stale_reads": n_err}
+                    rows.append(r)
+                    print(f"barrier {names[form]:40s} clusters of {cluster}: arrival to release median "
+                          f"{r['median_ns']:.0f} ns (p90 {r['p90_ns']:.0f}), + read {r['with_read_median_ns']:.0f} ns, "
+                          f"stale reads {n_err}", flush=True)
+            self.dev.free(self.out)
+            self.out = out
+            sums = []
+            for mode, cluster, name in ((1, 1, "atomics"), (1, 2, "atomics (cluster launch)"), (2, 2, "pairs combine first"),
+                                        (2, 4, "quads combine first"), (3, 1, "two accumulator copies")):
+                check(self.cu.cuMemsetD8(errors.ptr, 0, 4), "memset")
+                params = [(acc.ptr, np.uint64), (self.bar.ptr, np.uint64), (self.out.ptr, np.uint64),
+                          (errors.ptr, np.uint64), (self.iters, np.int32), (mode, np.int32)]
+                try:
+                    if cluster == 1:
+                        self.launch("csums", self.blocks, params)
+                    else:
+                        self.launch_ex("csums", self.blocks, params, cluster)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"sums, {name}: {exc}", flush=True)
+                    sums.append({"mode": name, "cluster": cluster, "error": str(exc)})
+                    continue
+                r = dict(self.times(skip=20), mode=name, cluster=cluster,
+                         wrong=int(self.dev.download(errors, np.uint32, 1)[0]))
+                sums.append(r)
+                print(f"2048 sums, {name:28s}: median {r['median_ns']:.0f} ns, slowest block "
+                      f"{r['median_of_max_ns']:.0f} ns, wrong {r['wrong']}", flush=True)
+        finally:
+            for buf in (big, acc, errors):
+                self.dev.free(buf)
+        res.update(barrier_forms=rows, cluster_sums=sums)
+        return res
 
     def icache(self) -> dict:
         rows = []

@@ -31,6 +31,7 @@ MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
+SHORT_UNROLL = 4  # AF_UNROLL_SHORT: the vectors a lane loads per chunk of a QKV or WO row
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -288,7 +289,8 @@ def check_model_limits(k: dict, threads: int = THREADS) -> None:
 
 def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: bool = False) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
-    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE)."""
+    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE), and
+    for the second chunks of the QKV and WO rows (AF_SHORT_ASYNC)."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= threads else threads // cols
@@ -296,10 +298,13 @@ def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: boo
     v_groups = threads // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
+    attn = max(attn, g * (2 * k["head_dim"] + k["head_dim_v"] + 32))  # attn_lean: a piece per query head
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     chunks, heads = k["attn_chunks"], k["n_head"]
     staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
+    if stage:  # and the QKV/WO rows' second chunks (AF_SHORT_ASYNC): 32 x AF_UNROLL_SHORT vectors a warp
+        staged = max(staged, (threads // 32) * 32 * SHORT_UNROLL * 4)
     return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (threads // 32))) // 4) * 4
 
 

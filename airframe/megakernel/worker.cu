@@ -172,7 +172,6 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     for (uint32_t step = 0; step < n_steps; ++step) {
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
-        const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             if (tb.skipped(w)) {  // no work and no barrier
@@ -181,7 +180,8 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
             }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
+                // pos read from the control block where it is used: held for the launch, it was spilled
+                run_task(a, tb.tasks()[i], step, ctl->pos0 + step, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;

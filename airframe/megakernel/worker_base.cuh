@@ -69,6 +69,15 @@
 // overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
 #define AF_FFN_ATOMIC 1
 #endif
+#ifndef AF_FFN_COPIES
+// AF_FFN_ATOMIC: the layer's accumulators in this many copies (1, 2 or 4); block b adds to copy
+// b % AF_FFN_COPIES and the readers add the copies' integers (exact, so the same bits). Fewer
+// blocks add to each accumulator, so fewer atomics queue on each L2 sector.
+#define AF_FFN_COPIES 1
+#endif
+#if AF_FFN_COPIES != 1 && AF_FFN_COPIES != 2 && AF_FFN_COPIES != 4
+#error "AF_FFN_COPIES: 1, 2 or 4"
+#endif
 #if AF_THREADS != 1024 && !AF_FFN_ATOMIC
 #error "the FFN reduce wave (AF_FFN_ATOMIC=0) plays 32 lanes with 32 warps: it needs 1024 threads"
 #endif
@@ -86,6 +95,22 @@
 // memory at once (merge_staged) instead of loading them four chunks at a time per element
 // (merge_attention); the same arithmetic. 0: merge_attention always.
 #define AF_STAGED_MERGE 1
+#endif
+#ifndef AF_SHORT_ASYNC
+// 1: the QKV and WO GEMVs (a 4 KiB row per warp at most on the H200) request a row's second
+// chunk by cp.async into shared memory with the first chunk's loads (gemv_list's stage): one
+// round trip to DRAM per row instead of two. Needs AF_WARPS * 32 * AF_UNROLL_SHORT vectors of
+// shared memory past sm (the host reserves it with the staged merge's; without it, 0's way).
+#define AF_SHORT_ASYNC 1
+#endif
+#ifndef AF_LEAN_ATTN
+// 1: an attention task whose chunk holds at most AF_LEAN_ATTN_MAX positions up to pos runs as
+// one warp per query head without block barriers between its phases (attn_lean), which at one
+// position are most of its time; the same arithmetic as the block form. 0: the block form always.
+#define AF_LEAN_ATTN 1
+#endif
+#ifndef AF_LEAN_ATTN_MAX
+#define AF_LEAN_ATTN_MAX 8
 #endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
@@ -156,6 +181,19 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// 16 bytes of weights into shared memory without passing registers, marked evict_first in L2 as
+// ld_weight16's loads are.
+__device__ __forceinline__ void cp_async_weight16(void* shared, const void* global) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+    if (AF_WEIGHT_EVICT_FIRST) {
+        uint64_t policy;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(global), "l"(policy)
+                     : "memory");
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
+    }
+}
 
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
@@ -308,8 +346,13 @@ struct af_rows {
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 // xs points at the first vector multiplied (in plane 0).
-template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
+//
+// stage (AF_SHORT_ASYNC; null: none): shared memory for 32 * U vectors per warp. A row longer
+// than one chunk then has its second chunk requested by cp.async into the warp's piece of it
+// together with the first chunk's loads, so that both chunks come back in one round trip to
+// DRAM; the same products in the same order.
+template <int U, class Emit>
+__device__ __forceinline__ void gemv_rows(const af_rows& r, const float* xs, Emit emit, float* stage = nullptr) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -320,13 +363,26 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
             v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
-    prologue();
-    trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
         const uint4* w = r.row(i);
         float acc = 0.0f;
+        const bool staged = stage && kvec > 32 * U;
+        uint4* buf = reinterpret_cast<uint4*>(stage) + warp * 32 * U;
+        if (staged) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const uint32_t j = 32 * U + u * 32 + lane;
+                if (j < kvec) cp_async_weight16(buf + u * 32 + lane, w + j);
+            }
+        }
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            load(w, base);
+            if (staged && base == 32 * U) {
+                cp_async_wait_all();
+#pragma unroll
+                for (int u = 0; u < U; ++u) v[u] = base + u * 32 + lane < kvec ? buf[u * 32 + lane] : make_uint4(0, 0, 0, 0);
+            } else {
+                load(w, base);
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
@@ -336,6 +392,13 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
     }
+}
+
+template <int U, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
+    prologue();
+    trace_mark(1);
+    gemv_rows<U>(r, xs, emit);
 }
 
 // Copy n floats of the arena into xs.
@@ -374,16 +437,26 @@ __device__ __forceinline__ float fix_value(unsigned long long v) {
     return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);
 }
 
+// Accumulator i of an FFN sum: the (wrapping, so exact) sum of its AF_FFN_COPIES copies,
+// `stride` (n_embd) words apart.
+__device__ __forceinline__ unsigned long long acc_total(const unsigned long long* acc, uint32_t i, uint32_t stride) {
+    unsigned long long v = __ldcg(acc + i);
+#pragma unroll
+    for (int k = 1; k < AF_FFN_COPIES; ++k) v += __ldcg(acc + k * stride + i);
+    return v;
+}
+
 // The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc).
 struct af_x {
     const float* x;
     const float* side;                // null: none
     bool side_is_zero;                // a side vector no task writes: added as 0.0f
     const unsigned long long* acc;    // null: none
+    uint32_t acc_stride;              // words between the accumulators' copies (AF_FFN_COPIES)
     __device__ __forceinline__ float at(uint32_t i) const {
         float v = ld_act(x + i);
         if (side) v = __fadd_rn(v, side_is_zero ? 0.0f : ld_act(side + i));
-        if (acc) v = __fadd_rn(v, fix_value(__ldcg(acc + i)));
+        if (acc) v = __fadd_rn(v, fix_value(acc_total(acc, i, acc_stride)));
         return v;
     }
 };
@@ -405,6 +478,13 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
+#pragma unroll
+                for (int k = 1; k < AF_FFN_COPIES; ++k) {
+                    const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * in.acc_stride);
+                    const ulonglong2 b0 = __ldcg(cp + 2 * q), b1 = __ldcg(cp + 2 * q + 1);
+                    a0 = make_ulonglong2(a0.x + b0.x, a0.y + b0.y);
+                    a1 = make_ulonglong2(a1.x + b1.x, a1.y + b1.y);
+                }
             }
             if (in.side) {
                 const float4 sv = in.side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
@@ -467,6 +547,7 @@ __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
 // readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
 __device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
-    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
-    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
+    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr, 0};
+    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1),
+                a.c.n_embd};
 }
