@@ -219,12 +219,44 @@ sums(float* slots, float* total, unsigned long long* acc, uint32_t* bar, unsigne
 // for the clusters, a cluster barrier; form 6 (cluster launch): a cluster barrier alone.
 __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
     uint32_t v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
+// (thread-block clusters exist from sm_90 on; the forms that use them trap on older GPUs, and
+// the host does not launch them there)
+#if __CUDA_ARCH__ >= 900
+#define AF_CLUSTERS 1
+#else
+#define AF_CLUSTERS 0
+#endif
 __device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+#if AF_CLUSTERS
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
 __device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+    uint32_t r = 0;
+#if AF_CLUSTERS
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
 __device__ __forceinline__ uint32_t cluster_size() {
-    uint32_t r; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r)); return r; }
+    uint32_t r = 1;
+#if AF_CLUSTERS
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
+    return r;
+}
+// st.shared::cluster of v to `local`'s place in the shared memory of cluster block `rank`
+__device__ __forceinline__ void store_remote(long long* local, uint32_t rank, long long v) {
+#if AF_CLUSTERS
+    uint32_t here = (uint32_t)__cvta_generic_to_shared(local), there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(there) : "r"(here), "r"(rank));
+    asm volatile("st.shared::cluster.s64 [%0], %1;" :: "r"(there), "l"(v) : "memory");
+#else
+    __trap();
+#endif
+}
 
 __device__ __forceinline__ void form_sync(int form, uint32_t* bar, uint32_t& k) {
     const int G = gridDim.x;
@@ -340,9 +372,7 @@ csums(unsigned long long* acc, uint32_t* bar, unsigned long long* out, uint32_t*
                 if (owner == r) {
                     inbox[slot] = q;
                 } else {
-                    uint32_t local = (uint32_t)__cvta_generic_to_shared(inbox + slot), remote;
-                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(owner));
-                    asm volatile("st.shared::cluster.s64 [%0], %1;" :: "r"(remote), "l"(q) : "memory");
+                    store_remote(inbox + slot, owner, q);
                 }
             }
             cluster_sync_all();
@@ -521,6 +551,9 @@ class Probe:
 
     def clusters(self) -> dict:
         """Barrier forms and the FFN's end combined in thread-block clusters (sm_90)."""
+        if int(self.dev.arch.split("_")[1]) < 90:
+            print(f"clusters: thread-block clusters need sm_90, this GPU is {self.dev.arch}", flush=True)
+            return {"clusters": f"not run: {self.dev.arch} has no thread-block clusters"}
         big = self.dev.alloc(4 * 4096)  # the barrier forms' flags and counters (zeroed per launch)
         acc = self.dev.alloc(8 * 4096)
         errors = self.dev.alloc(4)

@@ -74,7 +74,7 @@ def test_latency_probe_kernels_compile(arch, tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     cubin = (tmp_path / "probe.cubin").read_bytes()
-    for kernel in (b"probe", b"pages", b"icache", b"clocks", b"sums"):  # the names main() looks up
+    for kernel in (b"probe", b"pages", b"icache", b"clocks", b"sums", b"barriers", b"csums"):  # main()'s names
         assert b".text." + kernel + b"\0" in cubin
 
 
@@ -148,9 +148,9 @@ LAYOUT_MAIN = r"""
 #include <cstddef>
 #include "worker.cu"
 int main() {
-    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu %d %d\n", sizeof(af_args), sizeof(af_plan_consts), offsetof(af_args, tasks),
            offsetof(af_args, ffn_max_rows), offsetof(af_plan_consts, rope_cos), sizeof(af_control),
-           offsetof(af_control, steps_done), offsetof(af_args, sides));
+           offsetof(af_control, steps_done), offsetof(af_args, sides), AF_THREADS, AF_FFN_COPIES);
     return 0;
 }
 """
@@ -161,7 +161,8 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
     rt = cuda_runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
-                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1]]
+                     4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
+                     rt.THREADS, rt.FFN_COPIES]  # the default build's thread count and FFN sum copies
 
 
 XS_MAIN = r"""
@@ -239,7 +240,8 @@ def test_sampling_options_the_kernel_cannot_honour():
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
-    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, blocks_per_sm=lambda shared: 1)
+    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, ffn_copies=2,
+                           blocks_per_sm=lambda shared: 1)
 
 
 def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
@@ -299,16 +301,24 @@ def test_unsupported_shapes_are_named():
         cuda_runtime.check_model_limits(dict(k, head_dim=80))
     with pytest.raises(UnsupportedError, match="query heads per K/V head"):
         cuda_runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
-    # the FFN's 64-bit sums fill two slots, and 512 partials below 2^22 cannot overflow them
-    for parts in (1, 513):
+    # the FFN's 64-bit sums fill two slots a copy (AF_FFN_COPIES, 2 by default), and 512 partials
+    # below 2^22 cannot overflow them
+    assert cuda_runtime.FFN_COPIES == 2
+    for parts in (1, 3, 513):
         with pytest.raises(UnsupportedError, match="ffn_parts"):
             cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
+    cuda_runtime.check_model_limits(dict(k, ffn_parts=4))
+    cuda_runtime.check_model_limits(dict(k, ffn_parts=2), ffn_copies=1)
+    with pytest.raises(UnsupportedError, match="ffn_parts = 7, expected 8..512"):
+        cuda_runtime.check_model_limits(dict(k, ffn_parts=7), ffn_copies=4)
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",), ("AF_STAGED_MERGE=0",)])
+@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",), ("AF_STAGED_MERGE=0",),
+                                     ("AF_FFN_COPIES=1",)])
 def test_measurement_builds_compile(defines):
     # the device check times them beside the default: the FFN partials through slots and the reduce
-    # wave; xs in element order; every multi-chunk merge four chunks at a time
+    # wave; xs in element order; every multi-chunk merge four chunks at a time; one copy of the
+    # FFN sums
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 

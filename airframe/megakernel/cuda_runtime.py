@@ -30,8 +30,8 @@ THREADS = 1024  # AF_THREADS in worker_base.cuh, the default build; Worker.threa
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
+FFN_COPIES = 2  # AF_FFN_COPIES in worker_base.cuh, the default build; Worker.ffn_copies is the compiled one
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
-SHORT_UNROLL = 4  # AF_UNROLL_SHORT: the vectors a lane loads per chunk of a QKV or WO row
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -190,16 +190,18 @@ class Worker:
         try:
             self.launch(self.layout_kernel, 1, 1, 0, [np.array([out.ptr], dtype=np.uint64)], cooperative=False)
             dev.synchronize("af_layout")
-            found = dev.download(out, np.uint32, 8).tolist()
+            found = dev.download(out, np.uint32, 9).tolist()
         finally:
             dev.free(out)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
                     4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"]]
         self.threads = found[7]  # AF_THREADS of this build
-        if found[:7] != expected or self.threads % 32 or not 32 <= self.threads <= 1024:
+        self.ffn_copies = found[8]  # AF_FFN_COPIES
+        if (found[:7] != expected or self.threads % 32 or not 32 <= self.threads <= 1024
+                or self.ffn_copies not in (1, 2, 4)):
             raise GPUError(f"worker argument layout {found}, expected {expected} "
-                           "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads)")
+                           "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads, FFN copies)")
 
     def stream_read_gbs(self, nbytes: int = 4 << 30, repeats: int = 10) -> float:
         """Streaming-read bandwidth in GB/s: the median of `repeats` reads of `nbytes`."""
@@ -261,7 +263,7 @@ class LaunchResult:
     trace: dict | None = None
 
 
-def check_model_limits(k: dict, threads: int = THREADS) -> None:
+def check_model_limits(k: dict, threads: int = THREADS, ffn_copies: int = FFN_COPIES) -> None:
     """What worker.cu assumes about the shape; UnsupportedError naming the value otherwise."""
     g = k["n_head"] // max(1, k["n_head_kv"])
     lanes = k["head_dim"] // 8
@@ -281,16 +283,17 @@ def check_model_limits(k: dict, threads: int = THREADS) -> None:
         problems.append(f"vectors of {x_len} (n_embd, n_head * head_dim_v), expected at most {2 * XS_PLANE_FLOATS}")
     if k["head_dim_v"] > threads:
         problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {threads}")
-    if not 2 <= k["ffn_parts"] <= 512:  # the FFN sums' 64-bit accumulators fill two slots; 512 * 2^22 * 2^32 < 2^63
-        problems.append(f"ffn_parts = {k['ffn_parts']}, expected 2..512 (a plan for 2 to 256 workers)")
+    # the FFN sums' 64-bit accumulators fill two slots a copy; 512 * 2^22 * 2^32 < 2^63
+    if not 2 * ffn_copies <= k["ffn_parts"] <= 512:
+        problems.append(f"ffn_parts = {k['ffn_parts']}, expected {2 * ffn_copies}..512 (the FFN sums' "
+                        f"{ffn_copies} copies fill {2 * ffn_copies} slots; at most 512 partials)")
     if problems:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
 def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: bool = False) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
-    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE), and
-    for the second chunks of the QKV and WO rows (AF_SHORT_ASYNC)."""
+    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE)."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
     ffn_groups = 1 if cols >= threads else threads // cols
@@ -298,13 +301,10 @@ def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: boo
     v_groups = threads // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
-    attn = max(attn, g * (2 * k["head_dim"] + k["head_dim_v"] + 32))  # attn_lean: a piece per query head
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     chunks, heads = k["attn_chunks"], k["n_head"]
     staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
-    if stage:  # and the QKV/WO rows' second chunks (AF_SHORT_ASYNC): 32 x AF_UNROLL_SHORT vectors a warp
-        staged = max(staged, (threads // 32) * 32 * SHORT_UNROLL * 4)
     return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (threads // 32))) // 4) * 4
 
 
@@ -336,7 +336,7 @@ class Runtime:
         self.package, self.worker, self.device = package, worker, worker.device
         self.plan, self.k = package.plan, package.plan.consts
         self.check_target()
-        check_model_limits(self.k, worker.threads)
+        check_model_limits(self.k, worker.threads, worker.ffn_copies)
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0

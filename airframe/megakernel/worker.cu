@@ -172,6 +172,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     for (uint32_t step = 0; step < n_steps; ++step) {
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
+        const uint32_t pos = ctl->pos0 + step;
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             if (tb.skipped(w)) {  // no work and no barrier
@@ -180,8 +181,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
             }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                // pos read from the control block where it is used: held for the launch, it was spilled
-                run_task(a, tb.tasks()[i], step, ctl->pos0 + step, token, xs, red, sm);
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
@@ -210,6 +210,7 @@ extern "C" __global__ void af_layout(uint32_t* out) {
     out[5] = sizeof(af_control);
     out[6] = offsetof(af_control, steps_done);
     out[7] = AF_THREADS;
+    out[8] = AF_FFN_COPIES;
 }
 
 // Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.

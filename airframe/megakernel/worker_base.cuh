@@ -70,10 +70,14 @@
 #define AF_FFN_ATOMIC 1
 #endif
 #ifndef AF_FFN_COPIES
-// AF_FFN_ATOMIC: the layer's accumulators in this many copies (1, 2 or 4); block b adds to copy
-// b % AF_FFN_COPIES and the readers add the copies' integers (exact, so the same bits). Fewer
-// blocks add to each accumulator, so fewer atomics queue on each L2 sector.
-#define AF_FFN_COPIES 1
+// AF_FFN_ATOMIC: the layer's accumulators in this many copies (1, 2 or 4), n_embd words apart;
+// block b adds to copy b % AF_FFN_COPIES and the readers add the copies' integers (wrapping
+// 64-bit adds: exact, so the same bits). Atomics to one address are done one after another in
+// L2; two copies halve the 132 that queue on each accumulator of the H200, at the price of a
+// second 16 KiB read in every norm of x (measured: 0.887 -> 0.882 ms/token at context 1, 4 us
+// to 5 us less at every context; four copies cost more in the reads than they saved). The host
+// reads the count from af_layout: the copies fill 2 x AF_FFN_COPIES FFN slots.
+#define AF_FFN_COPIES 2
 #endif
 #if AF_FFN_COPIES != 1 && AF_FFN_COPIES != 2 && AF_FFN_COPIES != 4
 #error "AF_FFN_COPIES: 1, 2 or 4"
@@ -95,22 +99,6 @@
 // memory at once (merge_staged) instead of loading them four chunks at a time per element
 // (merge_attention); the same arithmetic. 0: merge_attention always.
 #define AF_STAGED_MERGE 1
-#endif
-#ifndef AF_SHORT_ASYNC
-// 1: the QKV and WO GEMVs (a 4 KiB row per warp at most on the H200) request a row's second
-// chunk by cp.async into shared memory with the first chunk's loads (gemv_list's stage): one
-// round trip to DRAM per row instead of two. Needs AF_WARPS * 32 * AF_UNROLL_SHORT vectors of
-// shared memory past sm (the host reserves it with the staged merge's; without it, 0's way).
-#define AF_SHORT_ASYNC 1
-#endif
-#ifndef AF_LEAN_ATTN
-// 1: an attention task whose chunk holds at most AF_LEAN_ATTN_MAX positions up to pos runs as
-// one warp per query head without block barriers between its phases (attn_lean), which at one
-// position are most of its time; the same arithmetic as the block form. 0: the block form always.
-#define AF_LEAN_ATTN 1
-#endif
-#ifndef AF_LEAN_ATTN_MAX
-#define AF_LEAN_ATTN_MAX 8
 #endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
@@ -181,19 +169,6 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// 16 bytes of weights into shared memory without passing registers, marked evict_first in L2 as
-// ld_weight16's loads are.
-__device__ __forceinline__ void cp_async_weight16(void* shared, const void* global) {
-    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-    if (AF_WEIGHT_EVICT_FIRST) {
-        uint64_t policy;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(global), "l"(policy)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-    }
-}
 
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
@@ -346,13 +321,8 @@ struct af_rows {
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 // xs points at the first vector multiplied (in plane 0).
-//
-// stage (AF_SHORT_ASYNC; null: none): shared memory for 32 * U vectors per warp. A row longer
-// than one chunk then has its second chunk requested by cp.async into the warp's piece of it
-// together with the first chunk's loads, so that both chunks come back in one round trip to
-// DRAM; the same products in the same order.
-template <int U, class Emit>
-__device__ __forceinline__ void gemv_rows(const af_rows& r, const float* xs, Emit emit, float* stage = nullptr) {
+template <int U, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -363,26 +333,13 @@ __device__ __forceinline__ void gemv_rows(const af_rows& r, const float* xs, Emi
             v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
+    prologue();
+    trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
         const uint4* w = r.row(i);
         float acc = 0.0f;
-        const bool staged = stage && kvec > 32 * U;
-        uint4* buf = reinterpret_cast<uint4*>(stage) + warp * 32 * U;
-        if (staged) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const uint32_t j = 32 * U + u * 32 + lane;
-                if (j < kvec) cp_async_weight16(buf + u * 32 + lane, w + j);
-            }
-        }
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            if (staged && base == 32 * U) {
-                cp_async_wait_all();
-#pragma unroll
-                for (int u = 0; u < U; ++u) v[u] = base + u * 32 + lane < kvec ? buf[u * 32 + lane] : make_uint4(0, 0, 0, 0);
-            } else {
-                load(w, base);
-            }
+            load(w, base);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
@@ -392,13 +349,6 @@ __device__ __forceinline__ void gemv_rows(const af_rows& r, const float* xs, Emi
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
     }
-}
-
-template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
-    prologue();
-    trace_mark(1);
-    gemv_rows<U>(r, xs, emit);
 }
 
 // Copy n floats of the arena into xs.
@@ -452,11 +402,11 @@ struct af_x {
     const float* side;                // null: none
     bool side_is_zero;                // a side vector no task writes: added as 0.0f
     const unsigned long long* acc;    // null: none
-    uint32_t acc_stride;              // words between the accumulators' copies (AF_FFN_COPIES)
-    __device__ __forceinline__ float at(uint32_t i) const {
+    // element i of n (n: the copies' stride, AF_FFN_COPIES)
+    __device__ __forceinline__ float at(uint32_t i, uint32_t n) const {
         float v = ld_act(x + i);
         if (side) v = __fadd_rn(v, side_is_zero ? 0.0f : ld_act(side + i));
-        if (acc) v = __fadd_rn(v, fix_value(acc_total(acc, i, acc_stride)));
+        if (acc) v = __fadd_rn(v, fix_value(acc_total(acc, i, n)));
         return v;
     }
 };
@@ -480,7 +430,7 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
 #pragma unroll
                 for (int k = 1; k < AF_FFN_COPIES; ++k) {
-                    const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * in.acc_stride);
+                    const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
                     const ulonglong2 b0 = __ldcg(cp + 2 * q), b1 = __ldcg(cp + 2 * q + 1);
                     a0 = make_ulonglong2(a0.x + b0.x, a0.y + b0.y);
                     a1 = make_ulonglong2(a1.x + b1.x, a1.y + b1.y);
@@ -511,7 +461,7 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
     // the norm weights of this thread's first two elements load with x, not after the sum
     const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
     const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
-    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i);
+    for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i, n);
     __syncthreads();
     if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
     __syncthreads();
@@ -547,7 +497,6 @@ __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
 // readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
 __device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
-    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr, 0};
-    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1),
-                a.c.n_embd};
+    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
+    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
 }

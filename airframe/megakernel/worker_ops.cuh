@@ -38,36 +38,6 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
     return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8};
 }
 
-// A WO row's result: h = x + v (a side piece: h_side = v), and the row's FFN accumulators zeroed
-// a wave before this layer's FFN adds to them. (x and the accumulators are found here, not held
-// in registers across the GEMV.)
-__device__ __forceinline__ void wo_emit(const af_args& a, const af_task& t, float* h, uint32_t i, float v) {
-    const uint32_t r = t.row_start + i;
-    h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r), v);
-    if (AF_FFN_ATOMIC) {
-#pragma unroll
-        for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * a.c.n_embd + r] = 0ull;
-    }
-}
-
-// The rows of a QKV or WO task after its prologue, with gemv_rows' stage (AF_SHORT_ASYNC) at sm
-// where the block has room for it (its earlier users, the FFN and the staged merge, are done with
-// it by then). A call of its own: inlined twice into the worker, the staged loop left the kernel
-// 100 B of register spills.
-__device__ __noinline__ void short_rows(const af_args& a, const af_task& t, float* xs) {
-    const af_plan_consts& c = a.c;
-    const bool room = a.table_offset >= AF_SM_OFFSET + AF_WARPS * 32 * AF_UNROLL_SHORT * 4;
-    float* stage = room ? xs + AF_SM_OFFSET : nullptr;
-    const float* x = xs + AF_XS_STEP * (t.part_start / 8);
-    if (t.opcode == AF_OP_QKV) {
-        float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
-        gemv_rows<AF_UNROLL_SHORT>(rows_of(a, t), x, [&](uint32_t i, float v) { out[t.row_start + i] = v; }, stage);
-    } else {
-        float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
-        gemv_rows<AF_UNROLL_SHORT>(rows_of(a, t), x, [&](uint32_t i, float v) { wo_emit(a, t, h, i, v); }, stage);
-    }
-}
-
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
 __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
@@ -76,136 +46,31 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    if (AF_SHORT_ASYNC) {
-        norm();
-        trace_mark(1);
-        short_rows(a, t, xs);
-        return;
-    }
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm,
                                [&](uint32_t i, float v) { out[t.row_start + i] = v; });
 }
 
-// Element i of one head (hd floats at src + side), roped with the package's tables at `pos`.
-__device__ __forceinline__ float rope_elem(const float* src, const float* side, bool sl, const af_args& a, uint32_t pos,
-                                           uint32_t i) {
+// RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
+__device__ void rope_head(float* dst, const float* src, const float* side, const af_args& a, uint32_t pos,
+                          uint32_t first_thread) {
     const af_plan_consts& c = a.c;
-    const uint32_t half = c.rope_dim / 2;
+    const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
+    if (i >= c.head_dim) return;
+    const bool sl = side_live(1);
     const float x = __fadd_rn(ld_act(src + i), ld_side(side + i, sl));
-    if (i >= c.rope_dim) return x;
+    float y = x;
     const bool neox = c.rope_neox != 0;
     const uint32_t pair = neox ? (i < half ? i : i - half) : i / 2;
     const bool first = neox ? i < half : (i % 2) == 0;
-    const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
-    const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
-    const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
-    const float o = __fadd_rn(ld_act(src + other), ld_side(side + other, sl));
-    // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
-    return first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
-}
-
-// RoPE of one head into dst: thread first_thread + i takes element i.
-__device__ void rope_head(float* dst, const float* src, const float* side, const af_args& a, uint32_t pos,
-                          uint32_t first_thread) {
-    const uint32_t i = threadIdx.x - first_thread;
-    if (i < a.c.head_dim) dst[i] = rope_elem(src, side, side_live(1), a, pos, i);
-}
-
-// The attention task of a chunk that holds few positions (AF_LEAN_ATTN; at context 1, one) and
-// heads of up to 64 elements:
-// warp j computes query head j alone, with no block barrier between the phases, in op_attn's
-// arithmetic to the bit: each element roped as rope_head does; the score of position p from
-// hd / 8 lanes of 8 products, folded as there; the max and the exp-sum with position p on lane p;
-// o[d] as the value groups summed in group order, where each group holds at most one position
-// (n <= groups) and the empty groups add their +0. Warp j keeps its vectors in its own piece of
-// sm: q, k and v at pos, and the 32 scores (then exps).
-__device__ __forceinline__ void attn_lean(const af_args& a, const af_task& t, uint32_t pos, float* sm, uint32_t n) {
-    const af_plan_consts& c = a.c;
-    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t first = t.row_start, cached = first + n - 1 == pos ? n - 1 : n;
-    const float* qkv = layer_at(a, t.layer, c.lay_qkv);
-    const float* side = layer_at(a, t.layer, c.lay_qkv_side);
-    const bool sl = side_live(1);
-    float* q = sm + warp * (2 * hd + hdv + 32);
-    float* knew = q + hd;
-    float* vnew = knew + hd;
-    float* sw = vnew + hdv;
-    const uint32_t lh = t.layer * c.n_head_kv + t.head;
-    float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
-    float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
-    const uint32_t q_row = (t.head * g + warp) * hd, k_row = c.n_head * hd + t.head * hd;
-    const uint32_t v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
-    // elements lane and lane + 32 (hd, hdv <= 64), every load issued before the first store
-    float qe[2], ke[2], ve[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const uint32_t i = lane + 32 * r;
-        if (i < hd) {
-            qe[r] = rope_elem(qkv + q_row, side + q_row, sl, a, pos, i);
-            ke[r] = rope_elem(qkv + k_row, side + k_row, sl, a, pos, i);
-        }
-        if (i < hdv) ve[r] = __fadd_rn(ld_act(qkv + v_row + i), ld_side(side + v_row + i, sl));
+    if (i < c.rope_dim) {
+        const float cs = __ldg(f32_at(a, c.rope_cos) + (size_t)pos * half + pair);
+        const float sn = __ldg(f32_at(a, c.rope_sin) + (size_t)pos * half + pair);
+        const uint32_t other = neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
+        const float o = __fadd_rn(ld_act(src + other), ld_side(side + other, sl));
+        // a' = a cos - b sin, b' = a sin + b cos, each product rounded (as the VM)
+        y = first ? __fsub_rn(__fmul_rn(x, cs), __fmul_rn(o, sn)) : __fadd_rn(__fmul_rn(o, sn), __fmul_rn(x, cs));
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const uint32_t i = lane + 32 * r;
-        if (i < hd) {
-            q[i] = qe[r];
-            knew[i] = ke[r];
-        }
-        if (i < hdv) vnew[i] = ve[r];
-    }
-    __syncwarp();
-    trace_mark(2);
-    if (t.slot == 0 && warp == 0) {  // chunk 0 writes K and V at pos to the caches
-        for (uint32_t i = lane; i < hd; i += 32) kbase[(size_t)pos * hd + i] = knew[i];
-        for (uint32_t d = lane; d < hdv; d += 32) vbase[(size_t)pos * hdv + d] = vnew[d];
-    }
-    const uint32_t lpp = hd / 8, per_warp = udiv(32, lpp), sub = udiv(lane, lpp), vl = umod(lane, lpp);
-    for (uint32_t p0 = 0; p0 < n; p0 += per_warp) {
-        const uint32_t p = p0 + sub;
-        const bool live = p < n;
-        const uint32_t abs_p = first + (live ? p : 0);
-        float k8[8];
-        if (abs_p == pos) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) k8[e] = knew[vl * 8 + e];
-        } else {
-            const float4 k0 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8);
-            const float4 k1 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8 + 4);
-            k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
-            k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
-        }
-        float acc = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc = madd(acc, k8[e], q[vl * 8 + e]);
-        for (uint32_t off = lpp / 2; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-        if (live && vl == 0) sw[p] = __fmul_rn(acc, c.attn_scale);
-    }
-    __syncwarp();
-    trace_mark(3);
-    const float m = warp_max(lane < n ? fmaxf(-INFINITY, sw[lane]) : -INFINITY);
-    const float e = lane < n ? expf(__fsub_rn(sw[lane], m)) : 0.0f;
-    const float l = warp_fold(lane < n ? __fadd_rn(0.0f, e) : 0.0f);
-    __syncwarp();
-    if (lane < n) sw[lane] = e;
-    __syncwarp();
-    trace_mark(4);
-    const uint32_t rec = hdv + 2, groups = udiv(AF_THREADS, hdv);
-    float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g + warp) * rec;
-    for (uint32_t d = lane; d < hdv; d += 32) {
-        float o = 0.0f;
-        for (uint32_t p = 0; p < n; ++p)
-            o = __fadd_rn(o, madd(0.0f, sw[p], p < cached ? ld_act(vbase + (size_t)(first + p) * hdv + d) : vnew[d]));
-        if (n < groups) o = __fadd_rn(o, 0.0f);
-        out[2 + d] = o;
-    }
-    trace_mark(5);
-    if (lane == 0) {
-        out[0] = m;
-        out[1] = l;
-    }
+    dst[i] = y;
 }
 
 // One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
@@ -223,13 +88,6 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     trace_mark(6);
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
     const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
-    if (AF_LEAN_ATTN && n <= AF_LEAN_ATTN_MAX && n <= udiv(AF_THREADS, hdv) && hd <= 64 && hdv <= 64) {
-        // the barriers keep the warps' pieces of sm apart from a neighbouring task's use of it
-        __syncthreads();
-        if (threadIdx.x / 32 < g) attn_lean(a, t, pos, sm, n);
-        __syncthreads();
-        return;
-    }
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
     float* q = sm;                       // (g, hd), roped
@@ -502,14 +360,16 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
         if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_chunks(a, t.layer, pos, xs);
     };
-    if (AF_SHORT_ASYNC) {
-        merge();
-        trace_mark(1);
-        short_rows(a, t, xs);
-        return;
-    }
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
-                               [&](uint32_t i, float v) { wo_emit(a, t, h, i, v); });
+              [&](uint32_t i, float v) {
+                  const uint32_t r = t.row_start + i;
+                  // (x and the accumulators found here, not held in registers across the GEMV)
+                  h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r, c.n_embd), v);
+                  if (AF_FFN_ATOMIC) {  // a wave before this layer's FFN adds to it
+#pragma unroll
+                      for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
+                  }
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
@@ -528,7 +388,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                   if (!xs_ready)
                       rmsnorm_shared(xs,
                                      af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
-                                          !side_live(2), nullptr, 0},
+                                          !side_live(2), nullptr},
                                      f32_at(a, t.norm), e, c.rms_eps, red);
               },
               [&](uint32_t i, float v) {
