@@ -292,12 +292,14 @@ def non_finite(runtime, package) -> dict:
 # The eighth session's build (AF_STAGED_MERGE=0), the seventh's (also AF_XS_PLANES=0), the sixth's
 # (also AF_FFN_ATOMIC=0) and the fifth's (also the sixth session's shorter chains switched off),
 # docs/BENCHMARKS.md.
-VARIANTS = (("AF_FFN_COPIES=1",),
-            ("AF_FFN_COPIES=1", "AF_STAGED_MERGE=0"),
-            ("AF_FFN_COPIES=1", "AF_STAGED_MERGE=0", "AF_XS_PLANES=0"),
-            ("AF_FFN_COPIES=1", "AF_STAGED_MERGE=0", "AF_XS_PLANES=0", "AF_FFN_ATOMIC=0"),
-            ("AF_FFN_COPIES=1", "AF_STAGED_MERGE=0", "AF_XS_PLANES=0", "AF_FFN_ATOMIC=0", "AF_LEAN_NORM=0",
-             "AF_LEAN_MERGE=0", "AF_WEIGHT_EVICT_FIRST=0", "AF_SIDE_SKIP=0", "AF_FAST_DIV=0", "AF_LEAN_REDUCE=0"))
+# Each session's build, newest first: every variant turns off one more session's switches.
+_SESSIONS = (("AF_HEADS_APART=0", "AF_FEW_GROUPS=0", "AF_FFN_COPIES=1"),  # the ninth session's build
+             ("AF_STAGED_MERGE=0",),                                      # the eighth's
+             ("AF_XS_PLANES=0",),                                         # the seventh's
+             ("AF_FFN_ATOMIC=0",),                                        # the sixth's
+             ("AF_LEAN_NORM=0", "AF_LEAN_MERGE=0", "AF_WEIGHT_EVICT_FIRST=0", "AF_SIDE_SKIP=0", "AF_FAST_DIV=0",
+              "AF_LEAN_REDUCE=0"))                                        # the fifth's
+VARIANTS = tuple(sum(_SESSIONS[:i + 1], ()) for i in range(len(_SESSIONS)))
 # Builds whose traced token is split into task phases (cuda_bench.phases): with AF_TRACE_MARK=1 a
 # GEMV task's time is its prologue's (the norm of x, the attention merge).
 PHASES = (("AF_TRACE_MARK=1",),)

@@ -314,11 +314,11 @@ def test_unsupported_shapes_are_named():
 
 
 @pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",), ("AF_STAGED_MERGE=0",),
-                                     ("AF_FFN_COPIES=1",)])
+                                     ("AF_FFN_COPIES=1", "AF_HEADS_APART=0", "AF_FEW_GROUPS=0")])
 def test_measurement_builds_compile(defines):
     # the device check times them beside the default: the FFN partials through slots and the reduce
-    # wave; xs in element order; every multi-chunk merge four chunks at a time; one copy of the
-    # FFN sums
+    # wave; xs in element order; every multi-chunk merge four chunks at a time; the ninth
+    # session's build (one copy of the FFN sums, the attention's heads and groups as before)
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 

@@ -100,6 +100,16 @@
 // (merge_attention); the same arithmetic. 0: merge_attention always.
 #define AF_STAGED_MERGE 1
 #endif
+#ifndef AF_HEADS_APART
+// 1: an attention task with few positions computes its query heads' scores in different warps
+// (op_attn); 0: every warp loops over all of them. The same arithmetic.
+#define AF_HEADS_APART 1
+#endif
+#ifndef AF_FEW_GROUPS
+// 1: an attention task with fewer positions than value groups skips the empty groups (op_attn);
+// the same bits.
+#define AF_FEW_GROUPS 1
+#endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).

@@ -127,7 +127,13 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
 
-    for (uint32_t p0 = warp * per_warp; p0 < n; p0 += AF_WARPS * per_warp) {
+    // Few positions (AF_HEADS_APART; n <= 32 at head_dim 64, g = 4): warp w takes query head w % g
+    // of the positions from (w / g) * per_warp on, so that the g heads' scores are computed side by
+    // side rather than one after another in the same warps; the same arithmetic either way.
+    const bool apart = AF_HEADS_APART && n <= per_warp * udiv(AF_WARPS, g);
+    const uint32_t j0 = apart ? umod(warp, g) : 0, j1 = apart ? j0 + 1 : g;
+    for (uint32_t p0 = apart ? udiv(warp, g) * per_warp : warp * per_warp; p0 < n;
+         p0 += apart ? n : AF_WARPS * per_warp) {
         const uint32_t p = p0 + sub;
         const bool live = p < n;
         const uint32_t abs_p = first + (live ? p : 0);
@@ -141,7 +147,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
             k8[0] = k0.x; k8[1] = k0.y; k8[2] = k0.z; k8[3] = k0.w;
             k8[4] = k1.x; k8[5] = k1.y; k8[6] = k1.z; k8[7] = k1.w;
         }
-        for (uint32_t j = 0; j < g; ++j) {
+        for (uint32_t j = j0; j < j1; ++j) {
             float acc = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc = madd(acc, k8[e], q[j * hd + vl * 8 + e]);
@@ -170,8 +176,11 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
     __syncthreads();
     trace_mark(4);
-    // weighted values; pos, the largest position of its group, is added after the cached ones
-    if (grp < groups) {
+    // weighted values; pos, the largest position of its group, is added after the cached ones.
+    // With fewer positions than groups (AF_FEW_GROUPS) the groups past n hold none: they are
+    // neither written nor read, and the sum below adds the +0 they would have added once.
+    const uint32_t used = AF_FEW_GROUPS ? min(groups, n) : groups;
+    if (grp < used) {
         float acc[AF_MAX_GROUP];
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j) acc[j] = 0.0f;
@@ -207,7 +216,8 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
         const uint32_t j = udiv(i, hdv), dd = umod(i, hdv);
         float o = 0.0f;
-        for (uint32_t k = 0; k < groups; ++k) o = __fadd_rn(o, opart[(k * g + j) * hdv + dd]);
+        for (uint32_t k = 0; k < used; ++k) o = __fadd_rn(o, opart[(k * g + j) * hdv + dd]);
+        if (used < groups) o = __fadd_rn(o, 0.0f);
         out[j * rec + 2 + dd] = o;
     }
     if (t_id < g) {
