@@ -1,5 +1,5 @@
 """What one step of a megakernel chain costs on this GPU, with one 1024-thread block per SM as the
-worker runs (cooperative launch, the worker's grid barrier). Five parts:
+worker runs (cooperative launch, the worker's grid barrier). Six parts:
 
 - barrier: a grid barrier from a block's arrival to its release; vectors: the read of one float
   that another block wrote just before the barrier, and of 8 or 32 KiB read by every block, from
@@ -10,12 +10,17 @@ worker runs (cooperative launch, the worker's grid barrier). Five parts:
   4 KiB (does instruction fetch cost?); also the issue cost of code all 32 warps run;
 - sums: 2048 sums over every block's partials, as the FFN's end needs them: through slots, a
   reduce wave and two barriers (the plan's way), or through 64-bit fixed-point atomic adds and one
-  barrier (exact integer sums, so as reproducible).
+  barrier (exact integer sums, so as reproducible);
+- clusters (sm_90): other grid barriers (a flag per block, four counters, a thread-block cluster
+  barrier before the counter) with a check that each orders memory, and the FFN's sums with the
+  blocks of a cluster combining their partials in distributed shared memory first, or added to
+  two copies of the accumulators (cooperative launches with clusters, `cuLaunchKernelEx`).
 
 Times are %globaltimer stamps per block and iteration (medians; the first iterations dropped).
-Raw output of the H200: docs/megakernel/h200_latency_probe.json.
+Raw output of the H200: docs/megakernel/h200_latency_probe.json, h200_probe_sums.json,
+h200_probe_clusters.json.
 
-    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache,sums]
+    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache,sums,clusters]
 
 Needs an NVIDIA GPU, cuda-bindings and nvcc.
 """
@@ -549,85 +554,96 @@ class Probe:
                 self.dev.free(buf)
         return {"sums": rows}
 
+    def launch_any(self, name: str, params: list, cluster: int) -> str | None:
+        """A cooperative launch of every block, in clusters when cluster > 1; the error, if any."""
+        try:
+            if cluster == 1:
+                self.launch(name, self.blocks, params)
+            else:
+                self.launch_ex(name, self.blocks, params, cluster)
+        except Exception as exc:  # noqa: BLE001 - reported with the measurement, not fatal
+            return str(exc)
+        return None
+
     def clusters(self) -> dict:
         """Barrier forms and the FFN's end combined in thread-block clusters (sm_90)."""
         if int(self.dev.arch.split("_")[1]) < 90:
             print(f"clusters: thread-block clusters need sm_90, this GPU is {self.dev.arch}", flush=True)
             return {"clusters": f"not run: {self.dev.arch} has no thread-block clusters"}
-        big = self.dev.alloc(4 * 4096)  # the barrier forms' flags and counters (zeroed per launch)
-        acc = self.dev.alloc(8 * 4096)
-        errors = self.dev.alloc(4)
-        rows = []
-        names = {0: "counter", 1: "flags, relaxed polls + fence", 2: "flags, acquire polls",
-                 3: "flags on their own sectors", 4: "four counters", 5: "cluster barrier + counter of clusters",
-                 6: "cluster barrier alone"}
         res = {}
+        for cluster in (2, 4):
+            try:
+                found = check(self.cu.cuOccupancyMaxActiveClusters(self.kernels["barriers"],
+                                                                   self.cluster_config(self.blocks, cluster)),
+                              "cuOccupancyMaxActiveClusters")
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                found = f"error: {exc}"
+            res[f"max_active_clusters_{cluster}"] = found
+            print(f"clusters of {cluster} x 1024 threads that fit at once: {found}", flush=True)
+        errors = self.dev.alloc(4)
         try:
-            for cluster in (2, 4):
-                try:
-                    found = check(self.cu.cuOccupancyMaxActiveClusters(self.kernels["barriers"],
-                                                                     self.cluster_config(self.blocks, cluster)),
-                                  "cuOccupancyMaxActiveClusters")
-                except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                    found = f"error: {exc}"
-                res[f"max_active_clusters_{cluster}"] = found
-                print(f"clusters of {cluster} x 1024 threads that fit at once: {found}", flush=True)
-            out = self.out
-            self.out = self.dev.alloc(8 * 2 * self.iters * self.blocks)
-            for form in range(7):
-                for cluster in ((1, 2) if form < 5 else (2, 4)):
-                    if form == 6 and cluster == 4:
-                        continue
-                    check(self.cu.cuMemsetD8(big.ptr, 0, 4 * 4096), "memset")
+            res.update(barrier_forms=self.barrier_forms(errors), cluster_sums=self.cluster_sums(errors))
+        finally:
+            self.dev.free(errors)
+        return res
+
+    BARRIER_FORMS = ("counter", "flags, relaxed polls + fence", "flags, acquire polls", "flags on their own sectors",
+                     "four counters", "cluster barrier + counter of clusters", "cluster barrier alone")
+
+    def barrier_forms(self, errors) -> list:
+        """barriers(): each form's arrival-to-release time and its stale reads (0: it orders memory)."""
+        flags = self.dev.alloc(4 * 4096)  # the forms' flags and counters
+        out = self.dev.alloc(8 * 2 * self.iters * self.blocks)  # [arrival to release, + the read][iteration][block]
+        rows = []
+        try:
+            for form, name in enumerate(self.BARRIER_FORMS):
+                for cluster in {5: (2, 4), 6: (2,)}.get(form, (1, 2)):
+                    check(self.cu.cuMemsetD8(flags.ptr, 0, 4 * 4096), "memset")
                     check(self.cu.cuMemsetD8(errors.ptr, 0, 4), "memset")
-                    params = [(self.x.ptr, np.uint64), (big.ptr, np.uint64), (self.out.ptr, np.uint64),
+                    params = [(self.x.ptr, np.uint64), (flags.ptr, np.uint64), (out.ptr, np.uint64),
                               (errors.ptr, np.uint64), (self.iters, np.int32), (form, np.int32)]
-                    try:
-                        if cluster == 1:
-                            self.launch("barriers", self.blocks, params)
-                        else:
-                            self.launch_ex("barriers", self.blocks, params, cluster)
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"barrier form {form} ({names[form]}), clusters of {cluster}: {exc}", flush=True)
-                        rows.append({"form": names[form], "cluster": cluster, "error": str(exc)})
+                    error = self.launch_any("barriers", params, cluster)
+                    if error:
+                        print(f"barrier {name}, clusters of {cluster}: {error}", flush=True)
+                        rows.append({"form": name, "cluster": cluster, "error": error})
                         continue
-                    t = self.dev.download(self.out, np.uint64, 2 * self.iters * self.blocks).reshape(2, self.iters, self.blocks)
+                    t = self.dev.download(out, np.uint64, 2 * self.iters * self.blocks).reshape(2, self.iters, self.blocks)
                     t = t[:, 20:].astype(np.float64)
-                    n_err = int(self.dev.download(errors, np.uint32, 1)[0])
-                    r = {"form": names[form], "cluster": cluster, "median_ns": float(np.median(t[0])),
+                    r = {"form": name, "cluster": cluster, "median_ns": float(np.median(t[0])),
                          "p90_ns": float(np.percentile(t[0], 90)), "with_read_median_ns": float(np.median(t[1])),
-                         "stale_reads": n_err}
+                         "stale_reads": int(self.dev.download(errors, np.uint32, 1)[0])}
                     rows.append(r)
-                    print(f"barrier {names[form]:40s} clusters of {cluster}: arrival to release median "
+                    print(f"barrier {name:40s} clusters of {cluster}: arrival to release median "
                           f"{r['median_ns']:.0f} ns (p90 {r['p90_ns']:.0f}), + read {r['with_read_median_ns']:.0f} ns, "
-                          f"stale reads {n_err}", flush=True)
-            self.dev.free(self.out)
-            self.out = out
-            sums = []
+                          f"stale reads {r['stale_reads']}", flush=True)
+        finally:
+            for buf in (flags, out):
+                self.dev.free(buf)
+        return rows
+
+    def cluster_sums(self, errors) -> list:
+        """csums(): the FFN's 2048 sums by atomics, after combining in clusters, or in two copies."""
+        acc = self.dev.alloc(8 * 4096)
+        rows = []
+        try:
             for mode, cluster, name in ((1, 1, "atomics"), (1, 2, "atomics (cluster launch)"), (2, 2, "pairs combine first"),
                                         (2, 4, "quads combine first"), (3, 1, "two accumulator copies")):
                 check(self.cu.cuMemsetD8(errors.ptr, 0, 4), "memset")
                 params = [(acc.ptr, np.uint64), (self.bar.ptr, np.uint64), (self.out.ptr, np.uint64),
                           (errors.ptr, np.uint64), (self.iters, np.int32), (mode, np.int32)]
-                try:
-                    if cluster == 1:
-                        self.launch("csums", self.blocks, params)
-                    else:
-                        self.launch_ex("csums", self.blocks, params, cluster)
-                except Exception as exc:  # noqa: BLE001
-                    print(f"sums, {name}: {exc}", flush=True)
-                    sums.append({"mode": name, "cluster": cluster, "error": str(exc)})
+                error = self.launch_any("csums", params, cluster)
+                if error:
+                    print(f"2048 sums, {name}: {error}", flush=True)
+                    rows.append({"mode": name, "cluster": cluster, "error": error})
                     continue
                 r = dict(self.times(skip=20), mode=name, cluster=cluster,
                          wrong=int(self.dev.download(errors, np.uint32, 1)[0]))
-                sums.append(r)
+                rows.append(r)
                 print(f"2048 sums, {name:28s}: median {r['median_ns']:.0f} ns, slowest block "
                       f"{r['median_of_max_ns']:.0f} ns, wrong {r['wrong']}", flush=True)
         finally:
-            for buf in (big, acc, errors):
-                self.dev.free(buf)
-        res.update(barrier_forms=rows, cluster_sums=sums)
-        return res
+            self.dev.free(acc)
+        return rows
 
     def icache(self) -> dict:
         rows = []
