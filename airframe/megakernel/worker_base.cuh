@@ -74,9 +74,10 @@
 // block b adds to copy b % AF_FFN_COPIES and the readers add the copies' integers (wrapping
 // 64-bit adds: exact, so the same bits). Atomics to one address are done one after another in
 // L2; two copies halve the 132 that queue on each accumulator of the H200, at the price of a
-// second 16 KiB read in every norm of x (measured: 0.887 -> 0.882 ms/token at context 1, 4 us
-// to 5 us less at every context; four copies cost more in the reads than they saved). The host
-// reads the count from af_layout: the copies fill 2 x AF_FFN_COPIES FFN slots.
+// second 16 KiB read in every norm of x (measured in three runs on the H200: 2 to 8 us a token
+// less at contexts 512 and 4096, within +-5 us at context 1; four copies cost more in the reads
+// than they saved). The host reads the count from af_layout: the copies fill 2 x AF_FFN_COPIES
+// FFN slots.
 #define AF_FFN_COPIES 2
 #endif
 #if AF_FFN_COPIES != 1 && AF_FFN_COPIES != 2 && AF_FFN_COPIES != 4
