@@ -212,6 +212,53 @@ def task_phases(trace: dict, plan) -> dict:
     return out
 
 
+def attention_producers(plan, index: int, qkv_tasks: np.ndarray) -> np.ndarray:
+    """The QKV tasks (of `qkv_tasks`) whose rows hold the q, k or v rows that ATTN task `index` reads."""
+    t, k = plan.tasks, plan.consts
+    hd, hdv, h = k["head_dim"], k["head_dim_v"], int(plan.tasks["head"][index])
+    g = k["n_head"] // k["n_head_kv"]
+    k0, v0 = k["n_head"] * hd, (k["n_head"] + k["n_head_kv"]) * hd
+    spans = ((h * g * hd, (h + 1) * g * hd), (k0 + h * hd, k0 + (h + 1) * hd), (v0 + h * hdv, v0 + (h + 1) * hdv))
+    lo, hi = t["row_start"][qkv_tasks], t["row_start"][qkv_tasks] + t["row_count"][qkv_tasks]
+    hit = np.zeros(len(qkv_tasks), dtype=bool)
+    for a, b in spans:
+        hit |= (lo < b) & (hi > a)
+    return qkv_tasks[hit]
+
+
+def dependency_model(trace: dict, plan, signal_ns: float, partial: bool = True) -> float:
+    """What the traced token would take, in us, with the task times it measured, if a task
+    started as soon as its worker is free and its producers have ended plus `signal_ns` (dependency
+    flags instead of grid barriers; no weights moved). Producers: every task of the previous wave
+    (x, h and the merged attention are whole vectors), except that with `partial` an attention
+    task waits only for the QKV tasks holding its rows. Waves the worker skipped (every task 0 ns
+    in the trace: the FFN reduce) are left out. partial=False with the barrier's latency models the
+    grid barrier itself."""
+    t = plan.tasks
+    tasks = np.array(trace["tasks"], dtype=np.float64).reshape(-1, 3)
+    took = np.zeros(len(t))
+    took[tasks[:, 0].astype(np.int64)] = tasks[:, 2] - tasks[:, 1]
+    done = np.zeros(len(t))
+    free = np.zeros(int(t["worker"].max()) + 1)
+    before = None
+    for wave in np.unique(t["wave"]):
+        mine = np.flatnonzero(t["wave"] == wave)
+        if not took[mine].any():
+            continue
+        for i in mine:  # tasks.bin order: a worker's tasks of a wave run one after another
+            if before is None:
+                ready = 0.0
+            elif partial and t["opcode"][i] == int(Op.ATTN) and t["opcode"][before[0]] == int(Op.QKV):
+                ready = done[attention_producers(plan, i, before)].max() + signal_ns
+            else:
+                ready = done[before].max() + signal_ns
+            w = t["worker"][i]
+            done[i] = max(free[w], ready) + took[i]
+            free[w] = done[i]
+        before = mine
+    return float(done.max()) / 1e3
+
+
 def phases(runtime, sets: tuple[tuple[str, ...], ...], gbs: float, context: int = 1,
            work: Path | None = None) -> list:
     """For each build in `sets` (worker.cu defines; AF_TRACE_MARK=1 times the prologues): its
