@@ -24,6 +24,7 @@ import numpy as np
 from .opcodes import Op
 from .pictures import TRACE_FORMAT
 from .planner import plan_is_split, wave_bytes
+from .validator import head_qkv_rows
 
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
@@ -214,15 +215,11 @@ def task_phases(trace: dict, plan) -> dict:
 
 def attention_producers(plan, index: int, qkv_tasks: np.ndarray) -> np.ndarray:
     """The QKV tasks (of `qkv_tasks`) whose rows hold the q, k or v rows that ATTN task `index` reads."""
-    t, k = plan.tasks, plan.consts
-    hd, hdv, h = k["head_dim"], k["head_dim_v"], int(plan.tasks["head"][index])
-    g = k["n_head"] // k["n_head_kv"]
-    k0, v0 = k["n_head"] * hd, (k["n_head"] + k["n_head_kv"]) * hd
-    spans = ((h * g * hd, (h + 1) * g * hd), (k0 + h * hd, k0 + (h + 1) * hd), (v0 + h * hdv, v0 + (h + 1) * hdv))
+    t = plan.tasks
     lo, hi = t["row_start"][qkv_tasks], t["row_start"][qkv_tasks] + t["row_count"][qkv_tasks]
     hit = np.zeros(len(qkv_tasks), dtype=bool)
-    for a, b in spans:
-        hit |= (lo < b) & (hi > a)
+    for start, n in head_qkv_rows(plan.consts, int(t["head"][index])):
+        hit |= (lo < start + n) & (hi > start)
     return qkv_tasks[hit]
 
 

@@ -132,6 +132,14 @@ def _piece_block(t, cols: int) -> Block:
     return Block("weights", int(t["weight0"]) + (r0 * cols + p0) * 2, n, pn * 2, cols * 2)
 
 
+def head_qkv_rows(k: dict, head: int) -> tuple[tuple[int, int], ...]:
+    """(first row, rows) of the q rows of K/V head `head`'s query heads, of its k rows and of its
+    v rows in the stacked QKV output: what one attention task reads."""
+    hd, hdv, g = k["head_dim"], k["head_dim_v"], k["n_head"] // k["n_head_kv"]
+    return ((head * g * hd, g * hd), (k["n_head"] * hd + head * hd, hd),
+            ((k["n_head"] + k["n_head_kv"]) * hd + head * hdv, hdv))
+
+
 def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     layer, head, chunk = int(t["layer"]), int(t["head"]), int(t["slot"])
     hd, hdv, g = k["head_dim"], k["head_dim_v"], k["n_head"] // k["n_head_kv"]
@@ -140,15 +148,12 @@ def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     lh = layer * k["n_head_kv"] + head
     rec = attn_record(k)
     table = k["ctx"] * (k["rope_dim"] // 2) * 4
-    v_row = (k["n_head"] + k["n_head_kv"]) * hd + head * hdv
     reads = [_flat("weights", k["rope_cos"], table), _flat("weights", k["rope_sin"], table),
              _flat("kcache", (lh * k["ctx"] + first) * hd, count * hd),
              _flat("vcache", (lh * k["ctx"] + first) * hdv, count * hdv)]
     for name, sparse in (("qkv", False), ("qkv_side", True)):  # this head's q, k and v rows
         base = act(k, name, layer)
-        reads += [_flat("act", base + head * g * hd, g * hd, sparse),
-                  _flat("act", base + k["n_head"] * hd + head * hd, hd, sparse),
-                  _flat("act", base + v_row, hdv, sparse)]
+        reads += [_flat("act", base + start, n, sparse) for start, n in head_qkv_rows(k, head)]
     writes = [_flat("act", act(k, "attn", layer) + (chunk * k["n_head"] + head * g) * rec, g * rec)]
     if chunk == 0:  # one fixed writer of the current position's roped K row and V row
         writes += [_flat("know", lh * hd, hd), _flat("vnow", lh * hdv, hdv)]

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
 from .opcodes import Op
-from .validator import act, attn_record
+from .validator import act, attn_record, head_qkv_rows
 
 F32 = np.float32
 
@@ -248,10 +248,10 @@ class VM:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
         hd, g = k["head_dim"], k["n_head"] // k["n_head_kv"]
-        hdv = k["head_dim_v"]
-        q = self._rope(self._with_side("qkv", head * g * hd, g * hd, layer).reshape(g, hd))
-        k_new = self._rope(self._with_side("qkv", k["n_head"] * hd + head * hd, hd, layer).reshape(1, hd))[0]
-        v_new = self._with_side("qkv", (k["n_head"] + k["n_head_kv"]) * hd + head * hdv, hdv, layer)
+        q_rows, k_rows, v_rows = head_qkv_rows(k, head)
+        q = self._rope(self._with_side("qkv", *q_rows, layer).reshape(g, hd))
+        k_new = self._rope(self._with_side("qkv", *k_rows, layer).reshape(1, hd))[0]
+        v_new = self._with_side("qkv", *v_rows, layer)
         if chunk == 0:  # the one writer of the current position's cache rows
             self.kcache[layer, head, self.pos] = k_new
             self.vcache[layer, head, self.pos] = v_new
