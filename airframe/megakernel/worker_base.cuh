@@ -406,16 +406,6 @@ __device__ __forceinline__ unsigned long long acc_total(const unsigned long long
     for (int k = 1; k < AF_FFN_COPIES; ++k) v += __ldcg(acc + k * stride + i);
     return v;
 }
-// The same for accumulators 2p and 2p + 1, in one 16-byte load a copy.
-__device__ __forceinline__ ulonglong2 acc_total2(const unsigned long long* acc, uint32_t p, uint32_t stride) {
-    ulonglong2 v = __ldcg(reinterpret_cast<const ulonglong2*>(acc) + p);
-#pragma unroll
-    for (int k = 1; k < AF_FFN_COPIES; ++k) {
-        const ulonglong2 c = __ldcg(reinterpret_cast<const ulonglong2*>(acc + k * stride) + p);
-        v = make_ulonglong2(v.x + c.x, v.y + c.y);
-    }
-    return v;
-}
 
 // The residual stream entering a layer, as its readers see it: x (+ side) (+ the FFN sum acc).
 struct af_x {
@@ -447,8 +437,15 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             xv = __ldcg(reinterpret_cast<const float4*>(in.x) + q);
             ulonglong2 a0 = make_ulonglong2(0, 0), a1 = a0;
             if (in.acc) {
-                a0 = acc_total2(in.acc, 2 * q, n);
-                a1 = acc_total2(in.acc, 2 * q + 1, n);
+                a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
+                a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
+#pragma unroll
+                for (int k = 1; k < AF_FFN_COPIES; ++k) {
+                    const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
+                    const ulonglong2 b0 = __ldcg(cp + 2 * q), b1 = __ldcg(cp + 2 * q + 1);
+                    a0 = make_ulonglong2(a0.x + b0.x, a0.y + b0.y);
+                    a1 = make_ulonglong2(a1.x + b1.x, a1.y + b1.y);
+                }
             }
             if (in.side) {
                 const float4 sv = in.side_is_zero ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
@@ -504,8 +501,8 @@ __device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_
 
 // AF_FFN_ATOMIC: layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
 // (the slots, unused then; the arena's regions are 256-byte aligned).
-__device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l, uint32_t copy = 0) {
-    return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn)) + (size_t)copy * a.c.n_embd;
+__device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
+    return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its

@@ -377,7 +377,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
                   h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r, c.n_embd), v);
                   if (AF_FFN_ATOMIC) {  // a wave before this layer's FFN adds to it
 #pragma unroll
-                      for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer, k)[r] = 0ull;
+                      for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
                   }
               });
 }
@@ -457,7 +457,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     __syncthreads();
     trace_mark(8);
     if (AF_FFN_ATOMIC) {  // the partials into the layer's fixed-point sums (see AF_FFN_ATOMIC)
-        unsigned long long* acc = ffn_acc(a, t.layer, blockIdx.x % AF_FFN_COPIES);
+        unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
         bool bad = false;
         for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
             float v = part[i];
