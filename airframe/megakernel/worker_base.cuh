@@ -439,6 +439,9 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
+                // (acc_total's sum, for two accumulators at once; a shared helper, with the copy
+                // offset named in ffn_acc, gave the same bits but a kernel laid out slower at long
+                // contexts: tenth session, runs 12-13)
 #pragma unroll
                 for (int k = 1; k < AF_FFN_COPIES; ++k) {
                     const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
