@@ -165,6 +165,25 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
                      rt.THREADS, rt.FFN_COPIES]  # the default build's thread count and FFN sum copies
 
 
+CONTROL_FIELDS_IN_ORDER = ("n_steps", "pos0", "n_forced", "n_eos", "eos", "trace_step", "hold_pos", "tokens_in",
+                           "steps_done", "error", "stopped", "error_step", "tokens_out")
+CONTROL_MAIN = r"""
+#include <cstdio>
+#include <cstddef>
+#include "worker.cu"
+int main() {
+""" + "".join(f'    printf("%zu\\n", offsetof(af_control, {f}));\n' for f in CONTROL_FIELDS_IN_ORDER) + r"""
+    return 0;
+}
+"""
+
+
+def test_host_control_words_match_the_compiled_struct(tmp_path):
+    # every field the host writes or reads in af_control (hold_pos: the benchmarks' fixed position)
+    found = run_host_program(tmp_path, CONTROL_MAIN)
+    assert dict(zip(CONTROL_FIELDS_IN_ORDER, (v // 4 for v in found))) == cuda_runtime.CONTROL_FIELDS
+
+
 XS_MAIN = r"""
 #include <cstdio>
 #include "worker.cu"
@@ -313,12 +332,12 @@ def test_unsupported_shapes_are_named():
         cuda_runtime.check_model_limits(dict(k, ffn_parts=7), ffn_copies=4)
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_ATOMIC=0",), ("AF_XS_PLANES=0",), ("AF_STAGED_MERGE=0",),
-                                     ("AF_FFN_COPIES=1", "AF_HEADS_APART=0", "AF_FEW_GROUPS=0")])
+@pytest.mark.parametrize("defines", [("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"),
+                                     ("AF_FFN_ATOMIC=0",), ("AF_TRACE_MARK=1",), ("AF_LEAN_NORM=0",)])
 def test_measurement_builds_compile(defines):
-    # the device check times them beside the default: the FFN partials through slots and the reduce
-    # wave; xs in element order; every multi-chunk merge four chunks at a time; the ninth
-    # session's build (one copy of the FFN sums, the attention's heads and groups as before)
+    # builds the device check times or traces beside the default: the tenth session's switches
+    # (VARIANTS), the prologues' stamps (PHASES); and the FFN partials through slots and the
+    # reduce wave, the norm with x through shared memory (any n_embd), for --variants
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
 

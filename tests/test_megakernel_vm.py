@@ -15,7 +15,7 @@ from airframe.gguf_file import GGUFFile
 from airframe.megakernel.package import write_package
 from airframe.megakernel.target import load_target
 from airframe.megakernel.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
-                                    group_sum, lane_sum, sequential_sum)
+                                    group_sum, lane_sum, norm_sum, rmsnorm, rmsnorm_deferred, sequential_sum)
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.tokenizer import build_hf_tokenizer, read_vocab
 
@@ -117,6 +117,36 @@ def test_group_sum_fixed_small_case():
     for g in range(16):
         total += groups[g]
     assert group_sum(values, 16).tobytes() == total.tobytes()
+
+
+@pytest.mark.parametrize("n", [576, 2048, 200])
+def test_norm_sum_fixed_small_case_matches_the_written_order(n):
+    # the worker's RMSNorm sum spelled out: quad q's squares from +0 in order, the 32 quads of
+    # each 128-element chunk folded in halves (a warp's shuffles), the chunk sums added in order
+    x = (np.random.default_rng(n).standard_normal(n) * 30).astype(np.float32)
+    chunks = -(-n // 128)
+    quads = np.zeros((chunks, 32), np.float32)
+    for i in range(n):
+        quads[i // 128, (i // 4) % 32] += x[i] * x[i]
+    for half in (16, 8, 4, 2, 1):
+        quads = quads[:, :half] + quads[:, half:2 * half]
+    total = np.float32(0.0)
+    for c in range(chunks):
+        total = np.float32(total + quads[c, 0])
+    assert norm_sum(x).tobytes() == total.tobytes()
+    assert float(norm_sum(x)) == pytest.approx(float(np.sum(x.astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_deferred_norm_scale_is_one_rounding_from_the_norm_first():
+    # dot(w, x * g) * inv (the QKV and FFN tasks) against dot(w, (x * inv) * g) (the final norm's form)
+    rng = np.random.default_rng(7)
+    x, g = rng.standard_normal(2048).astype(np.float32), rng.uniform(0.5, 1.5, 2048).astype(np.float32)
+    w = rng.standard_normal((64, 2048)).astype(np.float32)
+    y, inv = rmsnorm_deferred(x, g, 1e-5)
+    assert y.tobytes() == (x * g).tobytes() and inv.dtype == np.float32
+    assert np.allclose(dot_rows(w, y) * inv, dot_rows(w, rmsnorm(x, g, 1e-5)), rtol=1e-5, atol=1e-5)
+    mean = np.mean(x.astype(np.float64) ** 2)
+    assert float(inv) == pytest.approx(1 / np.sqrt(mean + 1e-5), rel=1e-6)
 
 
 def test_sequential_sum_is_left_to_right():

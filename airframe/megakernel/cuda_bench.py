@@ -2,8 +2,10 @@
 
 What is reported (docs/BENCHMARKS.md, "CUDA megakernel"):
   - ms per token at contexts 1, 512 and 4096, the logits and the greedy token ready: one
-    64-step cooperative launch from that context, timed with CUDA events, divided by 64 (median
-    of several launches); also a 1-step launch, which adds the launch and host round trip;
+    64-step cooperative launch whose steps all run at that context (position context - 1, as the
+    PyTorch steps below), timed with CUDA events, divided by 64 (median of several launches);
+    beside it the same launch with the position advancing (contexts c .. c + 63: at context 1 the
+    attention of up to 64 positions) and a 1-step launch, which adds the launch;
   - tokens/s generating 64 tokens from an 8-token prompt (host wall clock, one launch);
   - the floor: the bytes one token streams (every matrix once, the K/V cache up to the context)
     over the streaming-read bandwidth measured in the same run, and floor / time;
@@ -59,15 +61,21 @@ def random_kv(runtime, context: int, seed: int = 1) -> None:
 
 
 def time_context(runtime, context: int, steps: int = STEPS, repeats: int = REPEATS) -> dict:
-    """ms/token from `context` in one launch of `steps` forced tokens, and a 1-step launch."""
+    """ms per token at `context`: one launch of `steps` forced tokens all at position context - 1
+    (the kernel's hold_pos), timed by CUDA events and divided by `steps`, the median of `repeats`
+    launches. Beside it the same launch with the position advancing (contexts context ..
+    context + steps - 1, the measure of sessions 1-10) and a 1-step launch, which adds the launch."""
     pos0 = context - 1
-    steps = min(steps, runtime.k["ctx"] - pos0)
     tokens = [(17 + 31 * i) % runtime.k["vocab"] for i in range(steps)]
-    runtime.launch(tokens, pos0)  # warm-up
-    many = [runtime.launch(tokens, pos0).ms for _ in range(repeats)]
+    runtime.launch(tokens, pos0, hold_pos=True)  # warm-up
+    held = [runtime.launch(tokens, pos0, hold_pos=True).ms for _ in range(repeats)]
+    ahead = tokens[:min(steps, runtime.k["ctx"] - pos0)]
+    moving = [runtime.launch(ahead, pos0).ms for _ in range(repeats)]
     single = [runtime.launch(tokens[:1], pos0).ms for _ in range(4 * repeats)]
-    return {"context": context, "steps": steps, "ms_per_token": float(np.median(many)) / steps,
-            "ms_per_token_all": [m / steps for m in many], "ms_single_launch": float(np.median(single))}
+    return {"context": context, "steps": steps, "ms_per_token": float(np.median(held)) / steps,
+            "ms_per_token_all": [m / steps for m in held],
+            "ms_per_token_advancing": float(np.median(moving)) / len(ahead),
+            "ms_single_launch": float(np.median(single))}
 
 
 def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 3) -> dict:
@@ -152,15 +160,16 @@ def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Pat
 
 # ---- trace ----------------------------------------------------------------------------------------
 def trace_token(runtime, context: int) -> dict:
-    """The second step of a launch at `context`, traced: part 1's trace JSON (pictures.py) plus the
-    time each worker left each wave's barrier ("wave_release_ns"), all ns from the first task start."""
-    result = runtime.launch([17, 42], context - 1, trace_step=1)
+    """The second step of a launch at `context` (both steps at position context - 1), traced: part
+    1's trace JSON (pictures.py) plus the time each worker left each wave's barrier
+    ("wave_release_ns"), all ns from the first task start."""
+    result = runtime.launch([17, 42], context - 1, trace_step=1, hold_pos=True)
     raw, plan = result.trace, runtime.plan
     stamps = raw["tasks"].astype(np.int64)
     t0 = int(stamps[:, 0].min())
     tasks = [[i, int(start - t0), int(end - t0)] for i, (start, end) in enumerate(stamps)]
     return {"format": TRACE_FORMAT, "version": 1, "fingerprint": plan.fingerprint.get("fingerprint"),
-            "position": context, "time_unit": "ns", "tasks": tasks,
+            "position": context - 1, "time_unit": "ns", "tasks": tasks,
             "wave_release_ns": (raw["waves"].astype(np.int64) - t0).tolist(), "workers": runtime.workers}
 
 
@@ -399,7 +408,8 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
         row["floor_share"] = row["floor_ms"] / row["ms_per_token"]
         result["contexts"].append(row)
         print(f"context {c}: {row['ms_per_token']:.4f} ms/token, floor {row['floor_ms']:.4f} ms "
-              f"({100 * row['floor_share']:.1f}%), 1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
+              f"({100 * row['floor_share']:.1f}%); advancing from it {row['ms_per_token_advancing']:.4f} ms/token, "
+              f"1-step launch {row['ms_single_launch']:.4f} ms", flush=True)
     for c in sorted({min(contexts), max(contexts)}):
         trace = trace_token(runtime, c)
         result[f"trace_ctx{c}"] = breakdown(trace, plan, gbs)

@@ -43,8 +43,8 @@ ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
-CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82,
-                  "error_step": 83, "tokens_out": 84}
+CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "hold_pos": 13,
+                  "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82, "error_step": 83, "tokens_out": 84}
 CONTROL_WORDS = 84 + MAX_STEPS
 ERROR_NON_FINITE = 1
 ERROR_FFN_RANGE = 2  # worker.cu, AF_FFN_ATOMIC: an FFN partial not finite or |v| >= 2^22
@@ -438,27 +438,32 @@ class Runtime:
         a["sides"] = side_bits(self.plan.tasks)
         return a
 
-    def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int) -> np.ndarray:
+    def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int,
+                hold_pos: bool = False) -> np.ndarray:
         ctl = np.zeros(CONTROL_WORDS, dtype=np.uint32)
         f = CONTROL_FIELDS
         ctl[f["n_steps"]], ctl[f["pos0"]], ctl[f["n_forced"]] = n_steps, pos0, len(tokens)
         ctl[f["n_eos"]] = len(eos)
         ctl[f["eos"]:f["eos"] + len(eos)] = eos
         ctl[f["trace_step"]] = trace_step
+        ctl[f["hold_pos"]] = int(hold_pos)
         ctl[f["tokens_in"]:f["tokens_in"] + len(tokens)] = tokens
         return ctl
 
     def launch(self, tokens: Sequence[int], pos0: int, n_steps: int | None = None, eos: Sequence[int] = (),
-               all_logits: bool = False, trace_step: int | None = None) -> LaunchResult:
+               all_logits: bool = False, trace_step: int | None = None, hold_pos: bool = False) -> LaunchResult:
         """Run steps at positions pos0..: the first len(tokens) take `tokens`, later ones the greedy
-        token of the step before. Raises NonFiniteLogitError when a logit was not finite."""
+        token of the step before. With `hold_pos` every step runs at pos0, writing its K/V there
+        (benchmarks: the cost of a token at one context). Raises NonFiniteLogitError when a logit
+        was not finite."""
         k = self.k
         n_steps = len(tokens) if n_steps is None else n_steps
         if not 1 <= n_steps <= MAX_STEPS or len(tokens) > n_steps or not tokens:
             raise GPUError(f"{n_steps} steps with {len(tokens)} given tokens, expected 1..{MAX_STEPS} steps "
                            "and at least one token")
-        if pos0 + n_steps > k["ctx"]:
-            raise GPUError(f"positions {pos0}..{pos0 + n_steps - 1}, the package holds {k['ctx']}")
+        last = pos0 if hold_pos else pos0 + n_steps - 1
+        if pos0 < 0 or last >= k["ctx"]:
+            raise GPUError(f"positions {pos0}..{last}, the package holds {k['ctx']}")
         if len(eos) > MAX_EOS:
             eos = list(eos)[:MAX_EOS]
         bad = [t for t in tokens if not 0 <= int(t) < k["vocab"]]
@@ -466,7 +471,7 @@ class Runtime:
             raise GPUError(f"token {bad[0]}, expected 0..{k['vocab'] - 1}")
         trace = self._trace_buffers() if trace_step is not None else None
         dev = self.device
-        dev.upload(self.buffers["ctl"], self.control(tokens, pos0, n_steps, eos, trace_step or 0))
+        dev.upload(self.buffers["ctl"], self.control(tokens, pos0, n_steps, eos, trace_step or 0, hold_pos))
         check(dev.cu.cuMemsetD32(self.buffers["barrier"].ptr, 0, 4), "cuMemsetD32")
         args = self.args(all_logits, trace)
         # the kernel's dynamic shared-memory limit is per function: another Runtime on the same
@@ -485,7 +490,7 @@ class Runtime:
             step = int(ctl[f["error_step"]])
             what = ("an FFN output that is not finite or reaches 2^22 in magnitude (the range of its fixed-point "
                     "sum)" if ctl[f["error"]] & ERROR_FFN_RANGE else "a non-finite logit")
-            raise NonFiniteLogitError(f"{what} at position {pos0 + step} (step {step} of the launch); "
+            raise NonFiniteLogitError(f"{what} at position {pos0 + (0 if hold_pos else step)} (step {step} of the launch); "
                                       "expected finite logits: the weights or activations hold NaN or inf")
         result = LaunchResult(done, [int(t) for t in ctl[f["tokens_out"]:f["tokens_out"] + done]],
                               bool(ctl[f["stopped"]]), ms)

@@ -16,7 +16,10 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
   - a split-K piece (columns [part_start, +part_count) of a row) is its own lane sum over those
     columns, lane 0 taking the piece's first 8; the second piece lands in the side vector, and a
     consumer adds it as qkv + qkv_side (h + h_side) in one rounding.
-  - rmsnorm(x): inv = 1 / sqrt(dot(x, x) / n + eps); y = (x * inv) * w.
+  - rmsnorm(x): inv = 1 / sqrt(sum(x * x) / n + eps), the sum a tree (`norm_sum`: each quad of
+    elements in order from +0, the 32 quads of a 128-element chunk folded in halves, the chunks
+    added in order); the final norm gives (x * inv) * w, while the QKV and FFN tasks multiply
+    x * w and scale their dot products by inv afterwards (`rmsnorm_deferred`).
   - RoPE uses the F32 cos/sin tables in weights.bin: a' = a*cos - b*sin, b' = a*sin + b*cos.
   - exp is the only function not correctly rounded: here numpy's float32 exp.
 Weights are BF16 (matrices) or F32 (vectors, tables); activations, accumulators and the K/V cache
@@ -111,10 +114,32 @@ def group_sum(products: np.ndarray, groups: int) -> np.ndarray:
     return sequential_sum(per_group)
 
 
+def norm_sum(x: np.ndarray) -> np.float32:
+    """sum(x * x) in the worker's order: quad q (elements 4q..4q+3) from +0 in element order, the
+    32 quads of each 128-element chunk folded in halves (q + 16, ..., + 1), the chunks in order."""
+    n = x.size
+    padded = -(-n // 128) * 128
+    sq = np.zeros(padded, F32)
+    sq[:n] = x * x
+    quads = sequential_sum(sq.reshape(-1, 32, 4).transpose(2, 0, 1))  # (chunks, 32)
+    while quads.shape[1] > 1:
+        half = quads.shape[1] // 2
+        quads = quads[:, :half] + quads[:, half:]
+    return sequential_sum(quads[:, 0])
+
+
+def norm_inverse(x: np.ndarray, eps: float) -> np.float32:
+    return F32(1.0) / np.sqrt(norm_sum(x) / F32(x.size) + F32(eps))
+
+
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    mean = dot_rows(x[None, :], x)[0] / F32(x.size)
-    inv = F32(1.0) / np.sqrt(mean + F32(eps))
-    return (x * inv) * weight
+    return (x * norm_inverse(x, eps)) * weight
+
+
+def rmsnorm_deferred(x: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.float32]:
+    """x * weight and the scale its dot products are multiplied by afterwards (the QKV and FFN
+    tasks): dot(w, rmsnorm(x)) becomes dot(w, x * weight) * inv, one rounding apart."""
+    return x * weight, norm_inverse(x, eps)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -202,6 +227,9 @@ class VM:
     def _norm(self, x: np.ndarray, offset: int) -> np.ndarray:
         return rmsnorm(x, self._f32(offset, x.size), self.k["rms_eps"])
 
+    def _norm_deferred(self, x: np.ndarray, offset: int) -> tuple[np.ndarray, np.float32]:
+        return rmsnorm_deferred(x, self._f32(offset, x.size), self.k["rms_eps"])
+
     # ---- opcodes ------------------------------------------------------------------------------
     def _embed(self, t) -> None:
         e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
@@ -222,8 +250,8 @@ class VM:
 
     def _qkv(self, t) -> None:
         r0, n, layer = int(t["row_start"]), int(t["row_count"]), int(t["layer"])
-        x = self._norm(self._region("x", 0, self.k["n_embd"], layer), int(t["norm"]))
-        self._region("qkv_side" if int(t["side"]) else "qkv", r0, n, layer)[:] = self._piece(t, x)
+        x, inv = self._norm_deferred(self._region("x", 0, self.k["n_embd"], layer), int(t["norm"]))
+        self._region("qkv_side" if int(t["side"]) else "qkv", r0, n, layer)[:] = self._piece(t, x) * inv
 
     def _rope(self, x: np.ndarray) -> np.ndarray:
         """x: (heads, head_dim) at the current position, rotated by the package's tables."""
@@ -293,9 +321,9 @@ class VM:
 
     def _ffn(self, t) -> None:
         e, r0, n, layer = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["layer"])
-        x = self._norm(self._with_side("h", 0, e, layer), int(t["norm"]))
-        gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x)
-        up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x)
+        x, inv = self._norm_deferred(self._with_side("h", 0, e, layer), int(t["norm"]))
+        gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x) * inv
+        up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x) * inv
         h = silu(gate) * up
         down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
         threads, cols = self.plan.target.threads_per_worker, e // 8

@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     for (uint32_t step = 0; step < n_steps; ++step) {
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
-        const uint32_t pos = ctl->pos0 + step;
+        const uint32_t pos = ctl->pos0 + (ctl->hold_pos ? 0u : step);
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             if (tb.skipped(w)) {  // no work and no barrier

@@ -142,7 +142,8 @@ struct af_control {
     uint32_t n_eos;           // end-of-generation ids in eos[]
     uint32_t eos[AF_MAX_EOS];
     uint32_t trace_step;      // the step whose tasks are timed when trace is set
-    uint32_t reserved[3];
+    uint32_t hold_pos;        // 1: every step runs at pos0 (benchmarks: the cost at one context)
+    uint32_t reserved[2];
     uint32_t tokens_in[AF_MAX_STEPS];
     uint32_t steps_done;      // outputs from here on
     uint32_t error;           // bit 0: a non-finite logit; bit 1: an FFN partial out of the fixed-point range
@@ -367,30 +368,23 @@ __device__ __forceinline__ void load_shared(float* xs, const float* src, uint32_
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = ld_act(src + i);
 }
 
-// Warp 0: red[0] = 1 / sqrt(dot(x, x) / n + eps) of the n floats in xs (n a multiple of 8) in
-// the VM's order: lane l sums vectors l, l + 32, ... in turn (read four vectors ahead), the
-// lanes folded in halves.
-__device__ __forceinline__ void norm_inverse(const float* xs, uint32_t n, float eps, float* red) {
-    const uint32_t lane = threadIdx.x, kvec = n / 8;  // called by threads 0-31
-    float acc = 0.0f;
-#pragma unroll 4
-    for (uint32_t j = lane; j < kvec; j += 32) {
-        const float4 a = *reinterpret_cast<const float4*>(xs + AF_XS_STEP * j);
-        const float4 b = *reinterpret_cast<const float4*>(xs + AF_XS_PLANE + AF_XS_STEP * j);
-        acc = madd(acc, a.x, a.x);
-        acc = madd(acc, a.y, a.y);
-        acc = madd(acc, a.z, a.z);
-        acc = madd(acc, a.w, a.w);
-        acc = madd(acc, b.x, b.x);
-        acc = madd(acc, b.y, b.y);
-        acc = madd(acc, b.z, b.z);
-        acc = madd(acc, b.w, b.w);
-    }
-    acc = warp_fold(acc);
-    if (lane == 0) {
-        const float mean = __fdiv_rn(acc, (float)n);
-        red[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-    }
+// RMSNorm's sum of squares, the VM's order (vm.norm_sum): quad q (elements 4q..4q+3) from +0 in
+// element order, folded in halves over the 32 quads of chunk q / 32 (a warp's lanes); lane 0
+// leaves the chunk's sum in red[chunk]. `v` is zero for quads past n.
+__device__ __forceinline__ void norm_partial(float4 v, float* red, uint32_t chunk) {
+    float s = __fmul_rn(v.x, v.x);
+    s = madd(s, v.y, v.y);
+    s = madd(s, v.z, v.z);
+    s = madd(s, v.w, v.w);
+    s = warp_fold(s);
+    if (threadIdx.x % 32 == 0) red[chunk] = s;
+}
+
+// 1 / sqrt(sum / n + eps), the chunks' sums (red) added in order from +0.
+__device__ __forceinline__ float norm_scale(const float* red, uint32_t n, float eps) {
+    float s = 0.0f;
+    for (uint32_t c = 0; c < (n + 127) / 128; ++c) s = __fadd_rn(s, red[c]);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n), eps)));
 }
 
 // The FFN sum of `acc` (AF_FFN_ATOMIC) as a float: the accumulator rounded once, times 2^-32.
@@ -422,15 +416,17 @@ struct af_x {
     }
 };
 
-// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(dot(x, x) / n + eps),
-// y = (x * inv) * w, x as af_x forms it. `red` is shared scratch of one float.
+// xs = rmsnorm(x) over n elements, exactly as the VM: inv = 1 / sqrt(sum(x * x) / n + eps) in
+// norm_partial's order, y = (x * inv) * w, x as af_x forms it. With Defer (the QKV and FFN
+// tasks), xs = x * w and red holds the chunk sums: the reader of the GEMV's outputs multiplies
+// them by norm_scale(red, n, eps) (vm.rmsnorm_deferred), so that the rows start after one block
+// barrier. `red` is shared scratch of 32 floats.
+template <bool Defer>
 __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32_t n, float eps, float* red) {
     if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
-        // quad q = threadIdx.x: x[4q, 4q + 4) (+ side) and its weights, kept in registers
+        // quad q = threadIdx.x: x[4q, 4q + 4) (+ side, + the FFN sums) and its weights, in registers
         const uint32_t q = threadIdx.x;
         const bool mine = q < n / 4;
-        // (its place in xs found at each use, not held in a register across the sum)
-        auto xq = [&] { return reinterpret_cast<float4*>(xs + xs_index(4 * q)); };
         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = xv;
         if (mine) {
             wv = __ldg(reinterpret_cast<const float4*>(w) + q);
@@ -439,9 +435,6 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
-                // (acc_total's sum, for two accumulators at once; a shared helper, with the copy
-                // offset named in ffn_acc, gave the same bits but a kernel laid out slower at long
-                // contexts: tenth session, runs 12-13)
 #pragma unroll
                 for (int k = 1; k < AF_FFN_COPIES; ++k) {
                     const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
@@ -459,31 +452,40 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc)
                 xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
                                  __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
-            *xq() = xv;
+        }
+        if (q / 32 < (n + 127) / 128) norm_partial(xv, red, q / 32);
+        if (Defer) {
+            if (mine)
+                *reinterpret_cast<float4*>(xs + xs_index(4 * q)) =
+                    make_float4(__fmul_rn(xv.x, wv.x), __fmul_rn(xv.y, wv.y), __fmul_rn(xv.z, wv.z),
+                                __fmul_rn(xv.w, wv.w));
+            __syncthreads();
+            return;
         }
         __syncthreads();
-        if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
-        __syncthreads();
-        const float inv = red[0];
+        const float inv = norm_scale(red, n, eps);
         if (mine)
-            *xq() = make_float4(
+            *reinterpret_cast<float4*>(xs + xs_index(4 * q)) = make_float4(
                 __fmul_rn(__fmul_rn(xv.x, inv), wv.x), __fmul_rn(__fmul_rn(xv.y, inv), wv.y),
                 __fmul_rn(__fmul_rn(xv.z, inv), wv.z), __fmul_rn(__fmul_rn(xv.w, inv), wv.w));
         __syncthreads();
         return;
     }
-    // the norm weights of this thread's first two elements load with x, not after the sum
-    const float w0 = threadIdx.x < n ? __ldg(w + threadIdx.x) : 0.0f;
-    const float w1 = threadIdx.x + AF_THREADS < n ? __ldg(w + threadIdx.x + AF_THREADS) : 0.0f;
+    // any n (a multiple of 8, at most 4,096): x into xs first, then the chunk sums from there
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i, n);
     __syncthreads();
-    if (threadIdx.x < 32) norm_inverse(xs, n, eps, red);
+    const uint32_t lane = threadIdx.x % 32;
+    for (uint32_t chunk = threadIdx.x / 32; chunk < (n + 127) / 128; chunk += AF_WARPS) {
+        const uint32_t q = 32 * chunk + lane;
+        const float4 v = 4 * q < n ? *reinterpret_cast<const float4*>(xs + xs_index(4 * q))
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        norm_partial(v, red, chunk);
+    }
     __syncthreads();
-    const float inv = red[0];
+    const float inv = Defer ? 1.0f : norm_scale(red, n, eps);
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
-        const float wi = i == threadIdx.x ? w0 : i == threadIdx.x + AF_THREADS ? w1 : __ldg(w + i);
         float& xi = xs[xs_index(i)];
-        xi = __fmul_rn(__fmul_rn(xi, inv), wi);
+        xi = Defer ? __fmul_rn(xi, __ldg(w + i)) : __fmul_rn(__fmul_rn(xi, inv), __ldg(w + i));
     }
     __syncthreads();
 }

@@ -44,10 +44,11 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready) rmsnorm_shared(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (!xs_ready) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm,
-                               [&](uint32_t i, float v) { out[t.row_start + i] = v; });
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
+        out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
+    });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -396,7 +397,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
                   if (!xs_ready)
-                      rmsnorm_shared(xs,
+                      rmsnorm_shared<true>(xs,
                                      af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
                                           !side_live(2), nullptr},
                                      f32_at(a, t.norm), e, c.rms_eps, red);
@@ -411,8 +412,10 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
-        const float gate = h[i];
-        h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up[i]);
+        // the norm's scale, left out of xs (rmsnorm_shared<true>), applied to gate and up here
+        const float inv = norm_scale(red, e, c.rms_eps);
+        const float gate = __fmul_rn(h[i], inv), u = __fmul_rn(up[i], inv);
+        h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), u);
     }
     __syncthreads();
     const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
@@ -545,7 +548,7 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[xs_index(r)];
 }
