@@ -117,15 +117,9 @@ def group_sum(products: np.ndarray, groups: int) -> np.ndarray:
 def norm_sum(x: np.ndarray) -> np.float32:
     """sum(x * x) in the worker's order: quad q (elements 4q..4q+3) from +0 in element order, the
     32 quads of each 128-element chunk folded in halves (q + 16, ..., + 1), the chunks in order."""
-    n = x.size
-    padded = -(-n // 128) * 128
-    sq = np.zeros(padded, F32)
-    sq[:n] = x * x
-    quads = sequential_sum(sq.reshape(-1, 32, 4).transpose(2, 0, 1))  # (chunks, 32)
-    while quads.shape[1] > 1:
-        half = quads.shape[1] // 2
-        quads = quads[:, :half] + quads[:, half:]
-    return sequential_sum(quads[:, 0])
+    sq = np.zeros(-(-x.size // 128) * 128, F32)
+    sq[:x.size] = x * x
+    return sequential_sum(lane_sum(sq.reshape(-1, 128), 32, 4))  # a chunk is one lane sum of 4-runs
 
 
 def norm_inverse(x: np.ndarray, eps: float) -> np.float32:

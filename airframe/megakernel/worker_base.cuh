@@ -368,6 +368,9 @@ __device__ __forceinline__ void load_shared(float* xs, const float* src, uint32_
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = ld_act(src + i);
 }
 
+// RMSNorm's sum of squares comes in chunks of 128 elements (a warp's 32 quads).
+__device__ __forceinline__ uint32_t norm_chunks(uint32_t n) { return (n + 127) / 128; }
+
 // RMSNorm's sum of squares, the VM's order (vm.norm_sum): quad q (elements 4q..4q+3) from +0 in
 // element order, folded in halves over the 32 quads of chunk q / 32 (a warp's lanes); lane 0
 // leaves the chunk's sum in red[chunk]. `v` is zero for quads past n.
@@ -383,7 +386,7 @@ __device__ __forceinline__ void norm_partial(float4 v, float* red, uint32_t chun
 // 1 / sqrt(sum / n + eps), the chunks' sums (red) added in order from +0.
 __device__ __forceinline__ float norm_scale(const float* red, uint32_t n, float eps) {
     float s = 0.0f;
-    for (uint32_t c = 0; c < (n + 127) / 128; ++c) s = __fadd_rn(s, red[c]);
+    for (uint32_t c = 0; c < norm_chunks(n); ++c) s = __fadd_rn(s, red[c]);
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n), eps)));
 }
 
@@ -435,6 +438,9 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
+                // (acc_total's sum, for two accumulators at once; a shared helper, with the copy
+                // offset named in ffn_acc, gave the same bits but a kernel laid out slower at long
+                // contexts: tenth session, runs 12-13)
 #pragma unroll
                 for (int k = 1; k < AF_FFN_COPIES; ++k) {
                     const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
@@ -453,7 +459,7 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
                 xv = make_float4(__fadd_rn(xv.x, fix_value(a0.x)), __fadd_rn(xv.y, fix_value(a0.y)),
                                  __fadd_rn(xv.z, fix_value(a1.x)), __fadd_rn(xv.w, fix_value(a1.y)));
         }
-        if (q / 32 < (n + 127) / 128) norm_partial(xv, red, q / 32);
+        if (q / 32 < norm_chunks(n)) norm_partial(xv, red, q / 32);
         if (Defer) {
             if (mine)
                 *reinterpret_cast<float4*>(xs + xs_index(4 * q)) =
@@ -475,7 +481,7 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i, n);
     __syncthreads();
     const uint32_t lane = threadIdx.x % 32;
-    for (uint32_t chunk = threadIdx.x / 32; chunk < (n + 127) / 128; chunk += AF_WARPS) {
+    for (uint32_t chunk = threadIdx.x / 32; chunk < norm_chunks(n); chunk += AF_WARPS) {
         const uint32_t q = 32 * chunk + lane;
         const float4 v = 4 * q < n ? *reinterpret_cast<const float4*>(xs + xs_index(4 * q))
                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
