@@ -40,15 +40,15 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready, uint32_t stash) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
+    gemv_list<AF_UNROLL_SHORT, 1>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
         out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
-    });
+    }, stash);
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -309,12 +309,21 @@ __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer
 // the sum of scale * l in chunk order, and per element the sum of scale * o in chunk order over
 // that: merge_attention's arithmetic, the same bits. Returns false, doing nothing, when the
 // records do not fit beside xs (the host reserves the room where the GPU has it).
+// Floats of the scratch merge_staged uses at pos (records, scales, sums); 0 when it is not used
+// there: four chunks or fewer, or no room (the host reserves it where the GPU has it).
+__device__ __forceinline__ uint32_t staged_floats(const af_args& a, uint32_t pos) {
+    const af_plan_consts& c = a.c;
+    const uint32_t active = pos / c.attn_chunk + 1, heads = c.n_head;
+    const uint32_t n4 = (active * heads * (c.head_dim_v + 2) + 3) & ~3u, need = n4 + heads * (active + 2);
+    return AF_STAGED_MERGE && active > 4 && need <= a.table_offset - AF_SM_OFFSET ? need : 0;
+}
+
 __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1, heads = c.n_head;
     const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
     float* st = xs + AF_SM_OFFSET;  // the opcodes' scratch after xs and red: (active, heads, rec)
-    if (n4 + heads * (active + 2) > a.table_offset - AF_SM_OFFSET) return false;
+    if (staged_floats(a, pos) == 0) return false;
     float* scale = st + n4;                       // (heads, active)
     float* mx = scale + heads * active;           // (heads): the max, then the sum of scale * l
     const float* parts = layer_at(a, layer, c.lay_attn);  // 256-byte aligned, records back to back
@@ -363,7 +372,7 @@ __device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready, uint32_t stash) {
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
@@ -371,7 +380,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
         if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_chunks(a, t.layer, pos, xs);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
+    gemv_list<AF_UNROLL_SHORT, 0>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
@@ -380,7 +389,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
 #pragma unroll
                       for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
                   }
-              });
+              }, stash);
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
