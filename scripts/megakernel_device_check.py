@@ -3,7 +3,9 @@
 
 Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares against: a
 tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
-for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 384, 385 and 4096,
+for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 40, 100, 384, 385
+and 4096 (the issue's four; 40 and 100: one attention chunk of many positions, and a short context
+spread over four chunks),
 with the K/V cache before the context filled from a seeded generator. The VM is slow in Python,
 so it runs where time is cheap; the GPU run checks that its weights and K/V fill hash the same.
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from airframe.errors import AirframeError
 
-CONTEXTS = (1, 40, 384, 385, 4096)
+CONTEXTS = (1, 40, 100, 384, 385, 4096)
 STEPS = 2  # decode steps from each context, each compared
 CTX = 4160  # the package's K/V capacity: 4096 plus a 64-token launch
 TOKEN0 = 17

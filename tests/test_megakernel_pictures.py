@@ -9,8 +9,8 @@ import pytest
 from airframe.errors import ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.pictures import (TRACE_FORMAT, draw_package, ideal_ns, read_trace,
-                                          timeline_summary)
+from airframe.megakernel.pictures import (TRACE_FORMAT, draw_context_curves, draw_package, ideal_ns,
+                                          read_trace, timeline_summary)
 from airframe.megakernel.planner import make_plan, wave_bytes
 from airframe.megakernel.target import load_target
 
@@ -86,3 +86,29 @@ def test_bad_traces_are_refused(plan, tmp_path):
         path.write_text(json.dumps(data))
         with pytest.raises(ParameterError, match=message):
             read_trace(path, plan)
+
+
+def test_context_curves_are_drawn_from_rounds_and_empty_input_is_refused(tmp_path):
+    times = {"a": {1: [0.84, 0.85], 512: [0.96, 0.97]}, "b": {1: [0.84], 512: [1.05, 1.06, 1.07]}}
+    path = draw_context_curves(times, tmp_path / "curves.png", "title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    with pytest.raises(ParameterError, match="no timings"):
+        draw_context_curves({"a": {}}, tmp_path / "empty.png", "title")
+
+
+def test_the_saved_spread_run_redraws(tmp_path):
+    """scripts/megakernel_spread.py --draw on the twelfth session's H200 run, as docs/BENCHMARKS.md cites it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    saved = root / "docs" / "megakernel" / "h200_spread_session12.json"
+    out = tmp_path / "spread.png"
+    done = subprocess.run([sys.executable, str(root / "scripts" / "megakernel_spread.py"), "--draw", str(saved),
+                           "-o", str(out)], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(saved.read_text())
+    at_512 = {name: np.median(rounds["512"]) for name, rounds in data["times"].items()}
+    assert at_512["spread"] < at_512["fixed"]  # what the docs say the run measured

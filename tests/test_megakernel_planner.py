@@ -9,7 +9,7 @@ import pytest
 from airframe.errors import ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import Op
+from airframe.megakernel.opcodes import Op, attn_span
 from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
                                          plan_stats, split_rows, wave_bytes)
 from airframe.megakernel.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
@@ -92,6 +92,25 @@ def test_attention_bytes_follow_the_position(llama1b_config):
     assert at_zero.sum() == 8 * 1 * (64 + 64) * 4  # 8 heads x 1 position x (K + V) x 4 bytes
     full = wave_bytes(plan)[attn_wave]
     assert full.sum() == 8 * 4096 * 64 * 2 * 4
+
+
+def test_attention_spreads_a_shorter_context_over_three_or_four_chunks(llama1b_config):
+    plan = make_plan(llama1b_config, load_target("h200"), ctx=4096)  # 16 chunks of at most 256
+    k = plan.consts
+    assert (k["attn_spread"], k["attn_min"]) == (4, 32)
+    positions = (0, 94, 95, 127, 128, 383, 384, 511, 1023, 1024, 4095)
+    assert [attn_span(k, pos) for pos in positions] == [256, 256, 32, 32, 33, 96, 97, 128, 256, 256, 256]
+    for pos in range(4096):  # the planned chunks cover every position; spread means 3 or 4 of them
+        span = attn_span(k, pos)
+        active = pos // span + 1
+        assert active <= k["attn_chunks"] and active * span > pos
+        assert span == k["attn_chunk"] or 3 <= active <= 4
+    at_511 = wave_bytes(plan, pos=511)[2]  # four tasks of 128 positions per K/V head
+    assert np.count_nonzero(at_511) == 8 * 4 and at_511.max() == 128 * (64 + 64) * 4
+    fixed = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_spread=0).consts
+    assert {attn_span(fixed, pos) for pos in (0, 511, 4095)} == {256}
+    rtx = make_plan(llama1b_config, load_target("rtx3050"), ctx=4096).consts  # two chunks: never spread
+    assert {attn_span(rtx, pos) for pos in (0, 511, 2047, 4095)} == {2048}
 
 
 def test_gemma3_is_refused_with_the_switches_it_needs(gemma3_path):

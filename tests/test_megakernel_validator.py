@@ -159,13 +159,19 @@ def test_a_different_target_is_refused(plan):
         validate(plan, other)
 
 
-def test_ranges_of_attention_stay_inside_the_chunk(plan):
+@pytest.mark.parametrize("spread", [0, None])
+def test_ranges_of_attention_stay_inside_the_chunk(smollm2_path, spread):
+    """Fixed chunks read their own positions of the cache; spread chunks (whose positions move with
+    the position) any of their K/V head's; only chunk 0 writes the current row."""
+    config = dataclasses.replace(load_config(GGUFFile(smollm2_path)), n_layers=2)
+    plan = make_plan(config, load_target("rtx3050", 9), ctx=96, attn_spread=spread)
     k = plan.consts
+    assert k["attn_chunks"] == 3 and (k["attn_spread"] == 0) == (spread == 0)
     for t in plan.tasks[plan.tasks["opcode"] == Op.ATTN]:
         reads, writes = task_ranges(t, k)
         past = [b for b in reads if b.buf == "kcache"][0]
         lh = int(t["layer"]) * k["n_head_kv"] + int(t["head"])
-        first = int(t["slot"]) * k["attn_chunk"]
+        first = int(t["slot"]) * k["attn_chunk"] if spread == 0 else 0
         assert past.start == (lh * k["ctx"] + first) * k["head_dim"]
         assert past.end <= (lh + 1) * k["ctx"] * k["head_dim"]
         assert any(b.buf == "know" for b in writes) == (int(t["slot"]) == 0)

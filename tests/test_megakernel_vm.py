@@ -12,6 +12,7 @@ import pytest
 
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
+from airframe.megakernel.opcodes import attn_span
 from airframe.megakernel.package import write_package
 from airframe.megakernel.target import load_target
 from airframe.megakernel.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
@@ -50,17 +51,33 @@ def english_ids(smollm2_path):
 
 @pytest.fixture(scope="module")
 def smollm2_package(smollm2_path, tmp_path_factory):
-    """8 workers and 64-position chunks: 128 tokens cross from one attention chunk to two."""
+    """8 workers and 64-position chunks: 128 tokens cross from one attention chunk to two (a context
+    of up to 64 positions stays in one chunk, so the spread rule changes nothing here)."""
     out = tmp_path_factory.mktemp("smollm2_pkg")
     return write_package(smollm2_path, load_target("rtx3050", workers=8), out, ctx=N_TOKENS, progress=False)
 
 
-def test_vm_matches_the_bf16_reference_over_128_tokens(smollm2_path, smollm2_package, english_ids):
-    assert smollm2_package.plan.consts["attn_chunks"] == 2
+@pytest.fixture(scope="module")
+def smollm2_spread_package(smollm2_path, tmp_path_factory):
+    """12 workers and a 256-position cache: four chunks of up to 64; from position 95 on the context is
+    spread over three and then four chunks of 32-33 positions (opcodes.attn_span), where fixed
+    chunks would use two of 64."""
+    out = tmp_path_factory.mktemp("smollm2_spread_pkg")
+    return write_package(smollm2_path, load_target("rtx3050", workers=12), out, ctx=2 * N_TOKENS, progress=False)
+
+
+@pytest.mark.parametrize("which", ["fixed chunks", "spread"])
+def test_vm_matches_the_bf16_reference_over_128_tokens(smollm2_path, smollm2_package, smollm2_spread_package,
+                                                       english_ids, which):
+    package = smollm2_package if which == "fixed chunks" else smollm2_spread_package
+    k = package.plan.consts
+    assert k["attn_chunk"] == 64
+    spans = [attn_span(k, p) for p in (63, 64, 94, 95, N_TOKENS - 1)]
+    assert spans == ([64] * 5 if which == "fixed chunks" else [64, 64, 64, 32, 32])
     gf = GGUFFile(smollm2_path)
     reference = ReferenceBackend(Bf16ReferenceModel(gf, load_config(gf)), N_TOKENS)
     want = reference.forward(english_ids, all_logits=True)
-    vm = VM(smollm2_package.plan, smollm2_package.weights)
+    vm = VM(package.plan, package.weights)
     got = vm.forward(english_ids, all_logits=True)
     assert len(english_ids) == N_TOKENS
     assert np.abs(got - want).max() < LOGIT_TOLERANCE

@@ -138,8 +138,8 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
     worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=defines))
     target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, threads_per_worker=worker.threads,
                      registers_per_thread=worker.registers)
-    plan = make_plan(runtime.plan.config, target,
-                     runtime.k["ctx"], split=plan_is_split(runtime.plan))
+    plan = make_plan(runtime.plan.config, target, runtime.k["ctx"], runtime.k["attn_chunk"],
+                     split=plan_is_split(runtime.plan), attn_spread=runtime.k["attn_spread"])
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")

@@ -40,8 +40,7 @@ _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "bar
              "logits_all", "trace", "trace_waves")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
-                       ("table_tasks", "<u4"), ("sides", "<u4"), ("stash_low", "<u4"), ("stash_wo", "<u4"),
-                       ("stash_qkv", "<u4")], align=True)
+                       ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
 
 # af_control as 32-bit words: inputs, then outputs
 CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, "trace_step": 12, "hold_pos": 13,
@@ -309,18 +308,6 @@ def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: boo
     return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (threads // 32))) // 4) * 4
 
 
-def stash_floats(tasks: np.ndarray, opcode: int) -> int:
-    """Floats the largest block's tasks of one wave of `opcode` (QKV or WO) hold in the stash
-    (AF_STASH in worker_base.cuh): 4 a 16-byte vector, part_count / 8 vectors of each row."""
-    sel = tasks[tasks["opcode"] == opcode]
-    if len(sel) == 0:
-        return 0
-    per_task = sel["row_count"].astype(np.int64) * (sel["part_count"].astype(np.int64) // 8) * 4
-    keys = sel["wave"].astype(np.int64) * (int(tasks["worker"].max()) + 1) + sel["worker"]
-    _, inverse = np.unique(keys, return_inverse=True)
-    return int(np.bincount(inverse, weights=per_task).max())
-
-
 def side_bits(tasks: np.ndarray) -> int:
     """af_args.sides: bit 0 when some QKV task writes the qkv_side vector, bit 1 when some WO task
     writes h_side. A side vector no task writes stays zero, and the worker skips reading it."""
@@ -353,16 +340,12 @@ class Runtime:
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
-        if len(self.plan.tasks) >= 1 << 24:  # the worker's table keeps a wave's opcode in bits 24-30
-            raise UnsupportedError(f"the plan has {len(self.plan.tasks)} tasks, the worker takes fewer than 2^24")
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         # room for the staged attention merge where the GPU has it (the worker checks it and
         # merges four chunks at a time without)
         self.staged = (4 * (shared_floats(self.k, self.ffn_max_rows, worker.threads, True) + table)
                        + worker.static_shared <= self.device.shared_optin)
         self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.threads, self.staged)
-        self.stash_low, self.stash_wo, self.stash_qkv = self.table_offset, 0, 0
-        self._make_stash(table, worker)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
@@ -374,20 +357,6 @@ class Runtime:
                             f"resident blocks of {worker.threads} threads ({self.device.sm_count} SMs x {per_sm})")
         self.buffers: dict[str, DeviceBuffer] = {}
         self._upload(progress)
-
-    def _make_stash(self, table: int, worker: Worker) -> None:
-        """Room for the stash (AF_STASH): WO's and the next layer's QKV's weights in shared memory,
-        above every opcode's scratch; the staged merge may use it at positions that need it, where
-        the worker then reads those weights from DRAM. The QKV room is left out first, then both,
-        when the GPU has less shared memory."""
-        low = shared_floats(self.k, self.ffn_max_rows, worker.threads, False)  # every scratch but the staged merge
-        wo, qkv = stash_floats(self.plan.tasks, int(Op.WO)), stash_floats(self.plan.tasks, int(Op.QKV))
-        for wo_room, qkv_room in ((wo, qkv), (wo, 0)):
-            offset = max(self.table_offset, low + wo_room + qkv_room)
-            if wo_room and 4 * (offset + table) + worker.static_shared <= self.device.shared_optin:
-                self.stash_low, self.stash_wo, self.stash_qkv = low, wo_room, qkv_room
-                self.table_offset = offset
-                return
 
     def check_target(self) -> None:
         target, build = self.plan.target, self.worker.build
@@ -467,7 +436,6 @@ class Runtime:
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
         a["sides"] = side_bits(self.plan.tasks)
-        a["stash_low"], a["stash_wo"], a["stash_qkv"] = self.stash_low, self.stash_wo, self.stash_qkv
         return a
 
     def control(self, tokens: Sequence[int], pos0: int, n_steps: int, eos: Sequence[int], trace_step: int,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 HEADER_PATH = Path(__file__).with_name("plan_format.h")
 
 
@@ -89,8 +89,13 @@ PLAN_CONSTS = (
     ("n_ff", "u32", "FFN intermediate width"),
     ("vocab", "u32", "vocabulary size (logits)"),
     ("ctx", "u32", "K/V cache capacity in positions"),
-    ("attn_chunk", "u32", "positions per attention chunk C: chunk c holds [c*C, (c+1)*C)"),
-    ("attn_chunks", "u32", "chunks planned = ceil(ctx / C); active at pos p: p / C + 1"),
+    ("attn_chunk", "u32", "most positions per attention chunk C (the scratch of one attention task)"),
+    ("attn_chunks", "u32", "chunks planned = ceil(ctx / C)"),
+    ("attn_spread", "u32", "0: chunk c holds [c*C, (c+1)*C) at every position; s > 0: at position p, k = min(s, "
+                           "attn_chunks, (p + 1) / attn_min) chunks share the p + 1 positions when k >= 3, "
+                           "attn_span(p) = min(C, ceil((p + 1) / k)) each, chunk c holding [c * span, (c + 1) * "
+                           "span); with k < 3, span C. Active at p: p / span + 1"),
+    ("attn_min", "u32", "with attn_spread: the fewest positions a chunk is given when a context is spread"),
     ("ffn_parts", "u32", "FFN partial slots per layer, all summed by FFN_REDUCE (exactly, in fixed point); a "
                          "slot written only in part (a split FFN task's output rows) is zero elsewhere"),
     ("lm_parts", "u32", "LM_HEAD candidate slots"),
@@ -119,6 +124,22 @@ PLAN_CONSTS = (
     ("rope_sin", "u64", "byte offset of the F32 table sin[ctx][rope_dim/2]"),
     ("weights_size", "u64", "bytes in weights.bin"),
 )
+
+
+def attn_span(k: dict, pos: int) -> int:
+    """Positions per attention chunk at position `pos` (the rule of attn_spread above; the worker's
+    attn_span in worker_base.cuh is the same arithmetic). Chunk c covers [c * span, min((c + 1) *
+    span, pos + 1)) and runs when c * span <= pos. A context is spread over three chunks or more,
+    never two: measured on the H200, splitting in two costs the WO merge more than it saves in the
+    attention (docs/BENCHMARKS.md, twelfth session)."""
+    if k["attn_spread"] == 0:
+        return k["attn_chunk"]
+    n = pos + 1
+    chunks = min(k["attn_spread"], k["attn_chunks"], n // k["attn_min"])
+    if chunks < 3:
+        return k["attn_chunk"]
+    return min(k["attn_chunk"], -(-n // chunks))
+
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
 _C = {"u32": "uint32_t", "u64": "uint64_t", "f32": "float"}

@@ -33,8 +33,9 @@ from .vm import f32_to_bf16
 
 FORMAT = "airframe-megakernel-plan"
 ROW_BLOCK_BYTES = 64 << 20  # dequantize at most this many float32 bytes at a time
-ATTENTION_RULE = ("chunk c covers positions [c*attn_chunk, min((c+1)*attn_chunk, p+1)) and runs when "
-                  "c*attn_chunk <= p; WO merges the p // attn_chunk + 1 active chunks in order")
+ATTENTION_RULE = ("chunk c covers positions [c*S, min((c+1)*S, p+1)) and runs when c*S <= p, S = "
+                  "attn_span(p) (attn_chunk when attn_spread is 0); WO merges the p // S + 1 active "
+                  "chunks in order")
 
 
 @dataclass
@@ -104,11 +105,12 @@ def write_plan(plan: Plan, out: Path) -> None:
 
 
 def write_package(model_path: str | Path, target: Target, out: str | Path, ctx: int | None = None,
-                  attn_chunk: int | None = None, progress: bool = True, split: bool = SPLIT_DEFAULT) -> Package:
+                  attn_chunk: int | None = None, progress: bool = True, split: bool = SPLIT_DEFAULT,
+                  attn_spread: int | None = None) -> Package:
     """Plan `model_path` for `target` and write the package folder `out` (planner.make_plan)."""
     out = Path(out)
     gf = GGUFFile(model_path)
-    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split)
+    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split, attn_spread=attn_spread)
     plan.model["source"] = str(model_path)
     validate(plan, target)
     write_plan(plan, out)

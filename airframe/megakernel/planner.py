@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..family import ModelConfig
 from ..rope_scaling import RopeScaling
-from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, tasks_to_array
+from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, attn_span, tasks_to_array
 from .target import Target, fingerprint
 
 ALIGN = 256  # byte alignment of every tensor in weights.bin and of every arena region (in floats / 4)
@@ -41,6 +41,12 @@ SPLIT_COLS = 8      # split-K pieces start and end on multiples of this many col
 # Plans cut finer than whole rows only once the CUDA worker executes split tasks (worker.cu);
 # the VM and the validator know them already.
 SPLIT_DEFAULT = False
+# Attention below full context: the positions are spread over up to this many chunks (so that a
+# context of a few hundred positions runs as several short attention tasks, not one long one),
+# each a multiple of ATTN_MIN positions (opcodes.attn_span). Four keeps the WO merge to one round
+# trip of loads (merge_attention issues up to four chunks' loads at once).
+ATTN_SPREAD = 4
+ATTN_MIN = 32
 
 
 @dataclass(frozen=True)
@@ -273,13 +279,16 @@ def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int,
     ]
 
 
-def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
+def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, attn_spread: int | None,
             w: dict[str, TensorSlot], weights_size: int, share: int) -> dict:
     if attn_chunk is None:
         # enough chunks to give every worker of the attention wave a task at full context
         attn_chunk = -(-ctx // max(1, target.workers // c.n_head_kv))
     attn_chunk = max(1, min(attn_chunk, ctx))
     attn_chunks = -(-ctx // attn_chunk)
+    attn_spread = ATTN_SPREAD if attn_spread is None else attn_spread
+    if attn_spread < 0:
+        raise ValueError(f"attn_spread {attn_spread}: 0 (fixed chunks) or more")
     shared = (c.n_ff % target.workers) * share if share > 1 else 0  # slots of the shared leftover rows
     ffn_parts = min(target.workers, c.n_ff) + shared
     lm_parts = min(target.workers, c.vocab_size)
@@ -287,7 +296,8 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
         n_layers=c.n_layers, n_embd=c.n_embd, n_head=c.n_head, n_head_kv=c.n_head_kv,
         head_dim=c.head_dim, head_dim_v=c.head_dim_v, rope_dim=c.rope_dim,
         rope_neox=int(c.rope_style == "neox"), n_ff=c.n_ff, vocab=c.vocab_size, ctx=ctx,
-        attn_chunk=attn_chunk, attn_chunks=attn_chunks, ffn_parts=ffn_parts, lm_parts=lm_parts,
+        attn_chunk=attn_chunk, attn_chunks=attn_chunks, attn_spread=attn_spread, attn_min=ATTN_MIN,
+        ffn_parts=ffn_parts, lm_parts=lm_parts,
         dot_lanes=DOT_LANES, dot_vec=DOT_VEC, n_tasks=0, n_waves=0,
         rms_eps=float(np.float32(c.rms_eps)), attn_scale=float(np.float32(c.attention_scale())),
         embed_scale=float(np.float32(c.embedding_scale())),
@@ -298,15 +308,17 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None,
 
 
 def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
-              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT) -> Plan:
+              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT, attn_spread: int | None = None) -> Plan:
     """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions; `split`
-    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven."""
+    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven;
+    `attn_spread` (default ATTN_SPREAD; 0: fixed chunks) spreads a shorter context over that many
+    attention chunks (opcodes.attn_span)."""
     check_supported(config)
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
     w, weights_size = layout_weights(c, ctx)
     share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
-    consts = _consts(c, target, ctx, attn_chunk, w, weights_size, share)
+    consts = _consts(c, target, ctx, attn_chunk, attn_spread, w, weights_size, share)
     head = w.get("output.weight", w["token_embd.weight"])
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
                                      weight0=w["token_embd.weight"].offset))]
@@ -352,8 +364,9 @@ def task_bytes(t, k: dict, pos: int | None = None) -> int:
         return n * int(t["part_count"]) * 2
     if op == Op.ATTN:
         pos = k["ctx"] - 1 if pos is None else pos
-        first = int(t["row_start"])
-        count = max(0, min(first + n, pos + 1) - first)
+        span = attn_span(k, pos)
+        first = int(t["slot"]) * span
+        count = max(0, min(first + span, pos + 1) - first)
         return count * (k["head_dim"] + k["head_dim_v"]) * 4
     if op == Op.FFN:
         return 2 * n * e * 2 + n * int(t["part_count"]) * 2

@@ -145,6 +145,8 @@ def _attn_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     hd, hdv, g = k["head_dim"], k["head_dim_v"], k["n_head"] // k["n_head_kv"]
     first = int(t["row_start"])
     count = max(0, min(int(t["row_count"]), k["ctx"] - first))
+    if k["attn_spread"]:  # a chunk's positions move with the position (attn_span): any cached row
+        first, count = 0, k["ctx"]
     lh = layer * k["n_head_kv"] + head
     rec = attn_record(k)
     table = k["ctx"] * (k["rope_dim"] // 2) * 4
@@ -193,6 +195,8 @@ def validate(plan, target: Target | None = None) -> None:
     if missing:
         raise PlanError(f"plan constants lack {', '.join(missing)}")
     _check_fingerprint(plan, target or plan.target)
+    if k["attn_spread"] and k["attn_min"] < 1:
+        raise PlanError(f"attn_min {k['attn_min']}: with attn_spread it must be at least 1")
     tasks = plan.tasks
     if tasks.dtype != TASK_DTYPE:
         raise PlanError(f"task array of dtype {tasks.dtype}, expected the {TASK_DTYPE.itemsize}-byte task layout")

@@ -9,7 +9,8 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
     values and the FFN down projection run in `groups` strided groups (item i in group
     i % groups, each group from +0 in increasing i), then add the groups in order;
     groups = threads_per_worker / head_dim_v, and threads / (n_embd / 8) for the FFN.
-  - sums over chunks (the WO merge) run sequentially from +0 in increasing order.
+  - sums over chunks (the WO merge) run sequentially from +0 in increasing order; which positions a
+    chunk holds at a position is opcodes.attn_span's rule (the plan's attn_spread).
   - the FFN reduce is exact: every partial becomes a 64-bit integer count of 2^-32 (round to
     nearest even), the integers add up (order does not matter), and the total is rounded once to
     float32 and scaled back (`fixed_point_sum`); the CUDA worker adds them with atomics.
@@ -33,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
-from .opcodes import Op
+from .opcodes import Op, attn_span
 from .validator import act, attn_record, head_qkv_rows
 
 F32 = np.float32
@@ -265,7 +266,9 @@ class VM:
 
     def _attn(self, t) -> None:
         k = self.k
-        chunk, first = int(t["slot"]), int(t["row_start"])
+        span = attn_span(k, self.pos)
+        chunk = int(t["slot"])
+        first = chunk * span
         if first > self.pos:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
@@ -277,7 +280,7 @@ class VM:
         if chunk == 0:  # the one writer of the current position's cache rows
             self.kcache[layer, head, self.pos] = k_new
             self.vcache[layer, head, self.pos] = v_new
-        last = min(first + int(t["row_count"]), self.pos + 1)
+        last = min(first + span, self.pos + 1)
         keys = self.kcache[layer, head, first:last].copy()
         values = self.vcache[layer, head, first:last].copy()
         keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache
@@ -296,7 +299,7 @@ class VM:
     def _merged_attention(self, layer: int) -> np.ndarray:
         """Every query head's attention output from the active chunks' partials, (n_head * head_dim_v,)."""
         k = self.k
-        active = self.pos // k["attn_chunk"] + 1
+        active = self.pos // attn_span(k, self.pos) + 1
         rec = attn_record(k)
         parts = self._region("attn", 0, active * k["n_head"] * rec, layer).reshape(active, k["n_head"], rec)
         m = parts[:, :, 0].max(axis=0)

@@ -17,16 +17,14 @@
 
 // ---- the worker ---------------------------------------------------------------------------
 // A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
-// `stash`: the shared-memory address of a QKV or WO task's weights in the stash (AF_STASH), 0
-// when they are read from DRAM.
 __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint32_t pos, uint32_t token,
-                         float* xs, float* red, float* sm, uint32_t stash) {
+                         float* xs, float* red, float* sm) {
     const bool xs_ready = t.pad != 0;
     switch (t.opcode) {
         case AF_OP_EMBED: op_embed(a, t, token); break;
-        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready, stash); break;
+        case AF_OP_QKV: op_qkv(a, t, xs, red, xs_ready); break;
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
-        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready, stash); break;
+        case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
         case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
@@ -85,8 +83,6 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 }
 
 #define AF_SKIP_WAVE 0x80000000u
-#define AF_WAVE_OP_SHIFT 24  // wave_global: the opcode of the wave's first task in bits 24-30
-#define AF_WAVE_INDEX 0x00ffffffu
 
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
@@ -98,12 +94,7 @@ struct af_table {
     float* base;
     __device__ __forceinline__ uint32_t* wave_first() const { return reinterpret_cast<uint32_t*>(base); }
     __device__ __forceinline__ uint32_t* wave_global() const { return wave_first() + a.c.n_waves + 1; }
-    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & AF_WAVE_INDEX; }
-    // the wave's opcode (that of its first task in tasks.bin; every task of a wave has it)
-    __device__ __forceinline__ uint32_t op(uint32_t w) const {
-        return w < a.c.n_waves ? (wave_global()[w] >> AF_WAVE_OP_SHIFT) & 0x7fu : 0u;
-    }
-    __device__ __forceinline__ uint32_t count(uint32_t w) const { return wave_first()[w + 1] - wave_first()[w]; }
+    __device__ __forceinline__ uint32_t global(uint32_t w) const { return wave_global()[w] & ~AF_SKIP_WAVE; }
     __device__ __forceinline__ bool skipped(uint32_t w) const { return (wave_global()[w] & AF_SKIP_WAVE) != 0; }
     __device__ __forceinline__ af_task* tasks() const {
         return reinterpret_cast<af_task*>(base + ((2 * a.c.n_waves + 1 + 3) / 4) * 4);
@@ -144,60 +135,16 @@ __device__ af_table load_table(const af_args& a, float* base) {
         }
         const uint32_t workers = grid_blocks();
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        const uint32_t op = first < end ? __ldg(&a.tasks[first].opcode) : 0u;
-        tb.wave_global()[w] |= (op & 0x7fu) << AF_WAVE_OP_SHIFT;
-        if (AF_FFN_ATOMIC && op == AF_OP_FFN_REDUCE) tb.wave_global()[w] |= AF_SKIP_WAVE;
+        if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
+            tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
     return tb;
 }
 
-// ---- the stash (AF_STASH) ------------------------------------------------------------------
-// When an attention wave opens, thread 0 of each block has the copy engine bring the weights of
-// the block's WO tasks (the next wave) and of its QKV tasks of the next layer (four waves on) into
-// shared memory, each wave's tasks back to back, so that those waves multiply rows that are
-// already there: their DRAM traffic runs during the attention chain instead of after it. The two
-// rooms sit just below the task table (WO at the top), above every opcode's scratch
-// (af_args.stash_low) and, at positions where the staged merge runs, above its records too: a
-// position where they would overlap reads its weights from DRAM. Thread 0 decides and leaves the
-// room's address for the reading wave in af_stash_at (0: not stashed). Only thread 0 does any of
-// this: code that all 32 warps run costs 8 times its length.
-__shared__ uint32_t af_stash_at[2];
-
-// Thread 0: wave v's weights (opcode op) into room b (0: WO, 1: QKV) at float `at`, if it is free.
-__device__ __forceinline__ void stash_wave(const af_args& a, const af_table& tb, uint32_t v, uint32_t op,
-                                           uint32_t b, uint32_t at, float* xs) {
-    uint32_t addr = 0;
-    if (at != 0 && tb.op(v) == op && tb.count(v) > 0) {
-        const uint32_t mbar = shared_address(&af_stash_bar[b]);
-        addr = shared_address(xs + at);
-        uint32_t dst = addr;
-        for (uint32_t i = tb.wave_first()[v]; i < tb.wave_first()[v + 1]; ++i) {
-            const af_rows r = rows_of(a, tb.tasks()[i]);
-            const bool whole = r.kvec == r.stride;  // the rows lie back to back
-            for (uint32_t row = 0; row < (whole ? 1u : r.n); ++row) {
-                const uint32_t bytes = 16 * r.kvec * (whole ? r.n : 1u);
-                bulk_copy(dst, r.row(row), bytes, mbar);
-                dst += bytes;
-            }
-        }
-        // (the arrival may follow the copies: the phase needs both it and every byte)
-        af_stash_parity[b] ^= 1u;
-        mbar_expect(mbar, dst - addr);
-    }
-    af_stash_at[b] = addr;
-}
-
-// The stash of attention wave w (thread 0): its WO wave, then the next layer's QKV wave.
-__device__ __forceinline__ void stash_issue(const af_args& a, uint32_t w, uint32_t pos, float* xs) {
-    const af_table tb{a, xs + a.table_offset};
-    fence_async_shared();  // the last reads of the rooms (and of any scratch there) come first
-    // free at this position: above every scratch, the staged merge's records included
-    const uint32_t low = max(a.stash_low, AF_SM_OFFSET + staged_floats(a, pos));
-    const uint32_t wo = a.table_offset - a.stash_wo, qkv = wo - a.stash_qkv;
-    stash_wave(a, tb, w + 1, AF_OP_WO, 0, a.stash_wo && wo >= low ? wo : 0u, xs);
-    stash_wave(a, tb, w + 4, AF_OP_QKV, 1, AF_STASH >= 2 && a.stash_qkv && qkv >= low ? qkv : 0u, xs);
-}
+// af_span for the step at pos (a call: inlined into the token loop, it left NVRTC's sm_90 build 4 B
+// of spills)
+__device__ __noinline__ void set_span(const af_args& a, uint32_t pos) { af_span_shared = attn_span(a.c, pos); }
 
 // A skipped wave in a traced step: its tasks and its release stamped now, taking no time.
 __device__ void skip_trace(const af_args& a, const af_table& tb, uint32_t w) {
@@ -221,17 +168,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     af_control* ctl = a.ctl;
     // the step count lives in shared memory (read once a step), not in a register for the whole launch
     __shared__ uint32_t n_steps_shared;
-    if (threadIdx.x == 0) {
-        n_steps_shared = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
-        if (AF_STASH) {
-            for (int b = 0; b < 2; ++b) {
-                mbar_init(shared_address(&af_stash_bar[b]));
-                af_stash_parity[b] = 1u;  // flipped before each use: the first wait is for phase 0
-                af_stash_at[b] = 0;
-            }
-            fence_async_shared();  // (the initialised mbarriers, to the copy engine)
-        }
-    }
+    if (threadIdx.x == 0) n_steps_shared = min(ctl->n_steps, (uint32_t)AF_MAX_STEPS);
     __syncthreads();
     const volatile uint32_t& n_steps = n_steps_shared;
     const uint32_t me = blockIdx.x;
@@ -240,39 +177,21 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
         const uint32_t pos = ctl->pos0 + (ctl->hold_pos ? 0u : step);
+        // (read from the attention wave on: the waves before it end in block barriers)
+        if (threadIdx.x == 0) set_span(a, pos);
         const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < c.n_waves; ++w) {
             if (tb.skipped(w)) {  // no work and no barrier
                 if (traced && threadIdx.x == 0) skip_trace(a, tb, w);
                 continue;
             }
-            // AF_STASH: an attention wave issues the block's stash, the WO wave after it and the
-            // next layer's QKV wave read it (the QKV wave of layer 0 finds af_stash_at[1] = 0)
-            const uint32_t op = tb.op(w);
-            bool stash_after = false;
-            if (AF_STASH && op == AF_OP_ATTN && threadIdx.x == 0) {
-                // a block with no active attention task waits AF_STASH_DELAY ns first, so that the
-                // attention tasks read their inputs before the weights' traffic starts
-                bool active = false;
-                for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) active |= tb.tasks()[i].row_start <= pos;
-                if (!active && AF_STASH_DELAY) {
-                    const unsigned long long until = global_ns() + AF_STASH_DELAY;
-                    while (global_ns() < until) {
-                    }
-                }
-                if (!active || AF_STASH_ACTIVE == 0) stash_issue(a, w, pos, xs);
-                else if (AF_STASH_ACTIVE == 1) stash_after = true;
-                else af_stash_at[0] = af_stash_at[1] = 0u;
-            }
-            uint32_t stash = AF_STASH && (op == AF_OP_WO || op == AF_OP_QKV) ? af_stash_at[op == AF_OP_QKV] : 0u;
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
-                const af_task& t = tb.tasks()[i];
-                run_task(a, t, step, pos, token, xs, red, sm, stash);
-                if (stash) stash += 2 * t.row_count * t.part_count;  // 16 bytes per 8 columns of each row
+                run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;
+                    const af_task& t = tb.tasks()[i];
                     const bool gemv = rows_of(a, t).n > 0;  // the task ran gemv_list
                     const bool marked = AF_TRACE_MARK == 1 ? gemv
                                         : AF_TRACE_MARK >= 7 ? t.opcode == AF_OP_FFN
@@ -280,7 +199,6 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
                     a.trace[2 * g + 1] = marked ? af_mark_ns : global_ns();
                 }
             }
-            if (AF_STASH && stash_after) stash_issue(a, w, pos, xs);
             grid_sync(a.barrier, target);
             if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * grid_blocks() + me] = global_ns();
         }

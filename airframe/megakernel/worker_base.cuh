@@ -101,6 +101,11 @@
 // (merge_attention); the same arithmetic. 0: merge_attention always.
 #define AF_STAGED_MERGE 1
 #endif
+#ifndef AF_FEW_MERGE
+// 1: a WO task merging two to four attention chunks does it as merge_few (one round trip, a
+// chunk's scale once per head and thread) instead of merge_attention; the same arithmetic.
+#define AF_FEW_MERGE 1
+#endif
 #ifndef AF_HEADS_APART
 // 1: an attention task with few positions computes its query heads' scores in different warps
 // (op_attn); 0: every warp loops over all of them. The same arithmetic.
@@ -110,29 +115,6 @@
 // 1: an attention task with fewer positions than value groups skips the empty groups (op_attn);
 // the same bits.
 #define AF_FEW_GROUPS 1
-#endif
-#ifndef AF_STASH
-// 1: while an attention wave runs, the weights of each block's WO tasks (the wave after) are
-// copied into shared memory (the stash) by the copy engine (cp.async.bulk, one thread issuing,
-// completion on an mbarrier), and the WO task multiplies them there; 2: the next layer's QKV rows
-// as well, from the same moment. The same arithmetic either way; a position whose staged merge
-// needs the room (long contexts) reads its weights from DRAM as before. sm_90 and later (the bulk
-// copies); older GPUs build without it.
-#define AF_STASH 0
-#endif
-#ifndef AF_STASH_DELAY
-// AF_STASH: ns a block without attention work waits after an attention wave opens before it
-// issues its copies, so that the attention tasks read q, k and v before the weights' traffic
-#define AF_STASH_DELAY 0
-#endif
-#ifndef AF_STASH_ACTIVE
-// AF_STASH: when a block with an active attention task issues its copies: 0 before the task, 1
-// after it, 2 never (its WO and QKV tasks read DRAM)
-#define AF_STASH_ACTIVE 1
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#undef AF_STASH
-#define AF_STASH 0
 #endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
@@ -194,9 +176,6 @@ struct af_args {
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table
     uint32_t table_tasks;           // the most tasks any block has (the table's size)
     uint32_t sides;                 // bit 0: the plan writes qkv_side (QKV split-K pieces); bit 1: h_side (WO)
-    uint32_t stash_low;             // AF_STASH: floats from xs to the first above every opcode's scratch
-    uint32_t stash_wo;              // floats of the WO stash, just below the task table (0: none)
-    uint32_t stash_qkv;             // floats of the QKV stash, just below the WO stash (0: none)
 };
 
 // ---- memory access ------------------------------------------------------------------------
@@ -207,46 +186,6 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// ---- the stash's copies (AF_STASH): bulk copies completing on an mbarrier ------------------
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-// One arrival that also announces `bytes` to come from bulk copies.
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n wait:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra wait;\n}" ::"r"(bar), "r"(parity) : "memory");
-}
-// The generic proxy's accesses to shared memory so far are ordered before the copy engine's.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// `bytes` (a multiple of 16) of weights from global p into shared memory, counted on bar.
-__device__ __forceinline__ void bulk_copy(uint32_t shared, const void* p, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(shared), "l"(p), "r"(bytes), "r"(bar), "l"(policy) : "memory");
-#endif
-}
-
-__device__ __forceinline__ uint4 ld_shared16(uint32_t shared) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(shared));
-    return v;
-}
-
-// The stash's two mbarriers (0: WO, 1: QKV) and the parity each one's next wait is for.
-__shared__ alignas(8) unsigned long long af_stash_bar[2];
-__shared__ uint32_t af_stash_parity[2];
 
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
@@ -338,6 +277,18 @@ __device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
     return AF_FAST_DIV && (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
 }
 
+// Positions per attention chunk at pos (opcodes.attn_span, the plan's attn_spread): chunk c holds
+// [c * span, min((c + 1) * span, pos + 1)) and runs when c * span <= pos. Thread 0 computes it once
+// a step into af_span, which the attention and WO tasks read.
+__device__ __forceinline__ uint32_t attn_span(const af_plan_consts& c, uint32_t pos) {
+    if (c.attn_spread == 0) return c.attn_chunk;
+    const uint32_t n = pos + 1, chunks = min(min(c.attn_spread, c.attn_chunks), udiv(n, c.attn_min));
+    if (chunks < 3) return c.attn_chunk;  // (never two chunks: opcodes.attn_span)
+    return min(c.attn_chunk, (n + chunks - 1) / chunks);
+}
+__shared__ uint32_t af_span_shared;
+__device__ __forceinline__ uint32_t af_span() { return *static_cast<volatile uint32_t*>(&af_span_shared); }
+
 // ---- arithmetic in the VM's order ---------------------------------------------------------
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
@@ -399,31 +350,25 @@ struct af_rows {
 // it, measured slower every way it was tried: in registers, through cp.async, before or after
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 // xs points at the first vector multiplied (in plane 0).
-// `stash` (AF_STASH), when set, is the shared-memory address of the rows' copy, row i's vectors
-// at stash + 16 * (i * kvec + j), arriving on the stash's mbarrier `Bar`.
-template <int U, int Bar = 0, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit,
-                                          uint32_t stash = 0) {
+template <int U, class Prologue, class Emit>
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
-    auto load = [&](uint32_t i, const uint4* w, uint32_t base) {
+    auto load = [&](const uint4* w, uint32_t base) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t j = base + u * 32 + lane;
-            v[u] = j >= kvec ? make_uint4(0, 0, 0, 0)
-                   : stash   ? ld_shared16(stash + 16 * (i * kvec + j))
-                             : ld_weight16(w + j);
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
     prologue();
-    if (stash) mbar_wait(shared_address(&af_stash_bar[Bar]), af_stash_parity[Bar]);  // copies issued waves before
     trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
         const uint4* w = r.row(i);
         float acc = 0.0f;
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            load(i, w, base);
+            load(w, base);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;

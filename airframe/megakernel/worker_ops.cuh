@@ -40,15 +40,15 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
-__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready, uint32_t stash) {
+__device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
         if (!xs_ready) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_list<AF_UNROLL_SHORT, 1>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
         out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
-    }, stash);
+    });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -82,13 +82,14 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
 // (position p in group p % groups), each in increasing p, then summed in group order.
 __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
-    if (t.row_start > pos) {  // chunk not active yet
+    const uint32_t span = af_span(), first = t.slot * span;
+    if (first > pos) {  // chunk not active at this position
         if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
     }
     trace_mark(6);
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
-    const uint32_t first = t.row_start, n = min(t.row_count, pos + 1 - first);
+    const uint32_t n = min(span, pos + 1 - first);
     const float* qkv = layer_at(a, t.layer, c.lay_qkv);
     const float* side = layer_at(a, t.layer, c.lay_qkv_side);
     float* q = sm;                       // (g, hd), roped
@@ -227,7 +228,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
 }
 
-// The merge when one attention chunk is active (positions below attn_chunk): that chunk's max is
+// The merge when one attention chunk is active (pos below the span): that chunk's max is
 // m, so its scale is expf(0) = 1 and merge_attention's sums give total = l, o = 0 + o; xs =
 // (0 + o) / l, the same bits, two elements per thread (records are 8-byte aligned: hdv is even).
 __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer, float* xs) {
@@ -250,7 +251,7 @@ __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer
 // chunks at a time per element (inside the call merge_chunks, not in op_wo: see there).
 __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / af_span() + 1;
     const float* parts = layer_at(a, layer, c.lay_attn);
     constexpr uint32_t near = 4;  // up to this many chunks, every load is issued before any math
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
@@ -309,21 +310,12 @@ __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer
 // the sum of scale * l in chunk order, and per element the sum of scale * o in chunk order over
 // that: merge_attention's arithmetic, the same bits. Returns false, doing nothing, when the
 // records do not fit beside xs (the host reserves the room where the GPU has it).
-// Floats of the scratch merge_staged uses at pos (records, scales, sums); 0 when it is not used
-// there: four chunks or fewer, or no room (the host reserves it where the GPU has it).
-__device__ __forceinline__ uint32_t staged_floats(const af_args& a, uint32_t pos) {
-    const af_plan_consts& c = a.c;
-    const uint32_t active = pos / c.attn_chunk + 1, heads = c.n_head;
-    const uint32_t n4 = (active * heads * (c.head_dim_v + 2) + 3) & ~3u, need = n4 + heads * (active + 2);
-    return AF_STAGED_MERGE && active > 4 && need <= a.table_offset - AF_SM_OFFSET ? need : 0;
-}
-
 __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / c.attn_chunk + 1, heads = c.n_head;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / af_span() + 1, heads = c.n_head;
     const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
     float* st = xs + AF_SM_OFFSET;  // the opcodes' scratch after xs and red: (active, heads, rec)
-    if (staged_floats(a, pos) == 0) return false;
+    if (n4 + heads * (active + 2) > a.table_offset - AF_SM_OFFSET) return false;
     float* scale = st + n4;                       // (heads, active)
     float* mx = scale + heads * active;           // (heads): the max, then the sum of scale * l
     const float* parts = layer_at(a, layer, c.lay_attn);  // 256-byte aligned, records back to back
@@ -360,27 +352,65 @@ __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, u
     return true;
 }
 
-// The merge of two or more active chunks: staged past four chunks where it fits, else four
-// chunks at a time.
+// The merge of two to four active chunks (AF_FEW_MERGE): like merge_one_chunk, two elements of
+// one head per thread, every chunk's (m, l) and o pair requested at once (one round trip to L2),
+// each chunk's scale computed once for both; merge_attention's arithmetic, the same bits.
+__device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint32_t active, float* xs) {
+    const af_plan_consts& c = a.c;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2;
+    const float* parts = layer_at(a, layer, c.lay_attn);
+    for (uint32_t i = 2 * threadIdx.x; i < c.n_head * hdv; i += 2 * AF_THREADS) {
+        const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
+        float mc[4], lc[4];
+        float2 oc[4];
+#pragma unroll
+        for (uint32_t u = 0; u < 4; ++u) {
+            const float* r = parts + (size_t)(u * c.n_head + h) * rec;
+            const bool live = u < active;
+            mc[u] = live ? ld_act(r) : -INFINITY;
+            lc[u] = live ? ld_act(r + 1) : 0.0f;
+            oc[u] = live ? __ldcg(reinterpret_cast<const float2*>(r + 2 + d)) : make_float2(0.0f, 0.0f);
+        }
+        float m = -INFINITY;
+#pragma unroll
+        for (uint32_t u = 0; u < 4; ++u)
+            if (u < active) m = fmaxf(m, mc[u]);
+        float total = 0.0f, o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+        for (uint32_t u = 0; u < 4; ++u) {
+            if (u >= active) break;
+            const float scale = expf(__fsub_rn(mc[u], m));
+            total = __fadd_rn(total, __fmul_rn(scale, lc[u]));
+            o0 = __fadd_rn(o0, __fmul_rn(scale, oc[u].x));
+            o1 = __fadd_rn(o1, __fmul_rn(scale, oc[u].y));
+        }
+        // (i is even: elements i and i + 1 sit side by side in one plane)
+        *reinterpret_cast<float2*>(xs + xs_index(i)) = make_float2(__fdiv_rn(o0, total), __fdiv_rn(o1, total));
+    }
+    __syncthreads();
+}
+
+// The merge of two or more active chunks: up to four by merge_few, past four staged where it
+// fits, else four chunks at a time.
 // Not inlined: inside op_wo the merges' loops left the worker 120-150 B of register spills at 64
 // registers per thread (ptxas -v); as one call, neither it nor the worker spills (sm_90, sm_86).
 __device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
-    // (up to four chunks merge_attention's loads go out together already: one round trip)
-    if (!(AF_STAGED_MERGE && pos / a.c.attn_chunk + 1 > 4 && merge_staged(a, layer, pos, xs)))
-        merge_attention(a, layer, pos, xs);
+    const uint32_t active = pos / af_span() + 1;
+    if (AF_FEW_MERGE && active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs);
+    else if (!(AF_STAGED_MERGE && active > 4 && merge_staged(a, layer, pos, xs))) merge_attention(a, layer, pos, xs);
 }
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
 // h_side[rows] with no residual.
-__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready, uint32_t stash) {
+__device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* xs, bool xs_ready) {
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
         if (xs_ready) return;
-        if (AF_LEAN_MERGE && pos < c.attn_chunk && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
+        if (AF_LEAN_MERGE && pos < af_span() && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_chunks(a, t.layer, pos, xs);
     };
-    gemv_list<AF_UNROLL_SHORT, 0>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
+    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
@@ -389,7 +419,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
 #pragma unroll
                       for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
                   }
-              }, stash);
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
