@@ -270,8 +270,12 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
 #ifndef AF_FAST_DIV
 #define AF_FAST_DIV 1
 #endif
-__device__ __forceinline__ uint32_t udiv(uint32_t a, uint32_t b) {
+__host__ __device__ __forceinline__ uint32_t udiv(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
     return AF_FAST_DIV && (b & (b - 1)) == 0 ? a >> (__ffs(b) - 1) : a / b;
+#else
+    return a / b;  // (host code: the tests that compile the worker's arithmetic for the CPU)
+#endif
 }
 __device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
     return AF_FAST_DIV && (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
@@ -279,8 +283,9 @@ __device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
 
 // Positions per attention chunk at pos (opcodes.attn_span, the plan's attn_spread): chunk c holds
 // [c * span, min((c + 1) * span, pos + 1)) and runs when c * span <= pos. Thread 0 computes it once
-// a step into af_span, which the attention and WO tasks read.
-__device__ __forceinline__ uint32_t attn_span(const af_plan_consts& c, uint32_t pos) {
+// a step into af_span, which the attention and WO tasks read (host code too: a test compares it
+// with the planner's rule at every position).
+__host__ __device__ __forceinline__ uint32_t attn_span(const af_plan_consts& c, uint32_t pos) {
     if (c.attn_spread == 0) return c.attn_chunk;
     const uint32_t n = pos + 1, chunks = min(min(c.attn_spread, c.attn_chunks), udiv(n, c.attn_min));
     if (chunks < 3) return c.attn_chunk;  // (never two chunks: opcodes.attn_span)
