@@ -24,7 +24,7 @@ CONTEXTS = (1, 33, 64, 65, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3
 NAMES = {"spread": "spread (default)", "fixed": "fixed chunks (attn_spread 0)"}
 
 
-def measure(out: Path, rounds: int) -> dict:
+def measure(rounds: int) -> dict:
     import numpy as np
 
     from airframe.megakernel import cuda_bench
@@ -87,7 +87,7 @@ def main() -> int:
     if not args.out:
         ap.error("--out DIR (or --draw JSON)")
     args.out.mkdir(parents=True, exist_ok=True)
-    result = measure(args.out, args.rounds)
+    result = measure(args.rounds)
     (args.out / "spread.json").write_text(json.dumps(result, indent=1, default=float))
     print(draw(result, args.out / "spread.png"))
     return 0

@@ -141,6 +141,14 @@ def attn_span(k: dict, pos: int) -> int:
     return min(k["attn_chunk"], -(-n // chunks))
 
 
+def attn_chunk_positions(k: dict, chunk: int, pos: int) -> tuple[int, int]:
+    """[first, last): the positions attention chunk `chunk` covers at `pos` (first > pos: the chunk
+    does not run there, and first == last)."""
+    span = attn_span(k, pos)
+    first = chunk * span
+    return first, max(first, min(first + span, pos + 1))
+
+
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
 _C = {"u32": "uint32_t", "u64": "uint64_t", "f32": "float"}
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..family import ModelConfig
 from ..rope_scaling import RopeScaling
-from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, attn_span, tasks_to_array
+from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, attn_chunk_positions, tasks_to_array
 from .target import Target, fingerprint
 
 ALIGN = 256  # byte alignment of every tensor in weights.bin and of every arena region (in floats / 4)
@@ -43,8 +43,8 @@ SPLIT_COLS = 8      # split-K pieces start and end on multiples of this many col
 SPLIT_DEFAULT = False
 # Attention below full context: the positions are spread over up to this many chunks (so that a
 # context of a few hundred positions runs as several short attention tasks, not one long one),
-# each a multiple of ATTN_MIN positions (opcodes.attn_span). Four keeps the WO merge to one round
-# trip of loads (merge_attention issues up to four chunks' loads at once).
+# each given at least ATTN_MIN positions, three chunks at the least (opcodes.attn_span). Four keeps
+# the WO merge to one round trip of loads (the worker's merge_few).
 ATTN_SPREAD = 4
 ATTN_MIN = 32
 
@@ -364,10 +364,8 @@ def task_bytes(t, k: dict, pos: int | None = None) -> int:
         return n * int(t["part_count"]) * 2
     if op == Op.ATTN:
         pos = k["ctx"] - 1 if pos is None else pos
-        span = attn_span(k, pos)
-        first = int(t["slot"]) * span
-        count = max(0, min(first + span, pos + 1) - first)
-        return count * (k["head_dim"] + k["head_dim_v"]) * 4
+        first, last = attn_chunk_positions(k, int(t["slot"]), pos)
+        return (last - first) * (k["head_dim"] + k["head_dim_v"]) * 4
     if op == Op.FFN:
         return 2 * n * e * 2 + n * int(t["part_count"]) * 2
     if op == Op.LM_HEAD:

@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
-from .opcodes import Op, attn_span
+from .opcodes import Op, attn_chunk_positions, attn_span
 from .validator import act, attn_record, head_qkv_rows
 
 F32 = np.float32
@@ -266,9 +266,8 @@ class VM:
 
     def _attn(self, t) -> None:
         k = self.k
-        span = attn_span(k, self.pos)
         chunk = int(t["slot"])
-        first = chunk * span
+        first, last = attn_chunk_positions(k, chunk, self.pos)
         if first > self.pos:
             return  # chunk not active at this position
         layer, head = int(t["layer"]), int(t["head"])
@@ -280,7 +279,6 @@ class VM:
         if chunk == 0:  # the one writer of the current position's cache rows
             self.kcache[layer, head, self.pos] = k_new
             self.vcache[layer, head, self.pos] = v_new
-        last = min(first + span, self.pos + 1)
         keys = self.kcache[layer, head, first:last].copy()
         values = self.vcache[layer, head, first:last].copy()
         keys[self.pos - first:] = k_new  # the current position comes from registers, not the cache

@@ -293,6 +293,8 @@ __host__ __device__ __forceinline__ uint32_t attn_span(const af_plan_consts& c, 
 }
 __shared__ uint32_t af_span_shared;
 __device__ __forceinline__ uint32_t af_span() { return *static_cast<volatile uint32_t*>(&af_span_shared); }
+// The attention chunks active at pos, which the WO merge combines.
+__device__ __forceinline__ uint32_t active_chunks(uint32_t pos) { return pos / af_span() + 1; }
 
 // ---- arithmetic in the VM's order ---------------------------------------------------------
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }

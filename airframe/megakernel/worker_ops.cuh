@@ -251,7 +251,7 @@ __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer
 // chunks at a time per element (inside the call merge_chunks, not in op_wo: see there).
 __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / af_span() + 1;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = active_chunks(pos);
     const float* parts = layer_at(a, layer, c.lay_attn);
     constexpr uint32_t near = 4;  // up to this many chunks, every load is issued before any math
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
@@ -312,7 +312,7 @@ __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer
 // records do not fit beside xs (the host reserves the room where the GPU has it).
 __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const af_plan_consts& c = a.c;
-    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = pos / af_span() + 1, heads = c.n_head;
+    const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = active_chunks(pos), heads = c.n_head;
     const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
     float* st = xs + AF_SM_OFFSET;  // the opcodes' scratch after xs and red: (active, heads, rec)
     if (n4 + heads * (active + 2) > a.table_offset - AF_SM_OFFSET) return false;
@@ -395,7 +395,7 @@ __device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint
 // Not inlined: inside op_wo the merges' loops left the worker 120-150 B of register spills at 64
 // registers per thread (ptxas -v); as one call, neither it nor the worker spills (sm_90, sm_86).
 __device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
-    const uint32_t active = pos / af_span() + 1;
+    const uint32_t active = active_chunks(pos);
     if (AF_FEW_MERGE && active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs);
     else if (!(AF_STAGED_MERGE && active > 4 && merge_staged(a, layer, pos, xs))) merge_attention(a, layer, pos, xs);
 }
