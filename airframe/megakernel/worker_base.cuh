@@ -116,6 +116,19 @@
 // the same bits.
 #define AF_FEW_GROUPS 1
 #endif
+#ifndef AF_KEEP_WO
+// Experiment: the WO rows of layers below AF_KEEP_WO (and the QKV rows of layers below
+// AF_KEEP_QKV) are read with the L2 policy evict_last, so that they stay in L2 from one token to
+// the next while the rest of the weights stream through evict_first.
+#define AF_KEEP_WO 0
+#endif
+#ifndef AF_KEEP_QKV
+#define AF_KEEP_QKV 0
+#endif
+#ifndef AF_KEEP_CONTROL
+// 1: the kept rows' loads take evict_first all the same (the same code, for a control build)
+#define AF_KEEP_CONTROL 0
+#endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).
@@ -189,11 +202,13 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
-__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+__device__ __forceinline__ uint4 ld_weight16(const void* p, bool keep = false) {
     uint4 v;
-    if (AF_WEIGHT_EVICT_FIRST) {
+    if (AF_WEIGHT_EVICT_FIRST || keep) {
         uint64_t policy;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        if (keep && !AF_KEEP_CONTROL) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+        else if (keep) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
         asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
     } else {
@@ -358,7 +373,8 @@ struct af_rows {
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 // xs points at the first vector multiplied (in plane 0).
 template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit,
+                                          bool keep = false) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -366,7 +382,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t j = base + u * 32 + lane;
-            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+            v[u] = j < kvec ? ld_weight16(w + j, keep) : make_uint4(0, 0, 0, 0);
         }
     };
     prologue();

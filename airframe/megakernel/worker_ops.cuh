@@ -48,7 +48,7 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
         out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
-    });
+    }, AF_KEEP_QKV > 0 && t.layer < AF_KEEP_QKV);
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -419,7 +419,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
 #pragma unroll
                       for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
                   }
-              });
+              }, AF_KEEP_WO > 0 && t.layer < AF_KEEP_WO);
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
