@@ -368,13 +368,26 @@ def test_unsupported_shapes_are_named():
 
 
 @pytest.mark.parametrize("defines", [("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"),
-                                     ("AF_FFN_ATOMIC=0",), ("AF_TRACE_MARK=1",), ("AF_LEAN_NORM=0",)])
+                                     ("AF_FFN_ATOMIC=0",), ("AF_TRACE_MARK=1",), ("AF_LEAN_NORM=0",),
+                                     ("AF_STREAM_ONLY=1",),
+                                     ("AF_STREAM_ONLY=1", "AF_SO_ATOMIC=1", "AF_SO_PROLOGUE=1", "AF_SO_ATTN=1")])
 def test_measurement_builds_compile(defines):
     # builds the device check times or traces beside the default: the tenth session's switches
-    # (VARIANTS), the prologues' stamps (PHASES); and the FFN partials through slots and the
-    # reduce wave, the norm with x through shared memory (any n_embd), for --variants
+    # (VARIANTS), the prologues' stamps (PHASES); the FFN partials through slots and the
+    # reduce wave, the norm with x through shared memory (any n_embd), for --variants; and the
+    # first and last steps of scripts/megakernel_floor.py
     cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
+
+
+def test_stream_only_switches_change_the_worker():
+    # each build of scripts/megakernel_floor.py is a binary of its own, its last step is the
+    # default worker, and the measurement switches leave the default build alone
+    floor = load_script("megakernel_floor")
+    default, _ = build._compile_nvcc(NVCC, "sm_90", ())
+    assert build._compile_nvcc(NVCC, "sm_90", ("AF_STREAM_ONLY=0", "AF_SO_ATTN=1"))[0] == default
+    cubins = [build._compile_nvcc(NVCC, "sm_90", defines)[0] for _, defines in floor.STEPS + floor.EXTRA]
+    assert cubins[len(floor.STEPS) - 1] == default and len(set(cubins)) == len(cubins)
 
 
 @pytest.mark.parametrize("threads", [512, 768])

@@ -164,3 +164,43 @@ def draw_context_curves(times: dict[str, dict[int, list[float]]], path: Path, ti
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def draw_cost_steps(steps: dict[int, list[tuple[str, float]]], path: Path, title: str,
+                    lines: dict[int, dict[str, float]] | None = None) -> Path:
+    """Where a token's time comes from, one panel per context: `steps[context]` is a list of
+    (label, ms/token) from a floor (the first) to the full build (the last); the first bar stands on
+    zero, each later one floats on the one before it and is as tall as what its step adds.
+    `lines[context]` draws labelled horizontal references (the bar, the bytes at the stream rate)."""
+    if not steps or not all(steps.values()):
+        raise ParameterError("no steps to draw: expected {context: [(label, ms per token), ...]}")
+    plt = _pyplot()
+    contexts = sorted(steps)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4.8), squeeze=False)
+    for ax, context in zip(axes[0], contexts):
+        rows = steps[context]
+        labels = [label for label, _ in rows]
+        values = [ms for _, ms in rows]
+        bottoms = [0.0] + values[:-1]
+        heights = [values[0]] + [b - a for a, b in zip(values[:-1], values[1:])]
+        colours = ["#8c8c8c"] + ["#d62728" if h > 0 else "#2ca02c" for h in heights[1:]]
+        x = np.arange(len(rows))
+        ax.bar(x, heights, bottom=bottoms, color=colours, width=0.6)
+        for i, (value, height) in enumerate(zip(values, heights)):
+            text = f"{value:.3f}" if i == 0 else f"{1e3 * height:+.0f} us"
+            ax.text(i, value + 0.004, text, ha="center", va="bottom", fontsize=8)
+        for name, level in (lines or {}).get(context, {}).items():
+            ax.axhline(level, linestyle="--", linewidth=1, color="black" if "bar" in name else "#1f77b4")
+            ax.text(len(rows) - 0.6, level - 0.005, f" {name}", va="top", ha="right", fontsize=8)
+        top = max(values + list((lines or {}).get(context, {}).values()))
+        ax.set_ylim(0.0, top * 1.06)
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("ms / token")
+        ax.set_title(f"context {context}", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

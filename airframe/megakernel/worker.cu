@@ -63,7 +63,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
             }
         }
         if (lane == 0) {
-            const uint32_t error = ld_relaxed(&ctl->error);
+            const uint32_t error = AF_STREAM_ONLY ? 0u : ld_relaxed(&ctl->error);
             bool eos = false;
             for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= id == ctl->eos[i];
             eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request

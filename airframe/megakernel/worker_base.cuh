@@ -116,19 +116,6 @@
 // the same bits.
 #define AF_FEW_GROUPS 1
 #endif
-#ifndef AF_KEEP_WO
-// Experiment: the WO rows of layers below AF_KEEP_WO (and the QKV rows of layers below
-// AF_KEEP_QKV) are read with the L2 policy evict_last, so that they stay in L2 from one token to
-// the next while the rest of the weights stream through evict_first.
-#define AF_KEEP_WO 0
-#endif
-#ifndef AF_KEEP_QKV
-#define AF_KEEP_QKV 0
-#endif
-#ifndef AF_KEEP_CONTROL
-// 1: the kept rows' loads take evict_first all the same (the same code, for a control build)
-#define AF_KEEP_CONTROL 0
-#endif
 // Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
 // variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
 // (n_embd and n_head * head_dim_v; check_model_limits).
@@ -150,6 +137,25 @@
 // its gate and up rows, of its down rows, of its fixed-point sums' atomics.
 #define AF_TRACE_MARK 0
 #endif
+#ifndef AF_STREAM_ONLY
+// Measurements only (scripts/megakernel_floor.py); the results are not the model's. 1: a token
+// keeps only what the design cannot do without, its waves, the grid barrier after each and every
+// weight byte read by the same loads (QKV, WO, FFN gate/up and down, LM head), and skips the norms
+// and merges before the GEMVs (AF_SO_PROLOGUE=1 puts them back), the attention (AF_SO_ATTN=1), the
+// FFN's fixed-point atomics (AF_SO_ATOMIC=1) and the WO residual; no error bit is set or read.
+// Its time is the floor of the grid-barrier design on the GPU; each switch prices one chain.
+#define AF_STREAM_ONLY 0
+#endif
+#ifndef AF_SO_PROLOGUE
+#define AF_SO_PROLOGUE 0
+#endif
+#ifndef AF_SO_ATTN
+#define AF_SO_ATTN 0
+#endif
+#ifndef AF_SO_ATOMIC
+#define AF_SO_ATOMIC 0
+#endif
+#define AF_SKIP_PROLOGUE (AF_STREAM_ONLY && !AF_SO_PROLOGUE)
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
 
 // What the host sets before a launch and reads after it; all 32-bit words.
@@ -202,13 +208,11 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 // Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
 // the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
-__device__ __forceinline__ uint4 ld_weight16(const void* p, bool keep = false) {
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
     uint4 v;
-    if (AF_WEIGHT_EVICT_FIRST || keep) {
+    if (AF_WEIGHT_EVICT_FIRST) {
         uint64_t policy;
-        if (keep && !AF_KEEP_CONTROL) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-        else if (keep) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
         asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
     } else {
@@ -373,8 +377,7 @@ struct af_rows {
 // the prologue's own loads. The prologue's reads of L2 come back later with weights in flight.)
 // xs points at the first vector multiplied (in plane 0).
 template <int U, class Prologue, class Emit>
-__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit,
-                                          bool keep = false) {
+__device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
     uint4 v[U];
@@ -382,7 +385,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t j = base + u * 32 + lane;
-            v[u] = j < kvec ? ld_weight16(w + j, keep) : make_uint4(0, 0, 0, 0);
+            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
     prologue();

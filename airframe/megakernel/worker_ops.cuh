@@ -44,11 +44,11 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (!xs_ready && !AF_SKIP_PROLOGUE) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
     gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
         out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
-    }, AF_KEEP_QKV > 0 && t.layer < AF_KEEP_QKV);
+    });
 }
 
 // RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
@@ -83,6 +83,7 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
 __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
     const uint32_t span = af_span(), first = t.slot * span;
+    if (AF_STREAM_ONLY && !AF_SO_ATTN) return;
     if (first > pos) {  // chunk not active at this position
         if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
@@ -406,7 +407,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
-        if (xs_ready) return;
+        if (xs_ready || AF_SKIP_PROLOGUE) return;
         if (AF_LEAN_MERGE && pos < af_span() && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_chunks(a, t.layer, pos, xs);
     };
@@ -414,12 +415,16 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
+                  if (AF_STREAM_ONLY) {
+                      h[r] = v;
+                      return;
+                  }
                   h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r, c.n_embd), v);
                   if (AF_FFN_ATOMIC) {  // a wave before this layer's FFN adds to it
 #pragma unroll
                       for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
                   }
-              }, AF_KEEP_WO > 0 && t.layer < AF_KEEP_WO);
+              });
 }
 
 // gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
@@ -435,7 +440,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint32_t n = t.row_count;
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
-                  if (!xs_ready)
+                  if (!xs_ready && !AF_SKIP_PROLOGUE)
                       rmsnorm_shared<true>(xs,
                                      af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
                                           !side_live(2), nullptr},
@@ -498,6 +503,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     }
     __syncthreads();
     trace_mark(8);
+    if (AF_STREAM_ONLY && !AF_SO_ATOMIC) return;
     if (AF_FFN_ATOMIC) {  // the partials into the layer's fixed-point sums (see AF_FFN_ATOMIC)
         unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
         bool bad = false;
@@ -508,7 +514,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
             const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
             asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
         }
-        if (bad) atomicOr(&a.ctl->error, 2u);
+        if (bad && !AF_STREAM_ONLY) atomicOr(&a.ctl->error, 2u);
         if (AF_TRACE_MARK == 9) {  // (the atomics' completion, as the barrier's release waits for it)
             __threadfence();
             __syncthreads();
@@ -587,7 +593,7 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    if (!AF_SKIP_PROLOGUE) rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[xs_index(r)];
 }
@@ -617,7 +623,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
             bi = r;
         }
     });
-    if (bad) atomicOr(&a.ctl->error, 1u);
+    if (bad && !AF_STREAM_ONLY) atomicOr(&a.ctl->error, 1u);
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
         best_v[warp] = bv;
