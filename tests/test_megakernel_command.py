@@ -31,6 +31,7 @@ def test_stats_json(smollm2_path, capsys):
     (["--target", "rtx3050", "--workers", "0"], "--workers 0"),
     (["--target", "gpu9000"], "neither a named target"),
     (["--target", "rtx3050", "--ctx", "-5"], "--ctx -5"),
+    (["--target", "h200", "--attn-wide", "-1"], "--attn-wide -1"),
 ])
 def test_bad_arguments_are_reported(smollm2_path, capsys, argv, message):
     assert main(["megakernel", "stats", str(smollm2_path), *argv]) == 1

@@ -195,22 +195,27 @@ int main() {
 """
 
 
-# (attn_chunk, attn_chunks, attn_spread, attn_min, positions): the H200's and RTX 3050's Llama 1B
-# plans, SmolLM2's on the H200, fixed chunks, a wider spread and an uneven granularity
-SPAN_CASES = ((256, 16, 4, 32, 4096), (2048, 2, 4, 32, 4096), (95, 44, 4, 32, 4160), (256, 16, 0, 32, 4096),
-              (128, 32, 8, 24, 4096), (64, 4, 4, 32, 256))
+# (attn_chunk, attn_chunks, attn_spread, attn_min, attn_wide, attn_wide_min, positions): the H200's
+# and RTX 3050's Llama 1B plans, SmolLM2's on the H200, fixed chunks, a wider spread without the
+# wide regime, an uneven granularity, the device check's 4160-position plan with another wide
+# minimum, and a small wide one
+SPAN_CASES = ((256, 16, 4, 32, 16, 128, 4096), (2048, 2, 4, 32, 16, 128, 4096), (95, 44, 4, 32, 16, 128, 4160),
+              (256, 16, 0, 32, 16, 128, 4096), (128, 32, 8, 24, 0, 128, 4096), (64, 4, 4, 32, 16, 128, 256),
+              (260, 16, 4, 32, 16, 96, 4160), (32, 8, 4, 32, 8, 16, 256))
 SPAN_MAIN = r"""
 #include <cstdio>
 #include "worker.cu"
 int main() {
-    const unsigned cases[][5] = {CASES};
+    const unsigned cases[][7] = {CASES};
     for (const auto& k : cases) {
         af_plan_consts c{};
         c.attn_chunk = k[0];
         c.attn_chunks = k[1];
         c.attn_spread = k[2];
         c.attn_min = k[3];
-        for (unsigned pos = 0; pos < k[4]; ++pos) printf("%u\n", attn_span(c, pos));
+        c.attn_wide = k[4];
+        c.attn_wide_min = k[5];
+        for (unsigned pos = 0; pos < k[6]; ++pos) printf("%u\n", attn_span(c, pos));
     }
     return 0;
 }
@@ -224,8 +229,9 @@ def test_worker_spans_the_attention_as_the_planner_says(tmp_path):
 
     cases = ", ".join("{" + ", ".join(str(v) for v in case) + "}" for case in SPAN_CASES)
     found = run_host_program(tmp_path, SPAN_MAIN.replace("CASES", cases))
-    want = [attn_span(dict(attn_chunk=c, attn_chunks=n, attn_spread=s, attn_min=m), pos)
-            for c, n, s, m, positions in SPAN_CASES for pos in range(positions)]
+    want = [attn_span(dict(attn_chunk=c, attn_chunks=n, attn_spread=s, attn_min=m, attn_wide=w, attn_wide_min=wm),
+                      pos)
+            for c, n, s, m, w, wm, positions in SPAN_CASES for pos in range(positions)]
     assert found == want
     assert len(set(want)) > 10  # spans that move with the position, not only the fixed chunks
 

@@ -94,21 +94,26 @@ def test_attention_bytes_follow_the_position(llama1b_config):
     assert full.sum() == 8 * 4096 * 64 * 2 * 4
 
 
-def test_attention_spreads_a_shorter_context_over_three_or_four_chunks(llama1b_config):
+def test_attention_spreads_a_shorter_context_over_more_chunks(llama1b_config):
     plan = make_plan(llama1b_config, load_target("h200"), ctx=4096)  # 16 chunks of at most 256
     k = plan.consts
-    assert (k["attn_spread"], k["attn_min"]) == (4, 32)
-    positions = (0, 94, 95, 127, 128, 383, 384, 511, 1023, 1024, 4095)
-    assert [attn_span(k, pos) for pos in positions] == [256, 256, 32, 32, 33, 96, 97, 128, 256, 256, 256]
-    for pos in range(4096):  # the planned chunks cover every position; spread means 3 or 4 of them
+    assert (k["attn_spread"], k["attn_min"], k["attn_wide"], k["attn_wide_min"]) == (4, 32, 16, 128)
+    positions = (0, 94, 95, 127, 128, 383, 384, 511, 639, 767, 1023, 1024, 2047, 3071, 4095)
+    assert [attn_span(k, pos) for pos in positions] == [256, 256, 32, 32, 33, 96, 97, 128, 128, 128, 128, 129,
+                                                        128, 192, 256]
+    for pos in range(4096):  # the planned chunks cover every position; spread means 3 to 16 of them
         span = attn_span(k, pos)
         active = pos // span + 1
         assert active <= k["attn_chunks"] and active * span > pos
-        assert span == k["attn_chunk"] or 3 <= active <= 4
+        assert span == k["attn_chunk"] or 3 <= active <= 16
+        if active > 4:  # the wide regime: chunks of ATTN_WIDE_MIN positions at least
+            assert span >= 128
     at_511 = wave_bytes(plan, pos=511)[2]  # four tasks of 128 positions per K/V head
     assert np.count_nonzero(at_511) == 8 * 4 and at_511.max() == 128 * (64 + 64) * 4
     fixed = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_spread=0).consts
-    assert {attn_span(fixed, pos) for pos in (0, 511, 4095)} == {256}
+    assert {attn_span(fixed, pos) for pos in (0, 511, 1023, 4095)} == {256}
+    narrow = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_wide=0).consts  # the twelfth session's
+    assert [attn_span(narrow, pos) for pos in (511, 1023, 3071)] == [128, 256, 256]
     rtx = make_plan(llama1b_config, load_target("rtx3050"), ctx=4096).consts  # two chunks: never spread
     assert {attn_span(rtx, pos) for pos in (0, 511, 2047, 4095)} == {2048}
 

@@ -177,6 +177,14 @@ def test_ranges_of_attention_stay_inside_the_chunk(smollm2_path, spread):
         assert any(b.buf == "know" for b in writes) == (int(t["slot"]) == 0)
 
 
+@pytest.mark.parametrize("field,message", [("attn_min", "attn_min 0"), ("attn_wide_min", "attn_wide_min 0")])
+def test_spread_minimums_must_be_positive(plan, field, message):
+    bad = dataclasses.replace(plan, consts=dict(plan.consts, **{field: 0}))
+    assert bad.consts["attn_spread"] and bad.consts["attn_wide"]
+    with pytest.raises(PlanError, match=message):
+        validate(bad)
+
+
 def test_split_pieces_are_two_per_row_at_most_and_tile_it(plan):
     k = plan.consts
     for op, width in ((Op.QKV, k["n_embd"]), (Op.WO, k["n_head"] * k["head_dim_v"])):

@@ -66,14 +66,24 @@ def smollm2_spread_package(smollm2_path, tmp_path_factory):
     return write_package(smollm2_path, load_target("rtx3050", workers=12), out, ctx=2 * N_TOKENS, progress=False)
 
 
-@pytest.mark.parametrize("which", ["fixed chunks", "spread"])
+@pytest.fixture(scope="module")
+def smollm2_wide_package(smollm2_path, tmp_path_factory):
+    """24 workers and a 256-position cache: eight chunks of up to 32, and the wide regime at a small
+    scale (up to 8 chunks of at least 16 positions): from position 47 on, 3 to 8 chunks of 16-19."""
+    out = tmp_path_factory.mktemp("smollm2_wide_pkg")
+    return write_package(smollm2_path, load_target("rtx3050", workers=24), out, ctx=2 * N_TOKENS, progress=False,
+                         attn_wide=8, attn_wide_min=16)
+
+
+@pytest.mark.parametrize("which", ["fixed chunks", "spread", "wide"])
 def test_vm_matches_the_bf16_reference_over_128_tokens(smollm2_path, smollm2_package, smollm2_spread_package,
-                                                       english_ids, which):
-    package = smollm2_package if which == "fixed chunks" else smollm2_spread_package
+                                                       smollm2_wide_package, english_ids, which):
+    package = {"fixed chunks": smollm2_package, "spread": smollm2_spread_package, "wide": smollm2_wide_package}[which]
     k = package.plan.consts
-    assert k["attn_chunk"] == 64
-    spans = [attn_span(k, p) for p in (63, 64, 94, 95, N_TOKENS - 1)]
-    assert spans == ([64] * 5 if which == "fixed chunks" else [64, 64, 64, 32, 32])
+    spans = [attn_span(k, p) for p in (31, 47, 63, 64, 94, 95, N_TOKENS - 1)]
+    assert spans == {"fixed chunks": [64] * 7, "spread": [64, 64, 64, 64, 64, 32, 32],
+                     "wide": [32, 16, 16, 17, 19, 16, 16]}[which]
+    assert which != "wide" or (N_TOKENS - 1) // spans[-1] + 1 == k["attn_chunks"] == 8  # all 8 at the end
     gf = GGUFFile(smollm2_path)
     reference = ReferenceBackend(Bf16ReferenceModel(gf, load_config(gf)), N_TOKENS)
     want = reference.forward(english_ids, all_logits=True)

@@ -20,6 +20,9 @@ def _target_arguments(p) -> None:
     p.add_argument("--attn-chunk", type=int, help="most positions per attention chunk (default: ctx / (workers // kv_heads))")
     p.add_argument("--attn-spread", type=int, metavar="N",
                    help="spread a shorter context over up to N attention chunks (default 4; 0: fixed chunks)")
+    p.add_argument("--attn-wide", type=int, metavar="N",
+                   help="spread a longer context over up to N attention chunks of at least 128 positions "
+                        "(default 16; 0: none)")
     p.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                    help="cut weight waves finer than whole rows where whole rows are more than 1%% uneven: "
                         "split-K pieces for QKV/WO, shared leftover FFN rows (default: what the worker runs)")
@@ -46,8 +49,10 @@ def _check_positive(args) -> None:
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             raise ParameterError(f"--{name.replace('_', '-')} {value}, expected a positive integer")
-    if getattr(args, "attn_spread", None) is not None and args.attn_spread < 0:
-        raise ParameterError(f"--attn-spread {args.attn_spread}, expected 0 (fixed chunks) or more")
+    for name, none in (("attn_spread", "fixed chunks"), ("attn_wide", "none")):
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            raise ParameterError(f"--{name.replace('_', '-')} {value}, expected 0 ({none}) or more")
 
 
 def _split(args) -> bool:
@@ -69,7 +74,8 @@ def _plan(args) -> int:
     _check_positive(args)
     target = load_target(args.target, args.workers)
     package = write_package(resolve_model(args.model), target, args.output, args.ctx, args.attn_chunk,
-                            progress=not args.quiet, split=_split(args), attn_spread=args.attn_spread)
+                            progress=not args.quiet, split=_split(args), attn_spread=args.attn_spread,
+                            attn_wide=args.attn_wide)
     stats = plan_stats(package.plan)
     print(f"{package.path}: {stats['tasks']} tasks in {stats['waves']} waves on {target.workers} workers, "
           f"{stats['bytes_per_token'] / 1e9:.3f} GB per token at full context, "
@@ -87,7 +93,7 @@ def _stats(args) -> int:
     _check_positive(args)
     target = load_target(args.target, args.workers)
     plan = make_plan(load_config(GGUFFile(resolve_model(args.model))), target, args.ctx, args.attn_chunk,
-                     split=_split(args), attn_spread=args.attn_spread)
+                     split=_split(args), attn_spread=args.attn_spread, attn_wide=args.attn_wide)
     stats = plan_stats(plan)
     if args.json:
         print(json.dumps(stats, indent=1))
@@ -101,6 +107,8 @@ def format_stats(plan, stats: dict) -> str:
 
     k = plan.consts
     spread = f"a shorter context spread over up to {k['attn_spread']}" if k["attn_spread"] else "fixed"
+    if k["attn_spread"] and k["attn_wide"]:
+        spread += f", a longer one over up to {k['attn_wide']} of {k['attn_wide_min']}+ positions"
     lines = [f"target {plan.target.name} ({plan.target.arch}): {stats['workers']} workers, "
              f"ctx {k['ctx']}, attention chunk {k['attn_chunk']} positions x {k['attn_chunks']} ({spread}), "
              f"{'split-K pieces and shared FFN rows' if plan_is_split(plan) else 'whole rows'}",

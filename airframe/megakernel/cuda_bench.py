@@ -139,7 +139,8 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
     target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, threads_per_worker=worker.threads,
                      registers_per_thread=worker.registers)
     plan = make_plan(runtime.plan.config, target, runtime.k["ctx"], runtime.k["attn_chunk"],
-                     split=plan_is_split(runtime.plan), attn_spread=runtime.k["attn_spread"])
+                     split=plan_is_split(runtime.plan), attn_spread=runtime.k["attn_spread"],
+                     attn_wide=runtime.k["attn_wide"], attn_wide_min=runtime.k["attn_wide_min"])
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")

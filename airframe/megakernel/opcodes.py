@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 HEADER_PATH = Path(__file__).with_name("plan_format.h")
 
 
@@ -92,10 +92,13 @@ PLAN_CONSTS = (
     ("attn_chunk", "u32", "most positions per attention chunk C (the scratch of one attention task)"),
     ("attn_chunks", "u32", "chunks planned = ceil(ctx / C)"),
     ("attn_spread", "u32", "0: chunk c holds [c*C, (c+1)*C) at every position; s > 0: at position p, k = min(s, "
-                           "attn_chunks, (p + 1) / attn_min) chunks share the p + 1 positions when k >= 3, "
+                           "attn_chunks, (p + 1) / attn_min) chunks, or with attn_wide w > 0 k = max(k, min(w, "
+                           "attn_chunks, (p + 1) / attn_wide_min)), share the p + 1 positions when k >= 3, "
                            "attn_span(p) = min(C, ceil((p + 1) / k)) each, chunk c holding [c * span, (c + 1) * "
                            "span); with k < 3, span C. Active at p: p / span + 1"),
     ("attn_min", "u32", "with attn_spread: the fewest positions a chunk is given when a context is spread"),
+    ("attn_wide", "u32", "with attn_spread: the most chunks a longer context is spread over (0: attn_spread's)"),
+    ("attn_wide_min", "u32", "with attn_wide: the fewest positions each of those chunks is given"),
     ("ffn_parts", "u32", "FFN partial slots per layer, all summed by FFN_REDUCE (exactly, in fixed point); a "
                          "slot written only in part (a split FFN task's output rows) is zero elsewhere"),
     ("lm_parts", "u32", "LM_HEAD candidate slots"),
@@ -131,11 +134,15 @@ def attn_span(k: dict, pos: int) -> int:
     attn_span in worker_base.cuh is the same arithmetic). Chunk c covers [c * span, min((c + 1) *
     span, pos + 1)) and runs when c * span <= pos. A context is spread over three chunks or more,
     never two: measured on the H200, splitting in two costs the WO merge more than it saves in the
-    attention (docs/BENCHMARKS.md, twelfth session)."""
+    attention (docs/BENCHMARKS.md, twelfth session). Up to attn_spread chunks of attn_min
+    positions or more; past that, up to attn_wide chunks of attn_wide_min or more, where the
+    attention saved pays for the costlier merge of more than four chunks (thirteenth session)."""
     if k["attn_spread"] == 0:
         return k["attn_chunk"]
     n = pos + 1
     chunks = min(k["attn_spread"], k["attn_chunks"], n // k["attn_min"])
+    if k["attn_wide"]:
+        chunks = max(chunks, min(k["attn_wide"], k["attn_chunks"], n // k["attn_wide_min"]))
     if chunks < 3:
         return k["attn_chunk"]
     return min(k["attn_chunk"], -(-n // chunks))

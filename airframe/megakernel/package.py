@@ -106,11 +106,13 @@ def write_plan(plan: Plan, out: Path) -> None:
 
 def write_package(model_path: str | Path, target: Target, out: str | Path, ctx: int | None = None,
                   attn_chunk: int | None = None, progress: bool = True, split: bool = SPLIT_DEFAULT,
-                  attn_spread: int | None = None) -> Package:
+                  attn_spread: int | None = None, attn_wide: int | None = None,
+                  attn_wide_min: int | None = None) -> Package:
     """Plan `model_path` for `target` and write the package folder `out` (planner.make_plan)."""
     out = Path(out)
     gf = GGUFFile(model_path)
-    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split, attn_spread=attn_spread)
+    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split, attn_spread=attn_spread,
+                     attn_wide=attn_wide, attn_wide_min=attn_wide_min)
     plan.model["source"] = str(model_path)
     validate(plan, target)
     write_plan(plan, out)

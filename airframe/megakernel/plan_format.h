@@ -10,7 +10,7 @@ typedef unsigned long long uint64_t;
 #include <stdint.h>
 #endif
 
-#define AF_PLAN_VERSION 3
+#define AF_PLAN_VERSION 4
 #define AF_TASK_BYTES 80
 
 enum af_opcode : uint32_t {
@@ -78,8 +78,10 @@ struct af_plan_consts {
     uint32_t ctx;  // K/V cache capacity in positions
     uint32_t attn_chunk;  // most positions per attention chunk C (the scratch of one attention task)
     uint32_t attn_chunks;  // chunks planned = ceil(ctx / C)
-    uint32_t attn_spread;  // 0: chunk c holds [c*C, (c+1)*C) at every position; s > 0: at position p, k = min(s, attn_chunks, (p + 1) / attn_min) chunks share the p + 1 positions when k >= 3, attn_span(p) = min(C, ceil((p + 1) / k)) each, chunk c holding [c * span, (c + 1) * span); with k < 3, span C. Active at p: p / span + 1
+    uint32_t attn_spread;  // 0: chunk c holds [c*C, (c+1)*C) at every position; s > 0: at position p, k = min(s, attn_chunks, (p + 1) / attn_min) chunks, or with attn_wide w > 0 k = max(k, min(w, attn_chunks, (p + 1) / attn_wide_min)), share the p + 1 positions when k >= 3, attn_span(p) = min(C, ceil((p + 1) / k)) each, chunk c holding [c * span, (c + 1) * span); with k < 3, span C. Active at p: p / span + 1
     uint32_t attn_min;  // with attn_spread: the fewest positions a chunk is given when a context is spread
+    uint32_t attn_wide;  // with attn_spread: the most chunks a longer context is spread over (0: attn_spread's)
+    uint32_t attn_wide_min;  // with attn_wide: the fewest positions each of those chunks is given
     uint32_t ffn_parts;  // FFN partial slots per layer, all summed by FFN_REDUCE (exactly, in fixed point); a slot written only in part (a split FFN task's output rows) is zero elsewhere
     uint32_t lm_parts;  // LM_HEAD candidate slots
     uint32_t dot_lanes;  // lanes of the fixed dot-product order

@@ -47,6 +47,12 @@ SPLIT_DEFAULT = False
 # the WO merge to one round trip of loads (the worker's merge_few).
 ATTN_SPREAD = 4
 ATTN_MIN = 32
+# Longer contexts: up to ATTN_WIDE chunks of at least ATTN_WIDE_MIN positions each. Past four
+# chunks the WO merge stages every chunk's records in shared memory (merge_staged, ~2-4 us a
+# layer more), which chunks this long repay in the attention (measured on the H200: 768 to 2,048
+# positions 3-7% faster a token; docs/BENCHMARKS.md, thirteenth session).
+ATTN_WIDE = 16
+ATTN_WIDE_MIN = 128
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,8 @@ def _layer_waves(c: ModelConfig, i: int, w: dict[str, TensorSlot], workers: int,
 
 
 def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, attn_spread: int | None,
-            w: dict[str, TensorSlot], weights_size: int, share: int) -> dict:
+            w: dict[str, TensorSlot], weights_size: int, share: int, attn_wide: int | None = None,
+            attn_wide_min: int | None = None) -> dict:
     if attn_chunk is None:
         # enough chunks to give every worker of the attention wave a task at full context
         attn_chunk = -(-ctx // max(1, target.workers // c.n_head_kv))
@@ -289,6 +296,11 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, at
     attn_spread = ATTN_SPREAD if attn_spread is None else attn_spread
     if attn_spread < 0:
         raise ValueError(f"attn_spread {attn_spread}: 0 (fixed chunks) or more")
+    attn_wide = ATTN_WIDE if attn_wide is None else attn_wide
+    attn_wide_min = ATTN_WIDE_MIN if attn_wide_min is None else attn_wide_min
+    if attn_wide < 0 or attn_wide_min < 1:
+        raise ValueError(f"attn_wide {attn_wide}, attn_wide_min {attn_wide_min}: expected attn_wide >= 0 "
+                         "(0: none) and attn_wide_min >= 1")
     shared = (c.n_ff % target.workers) * share if share > 1 else 0  # slots of the shared leftover rows
     ffn_parts = min(target.workers, c.n_ff) + shared
     lm_parts = min(target.workers, c.vocab_size)
@@ -297,6 +309,7 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, at
         head_dim=c.head_dim, head_dim_v=c.head_dim_v, rope_dim=c.rope_dim,
         rope_neox=int(c.rope_style == "neox"), n_ff=c.n_ff, vocab=c.vocab_size, ctx=ctx,
         attn_chunk=attn_chunk, attn_chunks=attn_chunks, attn_spread=attn_spread, attn_min=ATTN_MIN,
+        attn_wide=attn_wide, attn_wide_min=attn_wide_min,
         ffn_parts=ffn_parts, lm_parts=lm_parts,
         dot_lanes=DOT_LANES, dot_vec=DOT_VEC, n_tasks=0, n_waves=0,
         rms_eps=float(np.float32(c.rms_eps)), attn_scale=float(np.float32(c.attention_scale())),
@@ -308,17 +321,19 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, at
 
 
 def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
-              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT, attn_spread: int | None = None) -> Plan:
+              attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT, attn_spread: int | None = None,
+              attn_wide: int | None = None, attn_wide_min: int | None = None) -> Plan:
     """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions; `split`
     cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven;
     `attn_spread` (default ATTN_SPREAD; 0: fixed chunks) spreads a shorter context over that many
-    attention chunks (opcodes.attn_span)."""
+    attention chunks, `attn_wide` (default ATTN_WIDE; 0: none) a longer one over up to that many
+    of at least `attn_wide_min` (ATTN_WIDE_MIN) positions (opcodes.attn_span)."""
     check_supported(config)
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
     w, weights_size = layout_weights(c, ctx)
     share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
-    consts = _consts(c, target, ctx, attn_chunk, attn_spread, w, weights_size, share)
+    consts = _consts(c, target, ctx, attn_chunk, attn_spread, w, weights_size, share, attn_wide, attn_wide_min)
     head = w.get("output.weight", w["token_embd.weight"])
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
                                      weight0=w["token_embd.weight"].offset))]

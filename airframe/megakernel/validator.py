@@ -197,6 +197,8 @@ def validate(plan, target: Target | None = None) -> None:
     _check_fingerprint(plan, target or plan.target)
     if k["attn_spread"] and k["attn_min"] < 1:
         raise PlanError(f"attn_min {k['attn_min']}: with attn_spread it must be at least 1")
+    if k["attn_spread"] and k["attn_wide"] and k["attn_wide_min"] < 1:
+        raise PlanError(f"attn_wide_min {k['attn_wide_min']}: with attn_wide it must be at least 1")
     tasks = plan.tasks
     if tasks.dtype != TASK_DTYPE:
         raise PlanError(f"task array of dtype {tasks.dtype}, expected the {TASK_DTYPE.itemsize}-byte task layout")

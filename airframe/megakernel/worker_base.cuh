@@ -306,7 +306,9 @@ __device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
 // with the planner's rule at every position).
 __host__ __device__ __forceinline__ uint32_t attn_span(const af_plan_consts& c, uint32_t pos) {
     if (c.attn_spread == 0) return c.attn_chunk;
-    const uint32_t n = pos + 1, chunks = min(min(c.attn_spread, c.attn_chunks), udiv(n, c.attn_min));
+    const uint32_t n = pos + 1;
+    uint32_t chunks = min(min(c.attn_spread, c.attn_chunks), udiv(n, c.attn_min));
+    if (c.attn_wide) chunks = max(chunks, min(min(c.attn_wide, c.attn_chunks), udiv(n, c.attn_wide_min)));
     if (chunks < 3) return c.attn_chunk;  // (never two chunks: opcodes.attn_span)
     return min(c.attn_chunk, (n + chunks - 1) / chunks);
 }
