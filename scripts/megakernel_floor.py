@@ -18,8 +18,6 @@ tokenizer):
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -45,20 +43,11 @@ def measure(rounds: int, contexts=CONTEXTS) -> dict:
     import numpy as np
 
     from airframe.megakernel import cuda_bench
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.probe import probe
-    from megakernel_device_check import CTX, SHAPES, make_model
+    from megakernel_device_check import llama1b_runtime
 
     work = Path("/tmp/mk_floor")
-    work.mkdir(exist_ok=True)
-    device = Device()
-    worker = Worker(device, build_worker(device.arch))
-    target = probe(device, worker)
-    gguf = make_model(SHAPES["llama1b"], work / "llama1b.gguf", ".mkref/tokenizer.gguf")
-    base = Runtime(write_package(gguf, target, work / "llama1b.pkg", ctx=CTX, progress=False), worker,
-                   progress=False)
+    base, target = llama1b_runtime(work)
+    worker = base.worker
     builds = STEPS + EXTRA
     runtimes = {label: base if not defines else cuda_bench.variant_runtime(base, defines, work)
                 for label, defines in builds}
@@ -104,22 +93,9 @@ def draw(result: dict, path: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="folder for floor.json and floor.png (GPU machine)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--draw", type=Path, metavar="JSON", help="redraw the picture of a saved run")
-    ap.add_argument("-o", "--output", type=Path, help="the picture, with --draw")
-    args = ap.parse_args()
-    if args.draw:
-        print(draw(json.loads(args.draw.read_text()), args.output or args.draw.with_suffix(".png")))
-        return 0
-    if not args.out:
-        ap.error("--out DIR (or --draw JSON)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = measure(args.rounds)
-    (args.out / "floor.json").write_text(json.dumps(result, indent=1, default=float))
-    print(draw(result, args.out / "floor.png"))
-    return 0
+    from airframe.megakernel.cuda_bench import measurement_main
+
+    return measurement_main(__doc__, "floor", measure, draw)
 
 
 if __name__ == "__main__":

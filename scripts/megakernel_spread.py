@@ -15,8 +15,6 @@ the same upload. Interleaved rounds of the held benchmark at each context, trace
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -40,22 +38,13 @@ def measure(rounds: int) -> dict:
     from airframe.family import load_config
     from airframe.gguf_file import GGUFFile
     from airframe.megakernel import cuda_bench
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
     from airframe.megakernel.planner import make_plan
-    from airframe.megakernel.probe import probe
-    from megakernel_device_check import CTX, SHAPES, make_model
+    from megakernel_device_check import CTX, llama1b_runtime
 
     work = Path("/tmp/mk_spread")
-    work.mkdir(exist_ok=True)
-    device = Device()
-    worker = Worker(device, build_worker(device.arch))
-    target = probe(device, worker)
-    gguf = make_model(SHAPES["llama1b"], work / "llama1b.gguf", ".mkref/tokenizer.gguf")
-    runtime = Runtime(write_package(gguf, target, work / "llama1b.pkg", ctx=CTX, progress=False), worker,
-                      progress=False)
-    config = load_config(GGUFFile(gguf))
+    runtime, target = llama1b_runtime(work)
+    worker = runtime.worker
+    config = load_config(GGUFFile(work / "llama1b.gguf"))  # (llama1b_runtime's model)
     rules = {}
     for name, kwargs in RULES.items():
         plan = make_plan(config, target, CTX, **kwargs)
@@ -100,22 +89,9 @@ def draw(result: dict, path: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="folder for spread.json and spread.png (GPU machine)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--draw", type=Path, metavar="JSON", help="redraw the picture of a saved run")
-    ap.add_argument("-o", "--output", type=Path, help="the picture, with --draw")
-    args = ap.parse_args()
-    if args.draw:
-        print(draw(json.loads(args.draw.read_text()), args.output or args.draw.with_suffix(".png")))
-        return 0
-    if not args.out:
-        ap.error("--out DIR (or --draw JSON)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = measure(args.rounds)
-    (args.out / "spread.json").write_text(json.dumps(result, indent=1, default=float))
-    print(draw(result, args.out / "spread.png"))
-    return 0
+    from airframe.megakernel.cuda_bench import measurement_main
+
+    return measurement_main(__doc__, "spread", measure, draw)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,23 @@ def plan(smollm2_path):
     return make_plan(config, load_target("rtx3050"), ctx=64)
 
 
+def redraw_saved_run(script: str, saved_name: str, tmp_path) -> dict:
+    """`scripts/SCRIPT --draw` on a saved H200 run of docs/megakernel (as docs/BENCHMARKS.md cites
+    it): the picture is drawn; the run's JSON is returned for the test to check what the docs say."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    saved = root / "docs" / "megakernel" / saved_name
+    out = tmp_path / "picture.png"
+    done = subprocess.run([sys.executable, str(root / "scripts" / script), "--draw", str(saved), "-o", str(out)],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    return json.loads(saved.read_text())
+
+
 def synthetic_trace(plan, position, slow_worker=None):
     """Each wave starts when the slowest worker of the previous one ends (plus a 1 us barrier);
     a task takes its bytes at 1/workers of the bandwidth, the slow worker half as fast."""
@@ -97,19 +114,8 @@ def test_context_curves_are_drawn_from_rounds_and_empty_input_is_refused(tmp_pat
 
 
 def test_the_saved_spread_run_redraws(tmp_path):
-    """scripts/megakernel_spread.py --draw on the twelfth session's H200 run, as docs/BENCHMARKS.md cites it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    saved = root / "docs" / "megakernel" / "h200_spread_session12.json"
-    out = tmp_path / "spread.png"
-    done = subprocess.run([sys.executable, str(root / "scripts" / "megakernel_spread.py"), "--draw", str(saved),
-                           "-o", str(out)], capture_output=True, text=True, cwd=root)
-    assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:4] == b"\x89PNG"
-    data = json.loads(saved.read_text())
+    """The twelfth session's run: the spread (up to four chunks) against fixed chunks."""
+    data = redraw_saved_run("megakernel_spread.py", "h200_spread_session12.json", tmp_path)
     at_512 = {name: np.median(rounds["512"]) for name, rounds in data["times"].items()}
     assert at_512["spread"] < at_512["fixed"]  # what the docs say the run measured
 
@@ -123,42 +129,19 @@ def test_cost_steps_are_drawn_and_empty_input_is_refused(tmp_path):
 
 
 def test_the_saved_floor_run_redraws(tmp_path):
-    """scripts/megakernel_floor.py --draw on the thirteenth session's H200 run, as docs/BENCHMARKS.md cites it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    """The thirteenth session's floor of the design (scripts/megakernel_floor.py)."""
     from scripts_loader import load_script
 
-    root = Path(__file__).resolve().parent.parent
-    saved = root / "docs" / "megakernel" / "h200_floor_session13.json"
-    out = tmp_path / "floor.png"
-    done = subprocess.run([sys.executable, str(root / "scripts" / "megakernel_floor.py"), "--draw", str(saved),
-                           "-o", str(out)], capture_output=True, text=True, cwd=root)
-    assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:4] == b"\x89PNG"
-    steps = load_script("megakernel_floor").step_times(json.loads(saved.read_text()))
-    at_1 = [ms for _, ms in steps[1]]
+    data = redraw_saved_run("megakernel_floor.py", "h200_floor_session13.json", tmp_path)
+    at_1 = [ms for _, ms in load_script("megakernel_floor").step_times(data)[1]]
     # what the docs say the run measured: the floor below the bar, the worker above it, and every
     # chain put back adding time
     assert at_1[0] < 0.80 < at_1[-1] and all(b > a for a, b in zip(at_1, at_1[1:]))
 
 
 def test_the_saved_wide_spread_run_redraws(tmp_path):
-    """scripts/megakernel_spread.py --draw on the thirteenth session's H200 run (three rules on one
-    runtime), as docs/BENCHMARKS.md cites it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    saved = root / "docs" / "megakernel" / "h200_spread_session13.json"
-    out = tmp_path / "spread.png"
-    done = subprocess.run([sys.executable, str(root / "scripts" / "megakernel_spread.py"), "--draw", str(saved),
-                           "-o", str(out)], capture_output=True, text=True, cwd=root)
-    assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:4] == b"\x89PNG"
-    data = json.loads(saved.read_text())
+    """The thirteenth session's run: three rules of the spread on one runtime."""
+    data = redraw_saved_run("megakernel_spread.py", "h200_spread_session13.json", tmp_path)
     median = {name: {int(c): np.median(r) for c, r in rounds.items()} for name, rounds in data["times"].items()}
     # what the docs say the run measured: the default never slower than stopping at four chunks
     # (within 0.5 us), and 4-8% faster at 1,024-2,048 positions

@@ -438,3 +438,29 @@ def run(model_path, contexts=CONTEXTS, out: Path | None = None, torch_side: bool
     result = benchmark(backend.runtime, backend.runtime.worker, out, contexts, torch_side)
     print(json.dumps(result, indent=1, default=str))
     return 0
+
+
+# ---- measurement scripts -------------------------------------------------------------------------
+def measurement_main(doc: str, name: str, measure, draw, argv=None) -> int:
+    """The command line of a measurement script (scripts/megakernel_spread.py, megakernel_floor.py):
+    `--out DIR [--rounds N]` runs `measure(rounds)` on the GPU and writes DIR/NAME.json and its
+    picture DIR/NAME.png (`draw(result, path)`); `--draw JSON [-o PNG]` redraws a saved run anywhere."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help=f"folder for {name}.json and {name}.png (GPU machine)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--draw", type=Path, metavar="JSON", help="redraw the picture of a saved run")
+    ap.add_argument("-o", "--output", type=Path, help="the picture, with --draw")
+    args = ap.parse_args(argv)
+    if args.draw:
+        print(draw(json.loads(args.draw.read_text()), args.output or args.draw.with_suffix(".png")))
+        return 0
+    if not args.out:
+        ap.error("--out DIR (or --draw JSON)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = measure(args.rounds)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1, default=float))
+    print(draw(result, args.out / f"{name}.png"))
+    return 0
+
