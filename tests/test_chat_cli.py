@@ -120,3 +120,18 @@ def test_run_chat_sends_the_prompt_through_the_template(capsys):
     assert not out.startswith("Capital of France?")  # a chat answer does not echo the question
     prompt_tokens = int(SPEED.search(err).group(1))
     assert prompt_tokens > 20  # SmolLM2's template adds its default system turn and the role headers
+
+
+def test_speed_line_of_a_prefill_and_of_a_backend_that_times_prompt_and_answer_together():
+    from airframe.commands.run import speed_line
+    from airframe.engine import Finish
+
+    # prefill timed apart (the WebGPU and reference paths): 10 tokens in 0.5 s, then 4 more tokens in 0.2 s
+    assert speed_line(Finish("length", 10, 5, 0.5, 0.2)) == (
+        "[length] prompt 10 tokens, prefill 20.0 tokens/s, 5 generated, decode 20.0 tokens/s (50.0 ms/token)")
+    # the CUDA megakernel runs the prompt in the answer's launches (prefill_seconds 0): 5 + 24 - 1
+    # steps in 0.028 s, never "prefill 0.0 tokens/s"
+    line = speed_line(Finish("length", 5, 24, 0.0, 0.028))
+    assert line == ("[length] prompt 5 tokens, 24 generated, 1000.0 tokens/s over prompt and answer together "
+                    "(1.0 ms/token)")
+    assert speed_line(Finish("stop", 5, 0, 0.0, 0.0)) == "[stop] prompt 5 tokens, 0 generated"

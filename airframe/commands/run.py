@@ -59,8 +59,18 @@ def load_engine(args):
 
 
 def speed_line(finish) -> str:
-    """Prefill runs until the first token is chosen; decode covers every token after it."""
-    prefill = finish.prompt_tokens / finish.prefill_seconds if finish.prefill_seconds > 0 else 0.0
+    """Prefill runs until the first token is chosen; decode covers every token after it. A backend
+    that runs the prompt in the same launches as the answer (the CUDA megakernel) times them
+    together (prefill_seconds 0): the line then gives the rate of those steps, prompt included."""
+    if finish.prefill_seconds <= 0:
+        line = f"[{finish.reason}] prompt {finish.prompt_tokens} tokens, {finish.completion_tokens} generated"
+        steps = finish.prompt_tokens + finish.completion_tokens - 1  # (the last token is chosen, not run)
+        if steps < 1 or finish.decode_seconds <= 0:
+            return line
+        ms = 1000 * finish.decode_seconds / steps
+        return line + (f", {steps / finish.decode_seconds:.1f} tokens/s over prompt and answer together "
+                       f"({ms:.1f} ms/token)")
+    prefill = finish.prompt_tokens / finish.prefill_seconds
     line = (f"[{finish.reason}] prompt {finish.prompt_tokens} tokens, prefill {prefill:.1f} tokens/s, "
             f"{finish.completion_tokens} generated")
     decoded = finish.completion_tokens - 1
