@@ -5,8 +5,9 @@ Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares 
 tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
 for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 40, 100, 384, 385,
 1000 and 4096 (the issue's four; 40: one attention chunk of many positions; 100: a short context
-spread over three chunks; 1000: a longer one over seven), with the K/V cache before the context filled from a seeded generator. The VM is slow in Python,
-so it runs where time is cheap; the GPU run checks that its weights and K/V fill hash the same.
+spread over three chunks; 1000: a longer one over seven), with the K/V cache before the context
+filled from a seeded generator. The VM is slow in Python, so it runs where time is cheap; the GPU
+run checks that its weights and K/V fill hash the same.
 
 On the GPU machine, `--ref DIR --out DIR` builds and probes the worker, makes both synthetic
 models and their packages, and then: CUDA logits against the VM's (tolerance, top-1 at every

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 CONTEXTS = (1, 33, 64, 96, 128, 192, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 3072, 4096)
-# name: make_plan's arguments for the rule (None: the planner's defaults)
+# name: make_plan's arguments for the rule (none given: the planner's defaults)
 RULES = {"spread": {}, "narrow": {"attn_wide": 0}, "fixed": {"attn_spread": 0}}
 NAMES = {"spread": "spread (default: 4 chunks of 32+, 16 of 128+)",
          "narrow": "up to 4 chunks (attn_wide 0, the twelfth session's)",

@@ -49,8 +49,8 @@ ATTN_SPREAD = 4
 ATTN_MIN = 32
 # Longer contexts: up to ATTN_WIDE chunks of at least ATTN_WIDE_MIN positions each. Past four
 # chunks the WO merge stages every chunk's records in shared memory (merge_staged, ~2-4 us a
-# layer more), which chunks this long repay in the attention (measured on the H200: 768 to 2,048
-# positions 3-7% faster a token; docs/BENCHMARKS.md, thirteenth session).
+# layer more), which chunks this long repay in the attention (measured on the H200: never slower,
+# 1,024 to 2,048 positions 4-8% faster a token; docs/BENCHMARKS.md, thirteenth session).
 ATTN_WIDE = 16
 ATTN_WIDE_MIN = 128
 
