@@ -1,5 +1,5 @@
 """What one step of a megakernel chain costs on this GPU, with one 1024-thread block per SM as the
-worker runs (cooperative launch, the worker's grid barrier). Six parts:
+worker runs (cooperative launch, the worker's grid barrier). Seven parts:
 
 - barrier: a grid barrier from a block's arrival to its release; vectors: the read of one float
   that another block wrote just before the barrier, and of 8 or 32 KiB read by every block, from
@@ -14,13 +14,16 @@ worker runs (cooperative launch, the worker's grid barrier). Six parts:
 - clusters (sm_90): other grid barriers (a flag per block, four counters, a thread-block cluster
   barrier before the counter) with a check that each orders memory, and the FFN's sums with the
   blocks of a cluster combining their partials in distributed shared memory first, or added to
-  two copies of the accumulators (cooperative launches with clusters, `cuLaunchKernelEx`).
+  two copies of the accumulators (cooperative launches with clusters, `cuLaunchKernelEx`);
+- tags: the period of a chain of waves (every block writes its slice of a vector, then reads the
+  whole of it) synchronised by the grid barrier, or by values that carry their step in a 64-bit
+  word so that the read is the wait (relaxed, or release/acquire), with and without work between.
 
 Times are %globaltimer stamps per block and iteration (medians; the first iterations dropped).
 Raw output of the H200: docs/megakernel/h200_latency_probe.json, h200_probe_sums.json,
-h200_probe_clusters.json.
+h200_probe_clusters.json, h200_probe_tags_session14.json.
 
-    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache,sums,clusters]
+    python scripts/megakernel_latency_probe.py [--out probe.json] [--parts barrier,vectors,pages,icache,sums,clusters,tags]
 
 Needs an NVIDIA GPU, cuda-bindings and nvcc.
 """
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airframe.megakernel.build import find_nvcc  # noqa: E402
 from airframe.megakernel.cuda_runtime import Device, check  # noqa: E402
 
-PARTS = ("barrier", "vectors", "pages", "icache", "sums", "clusters")
+PARTS = ("barrier", "vectors", "pages", "icache", "sums", "clusters", "tags")
 PAGES = 1024  # 2 MiB pages of the buffer the pages part touches
 
 SOURCE = r"""
@@ -405,6 +408,69 @@ csums(unsigned long long* acc, uint32_t* bar, unsigned long long* out, uint32_t*
     }
 }
 
+// A chain of waves as the worker runs them: every block writes its slice of an n-float vector,
+// then needs the whole vector (read into shared memory and summed, the sum feeding its next
+// slice), then works work_ns (+ up to 240 ns more on some blocks, as GEMVs finish unevenly).
+// mode 0: the worker's way, write, grid barrier, read. mode 1: every value carries its step in
+// the high half of a 64-bit word and the read is the wait (each thread re-reads its words until
+// they carry the step; no barrier). mode 2: as 1, the words stored with release and read with
+// acquire (what a worker needs when other data, the K/V rows, must be visible with them). The
+// vector alternates between two buffers, so a fast block never overwrites one still being read.
+// out[it * grid + block] = ns at the end of wave it; check counts values that came out wrong.
+__device__ __forceinline__ void st_word(unsigned long long* p, unsigned long long v, int mode) {
+    if (mode == 2) asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+    else asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_word(const unsigned long long* p, int mode) {
+    unsigned long long v;
+    if (mode == 2) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+extern "C" __global__ void __launch_bounds__(1024, 1)
+tags(float* x, unsigned long long* words, uint32_t* bar, unsigned long long* out, uint32_t* check,
+     int iters, int n, int mode, int work_ns, uint32_t step0) {
+    __shared__ float xs[8192];
+    __shared__ float red[1];
+    uint32_t target = 0;
+    const int G = gridDim.x, b = blockIdx.x, per = (n + G - 1) / G;
+    float carry = 0.f;
+    for (int it = 0; it < iters; ++it) {
+        const uint32_t step = step0 + it;
+        const size_t buf = (size_t)(it & 1) * 8192;
+        for (int r = b * per + threadIdx.x; r < min(n, (b + 1) * per); r += 1024) {
+            const float v = carry + (float)r;
+            if (mode == 0) x[buf + r] = v;
+            else st_word(words + buf + r, ((unsigned long long)step << 32) | __float_as_uint(v), mode);
+        }
+        if (mode == 0) {
+            grid_sync(bar, target);
+            for (int i = threadIdx.x; i < n; i += 1024) xs[i] = __ldcg(x + buf + i);
+        } else {
+            for (int i = threadIdx.x; i < n; i += 1024) {
+                unsigned long long w = ld_word(words + buf + i, mode);
+                while ((uint32_t)(w >> 32) != step) w = ld_word(words + buf + i, mode);
+                xs[i] = __uint_as_float((uint32_t)w);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float acc = 0.f;
+            for (int i = threadIdx.x; i < n; i += 32) acc += xs[i];
+            for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (threadIdx.x == 0) red[0] = acc;
+        }
+        // every element is carry + its index, the same carry in every block
+        if (threadIdx.x == 1 && xs[n - 1] != carry + (float)(n - 1)) atomicAdd(check, 1u);
+        __syncthreads();
+        carry = red[0] * 1e-9f;
+        const unsigned long long t = ns(), until = t + work_ns + (work_ns ? (b * 7 % 13) * 20 : 0);
+        if (threadIdx.x == 0) out[it * G + b] = t;
+        while (ns() < until) {}
+        __syncthreads();
+    }
+}
+
 // Resolution of %globaltimer and the SM clock: out[0] = smallest nonzero step seen, out[1] = ns,
 // out[2] = clock64 cycles over the same spin.
 extern "C" __global__ void clocks(unsigned long long* out) {
@@ -437,7 +503,7 @@ class Probe:
         self.cu = self.dev.cu
         module = check(self.cu.cuModuleLoadData(build(self.dev.arch)), "cuModuleLoadData(probe)")
         self.kernels = {name: check(self.cu.cuModuleGetFunction(module, name.encode()), name)
-                        for name in ("probe", "pages", "icache", "clocks", "sums", "barriers", "csums")}
+                        for name in ("probe", "pages", "icache", "clocks", "sums", "barriers", "csums", "tags")}
         self.blocks, self.iters = self.dev.sm_count, iters
         self.x = self.dev.alloc(8192 * 4 * self.blocks)
         self.bar = self.dev.alloc(16)
@@ -656,6 +722,36 @@ class Probe:
                   f"{r['median_ns']:.0f} ns, slowest block {r['median_of_max_ns']:.0f} ns", flush=True)
         return {"icache": rows}
 
+
+    def tags(self) -> dict:
+        """The period of a chain of waves: write a slice, wait for the whole vector, read it, work."""
+        words = self.dev.alloc(8 * 2 * 8192)
+        check_word = self.dev.alloc(4)
+        rows, step0 = [], 1
+        try:
+            for work_ns in (0, 2000):
+                for n in (2048, 8192):
+                    for mode, name in ((0, "grid barrier, then read"), (1, "step-tagged words, relaxed"),
+                                       (2, "step-tagged words, release/acquire")):
+                        check(self.cu.cuMemsetD8(check_word.ptr, 0, 4), "cuMemsetD8")
+                        self.launch("tags", self.blocks, [
+                            (self.x.ptr, np.uint64), (words.ptr, np.uint64), (self.bar.ptr, np.uint64),
+                            (self.out.ptr, np.uint64), (check_word.ptr, np.uint64), (self.iters, np.int32),
+                            (n, np.int32), (mode, np.int32), (work_ns, np.int32), (step0, np.uint32)])
+                        step0 += self.iters  # a later launch never mistakes an old word for its own
+                        t = self.dev.download(self.out, np.uint64, self.iters * self.blocks)
+                        period = np.diff(t.reshape(self.iters, self.blocks).astype(np.float64), axis=0)[20:]
+                        r = {"mode": name, "n": n, "work_ns": work_ns,
+                             "period_ns": float(np.median(period)),
+                             "sync_ns": float(np.median(period)) - work_ns,
+                             "wrong": int(self.dev.download(check_word, np.uint32, 1)[0])}
+                        rows.append(r)
+                        print(f"wave of {n} floats, work {work_ns} ns, {name:36s}: period {r['period_ns']:.0f} ns, "
+                              f"beyond the work {r['sync_ns']:.0f} ns, wrong {r['wrong']}", flush=True)
+        finally:
+            self.dev.free(words)
+            self.dev.free(check_word)
+        return {"tags": rows}
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
