@@ -62,6 +62,16 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
     __syncthreads();
 }
 
+// red[0] = the sum of xs[0..n), added up by the block's first warp (the rest of the block idles).
+__device__ __forceinline__ void sum_by_warp0(const float* xs, int n, float* red) {
+    if (threadIdx.x < 32) {
+        float acc = 0.f;
+        for (int i = threadIdx.x; i < n; i += 32) acc += xs[i];
+        for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (threadIdx.x == 0) red[0] = acc;
+    }
+}
+
 // out[it * grid + block] = consume time in ns; mode 0: read n floats of copy block % copies;
 // mode 1: thread 0 reads one float written by block + 1 (a bare round trip to L2);
 // mode 2: barrier only (out = time from this block's arrival to its release); mode 3: as 0, the
@@ -85,12 +95,7 @@ probe(float* x, uint32_t* bar, unsigned long long* out, int iters, int copies, i
             const float* src = x + (size_t)(b % copies) * 8192;
             for (int i = threadIdx.x; i < n; i += 1024) xs[i] = __ldcg(src + i);
             __syncthreads();
-            if (threadIdx.x < 32) {
-                float acc = 0.f;
-                for (int i = threadIdx.x; i < n; i += 32) acc += xs[i];
-                for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-                if (threadIdx.x == 0) red[0] = acc;
-            }
+            sum_by_warp0(xs, n, red);
             __syncthreads();
         } else if (threadIdx.x == 0) {
             red[0] = __ldcg(x + ((b + 1) % G) * per);
@@ -454,12 +459,7 @@ tags(float* x, unsigned long long* words, uint32_t* bar, unsigned long long* out
             }
         }
         __syncthreads();
-        if (threadIdx.x < 32) {
-            float acc = 0.f;
-            for (int i = threadIdx.x; i < n; i += 32) acc += xs[i];
-            for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (threadIdx.x == 0) red[0] = acc;
-        }
+        sum_by_warp0(xs, n, red);
         // every element is carry + its index, the same carry in every block
         if (threadIdx.x == 1 && xs[n - 1] != carry + (float)(n - 1)) atomicAdd(check, 1u);
         __syncthreads();
