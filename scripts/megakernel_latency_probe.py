@@ -722,7 +722,6 @@ class Probe:
                   f"{r['median_ns']:.0f} ns, slowest block {r['median_of_max_ns']:.0f} ns", flush=True)
         return {"icache": rows}
 
-
     def tags(self) -> dict:
         """The period of a chain of waves: write a slice, wait for the whole vector, read it, work."""
         words = self.dev.alloc(8 * 2 * 8192)
