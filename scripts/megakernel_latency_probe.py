@@ -740,9 +740,9 @@ class Probe:
                         step0 += self.iters  # a later launch never mistakes an old word for its own
                         t = self.dev.download(self.out, np.uint64, self.iters * self.blocks)
                         period = np.diff(t.reshape(self.iters, self.blocks).astype(np.float64), axis=0)[20:]
-                        r = {"mode": name, "n": n, "work_ns": work_ns,
-                             "period_ns": float(np.median(period)),
-                             "sync_ns": float(np.median(period)) - work_ns,
+                        median = float(np.median(period))
+                        r = {"mode": name, "n": n, "work_ns": work_ns, "period_ns": median,
+                             "sync_ns": median - work_ns,
                              "wrong": int(self.dev.download(check_word, np.uint32, 1)[0])}
                         rows.append(r)
                         print(f"wave of {n} floats, work {work_ns} ns, {name:36s}: period {r['period_ns']:.0f} ns, "
@@ -751,6 +751,7 @@ class Probe:
             self.dev.free(words)
             self.dev.free(check_word)
         return {"tags": rows}
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
