@@ -56,7 +56,7 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: 
 
         backend = ReferenceBackend.load(model_path, n_ctx=n_ctx, **options)
     elif name == "webgpu":
-        from .gpu.runtime import WebGPUBackend
+        from .gpu.backend import WebGPUBackend
 
         backend = WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
     elif name == "cuda":

@@ -20,14 +20,11 @@ from tqdm import tqdm
 from .errors import ParameterError, UnsupportedError
 from .gguf_file import GGUFFile, dequantize_rows
 from .gpu.dequant import dequantize, upload
-from .gpu.quant_layout import SUPPORTED, gpu_quant
+from .quants import SUPPORTED, quant
 from .quantize import quantize
 
 FULL_WINDOW_VALUES = 1 << 24  # values compared at a time with --full: bounds host memory
 SYNTHETIC_COLS = 1024
-# byte offsets of the f16 scales in each block of the GGUF file
-_SCALES = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
-           "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 @dataclass
@@ -109,18 +106,18 @@ def check_rows(result: TypeResult, raw: np.ndarray, qtype, decoder: Path | None)
 
 
 def check_full(result: TypeResult, raw: np.ndarray, qtype, decoder: Path | None) -> None:
-    """The whole tensor in one GPU buffer (bound in windows when it is big), compared piece by piece."""
+    """The whole tensor on the GPU (in row chunks when it is big), compared piece by piece."""
     tensor = upload(raw, qtype)
-    step = max(1, FULL_WINDOW_VALUES // tensor.n_cols)
-    for first in range(0, tensor.n_rows, step):
-        n = min(step, tensor.n_rows - first)
+    step = max(1, FULL_WINDOW_VALUES // tensor.cols)
+    for first in range(0, tensor.rows, step):
+        n = min(step, tensor.rows - first)
         got = dequantize(tensor, first, n, decoder=decoder)
         result.add(got, dequantize_rows(raw[first:first + n], qtype))
 
 
 def _supported(qtype: GGMLQuantizationType, result: TypeResult) -> bool:
     try:
-        gpu_quant(qtype)
+        quant(qtype)
     except UnsupportedError as e:
         result.unsupported = str(e)
         return False
@@ -154,14 +151,14 @@ def random_bytes(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.rand
     """Random GGUF bytes of `qtype`: every quant bit pattern, with finite, realistic f16 scales.
 
     F16 values keep every pattern but NaN and infinity: the GPU's f16->f32 conversion quiets
-    signaling NaNs (tests/test_quant_layout.py checks that case on its own)."""
+    signaling NaNs (tests/test_gpu_pack.py checks that case on its own)."""
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block * size), dtype=np.uint8)
     if qtype == GGMLQuantizationType.F16:
         halves = raw.view("<u2")
         halves[(halves & 0x7C00) == 0x7C00] &= np.uint16(0xBFFF)  # exponent 31 -> 15
     blocks = raw.reshape(rows, -1, size)
-    for at in _SCALES.get(qtype.name, ()):
+    for at in quant(qtype).scales:
         scales = rng.uniform(-0.02, 0.02, size=blocks.shape[:2]).astype("<f2")
         blocks[..., at:at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return raw

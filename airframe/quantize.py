@@ -20,50 +20,14 @@ from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from .errors import ParameterError
+from .quants import SUPPORTED, compatible_type, qtype_named, quant  # noqa: F401 - the names callers use
 
 Q = GGMLQuantizationType
-
-FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
-LEGACY_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
-K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-SUPPORTED = FLOAT_TYPES + LEGACY_TYPES + K_TYPES
-
-# When a row length is not a multiple of a type's block, llama.cpp's quantizer falls back to a
-# 32-value type of about the same size (llama-quant.cpp, "fallback" in llama_tensor_get_type);
-# a row that is not a multiple of 32 either is stored as F16.
-FALLBACK = {
-    Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
-    Q.Q4_0: Q.F16, Q.Q4_1: Q.F16, Q.Q5_0: Q.F16, Q.Q5_1: Q.F16, Q.Q8_0: Q.F16,
-}
-
 _CHUNK_VALUES = 1 << 22  # values per thread task: numpy releases the GIL, tasks amortise the calls
 
 
-def qtype_named(name: str | GGMLQuantizationType) -> GGMLQuantizationType:
-    """A quant type from its GGUF name ("Q4_K", "bf16"), checked against what we can encode."""
-    if isinstance(name, GGMLQuantizationType):
-        qtype = name
-    else:
-        try:
-            qtype = GGMLQuantizationType[name.upper()]
-        except KeyError:
-            qtype = None
-    if qtype not in SUPPORTED:
-        raise ParameterError(f"quant type {name!r} cannot be encoded; expected one of "
-                             f"{', '.join(t.name for t in SUPPORTED)}")
-    return qtype
-
-
 def row_bytes(row_length: int, qtype: GGMLQuantizationType) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return row_length // block * size
-
-
-def compatible_type(qtype: GGMLQuantizationType, row_length: int) -> GGMLQuantizationType:
-    """`qtype`, or its fallback (repeatedly) when its block does not divide `row_length`."""
-    while row_length % GGML_QUANT_SIZES[qtype][0]:
-        qtype = FALLBACK[qtype]
-    return qtype
+    return quant(qtype).row_bytes(row_length)
 
 
 def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -103,7 +67,7 @@ def _quantize_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return rows.view(np.uint8)
     if qtype == Q.F16:
         return rows.astype(np.float16).view(np.uint8)
-    if qtype in K_TYPES:
+    if quant(qtype).kind == "k":
         blocks = rows.reshape(-1, QK_K)
         return _K_ENCODERS[qtype](blocks).reshape(n_rows, -1)
     return gguf_quants.quantize(rows, qtype).reshape(n_rows, -1)

@@ -1,92 +1,94 @@
-// y = W x for batch-1 decode (also correct, if slow, for a few tokens: one token per workgroup row y).
-// W stays quantized: rows of re-laid blocks decoded 4 values at a time by dq4 from quant/{QUANT}.wgsl.
-// A workgroup makes ROWS output rows; its threads stride over the row in vec4 steps, keep ROWS partial
-// sums in registers and reduce them (reduce_{REDUCE}.wgsl: subgroupAdd, else workgroup memory). Optional fusions (P.mode bits, activation.wgsl):
-// RMSNorm of the input (every workgroup recomputes the RMS of x), the gated activation, residual add.
-// Up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output vector.
+// y = W x for batch-1 decode (wid.y picks the token when a few tokens go through it).
+// W stays quantized. A workgroup of 256 invocations makes ROWS_WG output rows; each subgroup of
+// LANES invocations makes 4 rows at a time (gated: 4 gate rows and their 4 up rows): its lanes
+// stride over the rows' units (UNIT weights each, decoded by gemv/{QUANT}.wgsl), keep 4 partial
+// sums in a vec4 and add them across the subgroup (lanes_{REDUCE}.wgsl), with no workgroup barrier
+// on the subgroup path. The unit's x is loaded once for the 4 rows.
+// P.mode fusions (activation.wgsl): RMSNorm of the input (the subgroup reads all of x anyway, so
+// its sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
+// add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
 
-#include "matmul_params.wgsl"
+#include "matmul_structs.wgsl"
 
-@group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
 
-const WG: u32 = {GEMV_WG}u;     // invocations per workgroup (a power of two)
-const ROWS: u32 = {GEMV_ROWS}u;  // output rows per workgroup, at most 4
+const WG: u32 = 256u;
+const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup, a multiple of 4
 
-#include "quant/{QUANT}.wgsl"
 #include "activation.wgsl"
-#include "reduce_{REDUCE}.wgsl"
+#include "gemv_common.wgsl"
+#include "lanes_{REDUCE}.wgsl"
+// binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file
+#include "gemv/{GEMV_UNIT}.wgsl"
 
-// values 4i..4i+3 of the input row that starts at float `base` (a multiple of 4): one wide load
-fn load_x(base: u32, i: u32) -> vec4<f32> {
-    return X[base / 4u + i];
+// first word of each of the 4 rows from `row` on (rows past the end repeat the last one); with
+// `up`, of the up-projection rows paired with them (MODE_GATED)
+fn row_words(row: u32, up: bool) -> vec4<u32> {
+    let ids = min(vec4<u32>(row) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u));
+    if (up) {
+        return vec4<u32>(P.w1) + ids * P.row_words;
+    }
+    return vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w));
 }
 
-// 1 / sqrt(mean(x^2) + eps) of the token's input row, the same in every thread.
-fn inverse_rms(base: u32, lid: u32) -> f32 {
-    var sum = 0.0;
-    for (var i = lid; i < P.cols / 4u; i += WG) {
-        let v = load_x(base, i);
-        sum += dot(v, v);
+fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32) {
+    var inv = 1.0;
+    if ((P.mode & MODE_NORM) != 0u) {
+        inv = inverseSqrt(sq / f32(P.cols) + P.eps);
     }
-    reduce_pair(vec4<f32>(sum, 0.0, 0.0, 0.0), vec4<f32>(0.0), lid);
-    return 1.0 / sqrt(sum_a[0].x / f32(P.cols) + P.eps);
+    for (var r = 0u; r < 4u; r++) {
+        if (row + r < P.rows) {
+            var y = inv * a[r];
+            if ((P.mode & MODE_GATED) != 0u) {
+                y = gated(P.mode, y, inv * b[r]);
+            }
+            let at = token * P.y_stride + P.y_off + row + r;
+            if ((P.mode & MODE_ACCUMULATE) != 0u) {
+                Y[at] = Y[at] + y;
+            } else {
+                Y[at] = y;
+            }
+        }
+    }
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
+    let lanes = lane_count();
+    let lane = lid % lanes;
+    let n_sub = WG / lanes;
     let token = wid.y;
-    var x_token = token;
-    if ((P.mode & MODE_X_STEP) != 0u) {
-        x_token = S.lm_first + token;
-    }
-    let x_base = x_token * P.x_stride;
-    let use_norm = (P.mode & MODE_NORM) != 0u;
-    let is_gated = (P.mode & MODE_GATED) != 0u;
-    var inv = 1.0;
-    if (use_norm) {
-        inv = inverse_rms(x_base, lid);
-    }
-    let row0 = wid.x * ROWS;
-    var base_a: array<u32, ROWS>;
-    var base_b: array<u32, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        let row = min(row0 + r, P.rows - 1u);
-        base_a[r] = row_base(row);
-        base_b[r] = P.w1 + row * P.row_words;
-    }
-    let per_block = QK / 4u;
-    var acc_a = vec4<f32>(0.0);
-    var acc_b = vec4<f32>(0.0);
-    for (var i = lid; i < P.cols / 4u; i += WG) {
-        var xv = load_x(x_base, i);
-        if (use_norm) {
-            xv = xv * inv * norm_weight(i);
-        }
-        let blk = (i / per_block) * BLOCK_WORDS;
-        let sub = i % per_block;
-        for (var r = 0u; r < ROWS; r++) {
-            acc_a[r] += dot(dq4(base_a[r] + blk, sub), xv);
-            if (is_gated) {
-                acc_b[r] += dot(dq4(base_b[r] + blk, sub), xv);
+    let x = x_row(token);
+    let gated_mode = (P.mode & MODE_GATED) != 0u;
+    let n_units = P.cols / UNIT;
+    let quads = ROWS_WG / 4u;
+    for (var first = 0u; first < quads; first += n_sub) {
+        let quad = first + lid / lanes;
+        let row = wid.x * ROWS_WG + 4u * quad;
+        var acc_a = vec4<f32>(0.0);
+        var acc_b = vec4<f32>(0.0);
+        var sq = 0.0;
+        if (quad < quads && row < P.rows) {
+            let a = row_words(row, false);
+            let b = row_words(row, true);
+            for (var u = lane; u < n_units; u += lanes) {
+                let xu = unit_x(x, u);
+                sq += xu.sq;
+                acc_a += unit_rows(a, u, xu);
+                if (gated_mode) {
+                    acc_b += unit_rows(b, u, xu);
+                }
             }
         }
-    }
-    reduce_pair(acc_a, acc_b, lid);
-    if (lid < ROWS && row0 + lid < P.rows) {
-        var y = sum_a[0][lid];
-        if (is_gated) {
-            y = gated(P.mode, y, sum_b[0][lid]);
-        }
-        let at = token * P.y_stride + P.y_off + row0 + lid;
-        if ((P.mode & MODE_ACCUMULATE) != 0u) {
-            Y[at] = Y[at] + y;
-        } else {
-            Y[at] = y;
+        let total_a = lanes_sum4(acc_a, lid);
+        let total_b = lanes_sum4(acc_b, lid);
+        let total_sq = lanes_sum1(sq, lid);
+        if (lane == 0u && quad < quads && row < P.rows) {
+            write_rows(row, token, total_a, total_b, total_sq);
         }
     }
 }

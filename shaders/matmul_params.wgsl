@@ -1,4 +1,4 @@
-// What gemv, gemv_chunk, gemm and gemm_rows share: Params, Step and row_base (matmul_structs.wgsl)
+// What gemm and gemm_rows share: Params, Step and row_base (matmul_structs.wgsl)
 // and norm_weight, which reads W as words.
 // Needs the including shader's bindings W (weights, as array<u32>) and P (Params).
 

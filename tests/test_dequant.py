@@ -1,4 +1,4 @@
-"""The GPU dequantization driver: row ranges, binding windows, and the >128 MiB Gemma 3 embedding."""
+"""The GPU dequantization driver: row ranges across row chunks, and the >128 MiB Gemma 3 embedding."""
 
 import numpy as np
 import pytest
@@ -20,12 +20,13 @@ def test_row_ranges_and_small_windows_match_numpy(qtype):
     cols = 256 if qtype == T.Q4_K else 96
     raw = random_bytes(qtype, 40, cols, np.random.default_rng(7))
     want = dequantize_rows(raw, qtype)
-    tensor = upload(raw, qtype)
-    row_bytes = tensor.row_words * 4
-    assert same_bits(dequantize(tensor), want)
-    # windows of a few rows, starting at unaligned rows: every window has to skip into its binding
+    assert same_bits(dequantize(upload(raw, qtype)), want)
+    # chunks of a few rows (a binding limit of 3 rows and a bit): ranges start inside chunks and cross them
+    row_bytes = upload(raw[:1], qtype).row_words * 4
+    tensor = upload(raw, qtype, max_binding=3 * row_bytes + 64)
+    assert len(tensor.chunks) > 5
     for first, count in [(0, 40), (3, 17), (39, 1), (5, 0)]:
-        got = dequantize(tensor, first, count, max_binding=3 * row_bytes + 64)
+        got = dequantize(tensor, first, count)
         assert same_bits(got, want[first:first + count])
 
 
@@ -46,7 +47,8 @@ def test_gemma3_embedding_larger_than_one_binding():
     info = gguf.tensor("token_embd.weight")
     raw = gguf.raw(info.name)
     tensor = upload(raw, info.qtype)
-    assert tensor.n_rows * tensor.row_words * 4 > get_context().max_binding  # the case this is for
-    last = tensor.n_rows - 100
+    assert tensor.rows * tensor.row_words * 4 > get_context().max_binding  # the case this is for
+    assert len(tensor.chunks) > 1
+    last = tensor.rows - 100
     got = dequantize(tensor, last, 100)
     assert same_bits(got, dequantize_rows(raw[last:], info.qtype))

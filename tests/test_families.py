@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from airframe.gguf_file import GGUFFile
-from airframe.gpu.runtime import WebGPUBackend
+from airframe.gpu.backend import WebGPUBackend
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.rope_scaling import RopeScaling
 from airframe.synthetic import write_synthetic_gguf

@@ -5,7 +5,7 @@ wins), -0.0 equal to +0.0, -inf a value like any other; vocabularies not a multi
 import numpy as np
 import pytest
 
-from airframe.gpu import kernels as K
+from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
 from airframe.gpu.greedy import ARGMAX_PER_GROUP, batch_bounds
 
@@ -14,21 +14,21 @@ UNTOUCHED = 77
 
 @pytest.fixture(scope="module")
 def kernels():
-    return K.Kernels(get_context())
+    return pl.Pipelines(get_context())
 
 
 def gpu_argmax(kernels, logits: np.ndarray, n_past: int = 3, ring_len: int = 8):
     """Both stages as the runtime runs them: (token ids buffer, ring) after stage 2."""
     n = logits.size
-    groups = K.ceil_div(n, ARGMAX_PER_GROUP)
-    params = K.pack_params("argmax", n=n, n_groups=groups, ring_len=ring_len)
-    step = K.pack_step(n_past, 1)
+    groups = pl.ceil_div(n, ARGMAX_PER_GROUP)
+    params = pl.pack_params("argmax", n=n, n_groups=groups, ring_len=ring_len)
+    step = pl.pack_step(n_past, 1)
     tokens = np.full(4, UNTOUCHED, np.uint32)
     ring = np.full(ring_len, UNTOUCHED, np.uint32)
     candidates = np.zeros((groups, 2), np.uint32)
-    candidates, _, _ = K.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
+    candidates, _, _ = pl.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
                                   (groups, 1, 1), {"ARGMAX_STAGE": 1})
-    _, tokens, ring = K.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
+    _, tokens, ring = pl.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
                                  (1, 1, 1), {"ARGMAX_STAGE": 2})
     return tokens, ring
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from airframe import reference as ref
-from airframe.gpu import kernels as K
+from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
 
 TOL = 1e-5  # relative to the largest output magnitude: float32 sums in another order
@@ -20,26 +20,26 @@ UNTOUCHED = 7.0
 
 @pytest.fixture(scope="module")
 def kernels():
-    return K.Kernels(get_context())
+    return pl.Pipelines(get_context())
 
 
 def attention(kernels, qkv, kv, n_past, tokens, split_len, n_head, n_kv, hd, window=0, rope=None):
     """(direct output, merged output, cache): what attention_decode wrote to OUT itself, the merge of
     its partials, and the K/V cache after it. `rope` = (layer words, angle table, RoPE params) runs ATTN_ROPE."""
     n_ctx = kv.shape[2]
-    n_splits = K.ceil_div(n_past + tokens, split_len)
-    step = K.pack_step(n_past, tokens, 0, split_len)
-    params = K.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
-                           window=window, scale=hd ** -0.5, qkv_stride=qkv.shape[1])
+    n_splits = pl.ceil_div(n_past + tokens, split_len)
+    step = pl.pack_step(n_past, tokens, 0, split_len)
+    params = pl.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
+                           window=window, scale=hd ** -0.5, qkv_stride=qkv.shape[1], softcap=0.0)
     words, table, rope_params = rope or (np.zeros(4, np.uint32), np.zeros(4, np.float32), bytes(64))
     part = np.zeros(tokens * n_head * n_splits * (hd + 2), np.float32)
     untouched = np.full((tokens, n_head * hd), UNTOUCHED, np.float32)
-    shape = {**K.attention_defines(n_head, n_kv, hd), "ATTN_ROPE": int(rope is not None)}
-    cache, part, direct = K.run_once(kernels, "attention_decode", None,
+    shape = {**pl.attention_defines(n_head, n_kv, hd), "ATTN_ROPE": int(rope is not None)}
+    cache, part, direct = pl.run_once(kernels, "attention_decode", None,
                                      [qkv, words, table, kv, part, untouched, params, rope_params, step],
                                      (n_splits, n_kv, tokens), shape)
-    merge = K.pack_params("attention_merge", n_head=n_head, head_dim=hd)
-    (merged,) = K.run_once(kernels, "attention_merge", None, [part, np.zeros_like(untouched), merge, step],
+    merge = pl.pack_params("attention_merge", n_head=n_head, head_dim=hd)
+    (merged,) = pl.run_once(kernels, "attention_merge", None, [part, np.zeros_like(untouched), merge, step],
                            (n_head, tokens, 1))
     return direct, merged, cache
 
@@ -84,7 +84,7 @@ def rope_inputs(rng, n_head, n_kv, hd, n_ctx, style, qk_norm, bias, rope_dim):
     words = np.concatenate([norms, biases]).view(np.uint32)
     theta = ref.rope_angles(np.arange(n_ctx), rope_dim, 10000.0)
     table = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
-    params = K.pack_params("rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=rope_dim,
+    params = pl.pack_params("rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=rope_dim,
                            neox=int(style == "neox"), qk_norm=int(qk_norm), q_norm_w=0, k_norm_w=hd, eps=1e-6,
                            qkv_stride=n_q + 2 * n_k, n_ctx=n_ctx, table=0, qkv_bias=int(bias), q_bias=2 * hd,
                            k_bias=2 * hd + n_q, v_bias=2 * hd + n_q + n_k)
@@ -106,7 +106,7 @@ def test_rope_in_attention_equals_rope_then_attention(kernels, n_head, n_kv, hd,
     qkv = rng.standard_normal((1, (n_head + 2 * n_kv) * hd)).astype(np.float32)
     kv = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float32)
     kv[:, :, n_past] = 0.0  # the new position, written by either path
-    rotated, want_cache = K.run_once(kernels, "rope", None, [words, table, qkv, kv, rope_params, K.pack_step(n_past, 1)],
+    rotated, want_cache = pl.run_once(kernels, "rope", None, [words, table, qkv, kv, rope_params, pl.pack_step(n_past, 1)],
                                      (n_head + n_kv, 1, 1))
     _, want, _ = attention(kernels, rotated, want_cache, n_past, 1, split_len, n_head, n_kv, hd)
     direct, merged, cache = attention(kernels, qkv, kv, n_past, 1, split_len, n_head, n_kv, hd,

@@ -8,7 +8,7 @@ import pytest
 
 from airframe.engine import Engine, GenerationParams, Piece
 from airframe.gpu.greedy import build_argmax
-from airframe.gpu.runtime import WebGPUBackend
+from airframe.gpu.backend import WebGPUBackend
 from airframe.sampling import SamplingParams
 from airframe.synthetic import write_synthetic_gguf
 

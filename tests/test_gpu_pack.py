@@ -1,4 +1,4 @@
-"""Packing weights: the row-chunk plan, and Gemma 3's 178 MB embedding really split on lavapipe."""
+"""Packing weights: layer buffers, the row-chunk plan, and Gemma 3's 178 MB embedding really split on lavapipe."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from airframe.errors import UnsupportedError
 from airframe.gguf_file import GGUFFile
 from airframe.gpu.device import get_context
 from airframe.gpu.pack import TENSOR_ALIGN_WORDS, pack_tensors, plan_row_chunks
-from airframe.gpu.runtime import WebGPUBackend
+from airframe.gpu.backend import WebGPUBackend
 from airframe.models import resolve_model
 from airframe.reference import ReferenceBackend
 

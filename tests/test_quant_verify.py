@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T, GGUFWriter
 from airframe import quant_verify
 from airframe.cli import main, quant_verify_main
 from airframe.gguf_file import GGUFFile
-from airframe.gpu.quant_layout import SUPPORTED
+from airframe.quants import SUPPORTED
 from airframe.models import resolve_model
 from airframe.resources import shader_path
 

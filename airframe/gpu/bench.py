@@ -1,5 +1,13 @@
-"""WebGPU measurements for `airframe bench`: prefill speed, decode ms/token at several contexts,
-dispatches and bytes per token, and the share of the bandwidth floor measured in the same run."""
+"""WebGPU measurements for `airframe bench`: prefill tokens/s of a 512-token chunk at depth 0 and at
+a deeper position (llama-bench's pp512 and pp512 @ d4096), the time to the first token of a long
+prompt, decode ms/token at several contexts (greedy chained on the GPU, and with the logits read
+back as a sampled request does), where a token's and a chunk's GPU time goes per op class, and the
+share of the bandwidth floor, against a streaming read measured in the same run.
+
+GPU times come from timestamp queries at the start and end of compute passes where the adapter has
+them (wall time around a submit otherwise). Every measurement starts after WARM_S seconds of GPU
+work: GPUs lower their clocks when idle, and a probe right after a pause reads half the bandwidth.
+"""
 
 from __future__ import annotations
 
@@ -7,37 +15,94 @@ import statistics
 import time
 
 import numpy as np
+import wgpu
 from tqdm import tqdm
 
-from . import kernels as K
+from . import pipelines as pl
+from .backend import WebGPUBackend
 from .device import get_context
 from .greedy import chain
-from .runtime import WebGPUBackend
 
 PROBE_BYTES = 1 << 30
-PROBE_THREADS = 256 * 1024
+PROBE_THREADS = 256 * 1024  # enough loads in flight to saturate an H200 (64K threads read half as fast)
+WARM_S = 0.5
 
 
-def streaming_bandwidth(ctx, repeats: int = 10) -> float:
-    """Bytes/s of a coalesced streaming read (stream_read.wgsl), `repeats` dispatches in one pass."""
-    kernels = K.Kernels(ctx)
-    n_bytes = min(PROBE_BYTES, ctx.max_binding, ctx.max_buffer) // 16 * 16
-    src = kernels.storage(n_bytes, "probe_src")
-    out = kernels.storage(PROBE_THREADS * 4, "probe_out")
-    params = kernels.uniform(K.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=PROBE_THREADS))
-    group = kernels.bind("stream_read", [src, out, params])
-    dispatch = K.Dispatch("stream_read", kernels.pipeline("stream_read"), group, (PROBE_THREADS // 256, 1, 1))
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
+class GpuTimer:
+    """Seconds of GPU time of whole compute passes, from timestamp queries."""
+
+    def __init__(self, ctx, n_passes: int = 64):
+        self.ctx = ctx
+        self.enabled = ctx.has_timestamps
+        self.n_passes = n_passes
+        self.used = 0
+        self.fence = ctx.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        if self.enabled:
+            self.queries = ctx.device.create_query_set(type="timestamp", count=2 * n_passes)
+            self.resolved = ctx.device.create_buffer(
+                size=16 * n_passes, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+
+    def writes(self) -> dict | None:
+        """timestamp_writes for the next pass (None without timestamps)."""
+        if not self.enabled:
+            return None
+        i, self.used = self.used, self.used + 1
+        assert i < self.n_passes, "GpuTimer: more passes than queries"
+        return {"query_set": self.queries, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1}
+
+    def wait(self) -> None:
+        """Until the GPU has done everything submitted (a read-back waits for the queue)."""
+        self.ctx.device.queue.read_buffer(self.fence, 0, 16)
+
+    def read(self) -> list[float]:
+        """The durations of the passes since the last read, in seconds."""
+        n, self.used = self.used, 0
+        if not self.enabled or n == 0:
+            return []
+        encoder = self.ctx.device.create_command_encoder()
+        encoder.resolve_query_set(self.queries, 0, 2 * n, self.resolved, 0)
+        self.ctx.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(self.ctx.device.queue.read_buffer(self.resolved, 0, 16 * n), np.uint64)
+        return list((ticks[1::2].astype(np.float64) - ticks[0::2]) * 1e-9)
+
+
+def time_passes(ctx, timer: GpuTimer, dispatches: list[pl.Dispatch], repeats: int, passes: int = 5) -> float:
+    """Median seconds of one run of `dispatches`, each pass repeating them `repeats` times."""
+    walls = []
+    for _ in range(passes):
         encoder = ctx.device.create_command_encoder()
-        K.record(encoder, [dispatch] * repeats)
+        pl.record(encoder, dispatches * repeats, timer.writes())
+        started = time.perf_counter()
         ctx.device.queue.submit([encoder.finish()])
-        ctx.device.queue.read_buffer(out, 0, 16)
-        best = min(best, time.perf_counter() - started)
-    return n_bytes * repeats / best
+        timer.wait()
+        walls.append(time.perf_counter() - started)
+    gpu = timer.read() or walls
+    return statistics.median(gpu) / repeats
 
 
+def warm_up(ctx, timer: GpuTimer, dispatches: list[pl.Dispatch], seconds: float = WARM_S) -> None:
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        time_passes(ctx, timer, dispatches, 1, passes=2)
+
+
+def streaming_bandwidth(ctx, timer: GpuTimer | None = None) -> dict:
+    """Bytes/s of a coalesced streaming read (stream_read.wgsl) after a warm-up: the median and the
+    spread of 20 passes of 5 reads each."""
+    timer = timer or GpuTimer(ctx)
+    pipes = pl.Pipelines(ctx)
+    n_bytes = min(PROBE_BYTES, ctx.max_binding, ctx.max_buffer) // 16 * 16
+    src = pipes.storage(n_bytes, "probe_src")
+    out = pipes.storage(PROBE_THREADS * 4, "probe_out")
+    params = pipes.uniform(pl.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=PROBE_THREADS))
+    dispatch = pl.Dispatch("stream_read", pipes.pipeline("stream_read"), pipes.bind("stream_read", [src, out, params]),
+                           (PROBE_THREADS // 256, 1, 1))
+    warm_up(ctx, timer, [dispatch])
+    rates = sorted(n_bytes / time_passes(ctx, timer, [dispatch], 5, passes=1) for _ in range(20))
+    return {"bytes_per_s": statistics.median(rates), "min": rates[0], "max": rates[-1], "probe_bytes": n_bytes}
+
+
+# ---- what a model reads ---------------------------------------------------------------------
 def weight_bytes_per_token(be: WebGPUBackend) -> int:
     """Bytes of weights one decode token reads: every layer buffer, the LM head, one embedding row."""
     layers = sum(p.n_words * 4 for p in be.layers)
@@ -50,9 +115,62 @@ def kv_bytes_per_token(be: WebGPUBackend, context: int) -> int:
     return 2 * c.n_layers * c.n_head_kv * context * c.head_dim * 4
 
 
-def _median_decode_ms(be: WebGPUBackend, context: int, steps: int, bar) -> float:
+def _op_class(label: str) -> str:
+    """blk.3.qkv@0 -> qkv; lm_head#1 -> lm_head."""
+    return label.split(".")[-1].split("@")[0].split("#")[0]
+
+
+def gpu_breakdown(be: WebGPUBackend, timer: GpuTimer, n_tokens: int, position: int, repeats: int) -> dict:
+    """GPU ms of one forward of n_tokens at `position` (a decode token or a prefill chunk, with the
+    LM head of one position), in all and per op class. Leaves the cache dirty: reset after."""
     be.reset()
-    # the K/V cache's contents do not change the speed: start decoding at `context` directly
+    be.n_past = position
+    be.write_step(n_tokens)
+    be.write_head_step(1, n_tokens - 1)
+    work = be.token_dispatches(n_tokens)
+    out = {"n_tokens": n_tokens, "position": position,
+           "total_ms": 1000 * time_passes(be.ctx, timer, work, repeats), "ops_ms": {}}
+    for name in dict.fromkeys(_op_class(d.label) for d in work):
+        ops = [d for d in work if _op_class(d.label) == name]
+        out["ops_ms"][name] = 1000 * time_passes(be.ctx, timer, ops, repeats)
+    be.reset()
+    return out
+
+
+# ---- prefill --------------------------------------------------------------------------------
+def prefill_rate(be: WebGPUBackend, n_tokens: int, depth: int, runs: int = 3) -> float:
+    """Tokens/s of one chunk of n_tokens after `depth` cached positions (their K/V contents do not
+    change the speed), median of `runs`, the logits of the last position read back."""
+    ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, n_tokens))
+    times = []
+    for _ in range(runs + 1):  # the first run compiles the pipelines of this chunk's shape
+        be.reset()
+        be.n_past = depth
+        started = time.perf_counter()
+        be.forward(ids)
+        times.append(time.perf_counter() - started)
+    be.reset()
+    return n_tokens / statistics.median(times[1:])
+
+
+def time_to_first_token(be: WebGPUBackend, n_prompt: int, runs: int = 3) -> float:
+    """Seconds from a prompt of n_prompt tokens to its first token's logits on the host."""
+    ids = list(np.random.default_rng(1).integers(0, be.config.vocab_size, n_prompt))
+    times = []
+    for _ in range(runs + 1):
+        be.reset()
+        started = time.perf_counter()
+        be.forward(ids)
+        times.append(time.perf_counter() - started)
+    be.reset()
+    return statistics.median(times[1:])
+
+
+# ---- decode ---------------------------------------------------------------------------------
+def sampled_decode_ms(be: WebGPUBackend, context: int, steps: int) -> float:
+    """Median ms/token of forward([token]) from position context - 1: the logits come back every
+    token, as for a sampled request."""
+    be.reset()
     be.n_past = context - 1
     be.forward([1])
     times = []
@@ -60,11 +178,11 @@ def _median_decode_ms(be: WebGPUBackend, context: int, steps: int, bar) -> float
         started = time.perf_counter()
         be.forward([1])
         times.append(time.perf_counter() - started)
-        bar.update(1)
+    be.reset()
     return 1000 * statistics.median(times)
 
 
-def _chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3) -> float:
+def chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3) -> float:
     """ms/token of `steps` greedy tokens chained on the GPU (greedy.py) from position context - 1,
     the ids read back in batches: median of `runs` whole chains, each timed to its last id."""
     times = []
@@ -75,174 +193,91 @@ def _chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 
         for _ in chain(be, 1, steps):
             pass
         times.append(time.perf_counter() - started)
+    be.reset()
     return 1000 * statistics.median(times) / steps
 
 
-def _chained(be: WebGPUBackend, decode: list[dict], steps: int, bandwidth: float, weight_bytes: int) -> dict:
-    """The greedy chain's numbers at each context of the per-token `decode` rows, next to them."""
-    be.reset()
-    ctx_list = [d["context"] for d in decode]
-    chain_dispatches = {d["context"]: d["dispatches"] + len(be.argmax.dispatches) for d in decode}
-    empty = _timed_submit(be, [], 1)
-    out = {"batch": be.argmax.batch, "argmax_gpu_ms": 1000 * (_timed_submit(be, be.argmax.dispatches, 20) - empty) / 20,
-           "decode": []}
-    _chained_decode_ms(be, ctx_list[0], min(steps, 8), runs=1)  # warm-up: the argmax pipelines
-    with tqdm(total=len(ctx_list), desc="chained decode", unit="ctx") as bar:
-        for context in ctx_list:
-            ms = _chained_decode_ms(be, context, steps)
-            floor_ms = 1000 * (weight_bytes + kv_bytes_per_token(be, context)) / bandwidth
-            out["decode"].append({"context": context, "ms_per_token": ms, "floor_ms": floor_ms,
-                                  "floor_share": floor_ms / ms, "dispatches": chain_dispatches[context]})
-            bar.update(1)
-    be.reset()
-    return out
-
-
-def _record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
-    """CPU time to record one decode token's compute pass (median), without submitting it."""
+def record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
+    """Host time to record one decode token's compute pass (median), without submitting it."""
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         encoder = be.ctx.device.create_command_encoder()
-        K.record(encoder, be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1))
+        pl.record(encoder, be.token_dispatches(1))
         encoder.finish()
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
 
 
-def _op_class(label: str) -> str:
-    """blk.3.qkv@0 -> qkv; lm_head#1 -> lm_head."""
-    return label.split(".")[-1].split("@")[0].split("#")[0]
-
-
-def _timed_submit(be: WebGPUBackend, dispatches: list[K.Dispatch], repeats: int) -> float:
-    """Seconds to run `dispatches` `repeats` times in one pass, submit to completion (best of 3)."""
-    device = be.ctx.device
-    best = float("inf")
-    for _ in range(3):
-        encoder = device.create_command_encoder()
-        K.record(encoder, dispatches * repeats)
-        commands = encoder.finish()
-        started = time.perf_counter()
-        device.queue.submit([commands])
-        device.queue.read_buffer(be.scratch.ids, 0, 16)
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def gpu_breakdown(be: WebGPUBackend, context: int, repeats: int = 20) -> dict:
-    """GPU ms of one decode token (its dispatches repeated in one pass), per op class and in all,
-    and the round trip of an empty submit plus a 16-byte read-back. Leaves the cache dirty: reset after."""
-    be.reset()
-    be.n_past = context - 1
-    be._write_step(1)
-    be._write_head_step(1, 0)
-    token = be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1)
-    empty = _timed_submit(be, [], 1)
-    out = {"roundtrip_ms": 1000 * empty,
-           "token_ms": 1000 * (_timed_submit(be, token, repeats) - empty) / repeats, "ops_ms": {}}
-    for name in dict.fromkeys(_op_class(d.label) for d in token):
-        ops = [d for d in token if _op_class(d.label) == name]
-        out["ops_ms"][name] = 1000 * (_timed_submit(be, ops, repeats) - empty) / repeats
-    be.reset()
-    return out
-
-
-def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512) -> dict:
-    """All numbers of one run as a dict (see commands/bench.py for the fields)."""
-    ctx = get_context()
-    n_ctx = max(max(ctx_list) + steps + 1, prefill_tokens)
-    be = WebGPUBackend.load(path, n_ctx=n_ctx, progress=True)
-    bandwidth = streaming_bandwidth(ctx)
-    result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "bandwidth_GBps": bandwidth / 1e9,
-              "dispatches_per_token": be.dispatch_count(1), "weight_bytes_per_token": weight_bytes_per_token(be),
-              "matmul": be.kernels.matmul, "gemv_kind": be.kernels.gemv_kind, "decode": []}
-    result["record_ms"] = _record_ms(be)
-    result["gpu"] = {c: gpu_breakdown(be, c) for c in ctx_list}
-    ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, prefill_tokens))
-    be.forward(ids)  # warm-up: pipelines, caches
-    be.reset()
-    started = time.perf_counter()
-    be.forward(ids)
-    result["prefill_tokens_per_s"] = prefill_tokens / (time.perf_counter() - started)
-    with tqdm(total=steps * len(ctx_list), desc="decode", unit="tok") as bar:
+def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int) -> list[dict]:
+    rows = []
+    chain(be, 1, min(steps, 8))  # compiles the argmax pipelines
+    with tqdm(total=len(ctx_list), desc="decode", unit="ctx") as bar:
         for context in ctx_list:
-            ms = _median_decode_ms(be, context, steps, bar)
-            n_bytes = result["weight_bytes_per_token"] + kv_bytes_per_token(be, context)
+            n_bytes = weights + kv_bytes_per_token(be, context)
             floor_ms = 1000 * n_bytes / bandwidth
+            row = {"context": context, "bytes_per_token": n_bytes, "floor_ms": floor_ms}
             be.n_past = context - 1
-            result["decode"].append({"context": context, "ms_per_token": ms, "bytes_per_token": n_bytes,
-                                     "floor_ms": floor_ms, "floor_share": floor_ms / ms,
-                                     "dispatches": be.dispatch_count(1)})
-    try:  # the other numbers must survive a failure here
-        result["chained"] = _chained(be, result["decode"], steps, bandwidth, result["weight_bytes_per_token"])
-    except Exception as e:  # noqa: BLE001 - reported in the result instead
-        result["chained_error"] = f"{type(e).__name__}: {e}"
+            row["dispatches"] = be.dispatch_count(1) + len(be.argmax.dispatches)
+            for name, measure in (("chained_ms", chained_decode_ms), ("sampled_ms", sampled_decode_ms)):
+                try:  # the other numbers must survive a failure here
+                    row[name] = measure(be, context, steps)
+                except Exception as e:  # noqa: BLE001 - reported in the result instead
+                    row[name + "_error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+            bar.update(1)
+    return rows
+
+
+def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512, depth: int = 4096,
+                 ttft_tokens: int = 2000, matmul: str = "auto") -> dict:
+    """All numbers of one run as a dict (format_result prints them)."""
+    ctx = get_context()
+    n_ctx = max(max(ctx_list) + steps + 1, depth + prefill_tokens, ttft_tokens)
+    be = WebGPUBackend.load(path, n_ctx=n_ctx, progress=True, matmul=matmul)
+    timer = GpuTimer(ctx)
+    probe = streaming_bandwidth(ctx, timer)
+    bandwidth = probe["bytes_per_s"]
+    weights = weight_bytes_per_token(be)
+    result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "matmul": be.pipes.matmul,
+              "bandwidth_GBps": bandwidth / 1e9, "bandwidth_spread_GBps": (probe["min"] / 1e9, probe["max"] / 1e9),
+              "gpu_timestamps": timer.enabled, "weight_bytes_per_token": weights, "record_ms": record_ms(be)}
+    result["prefill"] = {"tokens": prefill_tokens, "depth": depth,
+                         "tokens_per_s": prefill_rate(be, prefill_tokens, 0),
+                         "tokens_per_s_at_depth": prefill_rate(be, prefill_tokens, depth),
+                         "ttft_tokens": ttft_tokens, "ttft_s": time_to_first_token(be, ttft_tokens)}
+    warm_up(ctx, timer, be.token_dispatches(1), 0.2)
+    result["gpu"] = [gpu_breakdown(be, timer, 1, c - 1, 20) for c in ctx_list]
+    result["gpu"].append(gpu_breakdown(be, timer, prefill_tokens, 0, 1))
+    result["decode"] = _decode_rows(be, ctx_list, steps, bandwidth, weights)
     return result
 
 
-def format_result(r: dict) -> str:
-    head = []
-    lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls, decode gemv {r.get('gemv_kind', '?')})",
-             f"model: {r['model']}",
-             f"streaming read: {r['bandwidth_GBps']:.1f} GB/s; dispatches per decode token: {r['dispatches_per_token']}; "
-             f"recording them: {r['record_ms']:.3f} ms",
-             f"prefill (512-token chunk): {r['prefill_tokens_per_s']:.1f} tokens/s",
-             "decode, logits read back every token (the sampling path):",
-             "context  ms/token  tokens/s  MB/token  floor ms  share of floor  dispatches"]
-    for context, g in r.get("gpu", {}).items():
-        ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
-        head += [f"GPU time at context {context}: {g['token_ms']:.3f} ms/token (round trip {g['roundtrip_ms']:.3f} ms); "
-                 f"per op class: {ops}"]
+def _decode_lines(r: dict) -> list[str]:
+    lines = ["decode ms/token   chained greedy (share of floor)   logits read back   floor ms   dispatches"]
     for d in r["decode"]:
-        lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
-                     f"{d['bytes_per_token'] / 1e6:8.1f}  {d['floor_ms']:8.3f}  {100 * d['floor_share']:13.1f}%  "
-                     f"{d.get('dispatches', '?'):>10}")
-    return "\n".join(lines + _format_chained(r) + head)
-
-
-def _format_chained(r: dict) -> list[str]:
-    if "chained_error" in r:
-        return [f"decode, greedy chained on the GPU: FAILED ({r['chained_error']})"]
-    if "chained" not in r:
-        return []
-    c = r["chained"]
-    lines = [f"decode, greedy chained on the GPU (argmax on the GPU, {c['argmax_gpu_ms']:.3f} ms; no logits read back; "
-             f"ids read back every {c['batch']} tokens; median of 3 chains):",
-             "context  ms/token  tokens/s  floor ms  share of floor  dispatches"]
-    for d in c["decode"]:
-        lines.append(f"{d['context']:>7}  {d['ms_per_token']:8.3f}  {1000 / d['ms_per_token']:8.1f}  "
-                     f"{d['floor_ms']:8.3f}  {100 * d['floor_share']:13.1f}%  {d['dispatches']:>10}")
+        chained = (f"{d['chained_ms']:8.3f} ({100 * d['floor_ms'] / d['chained_ms']:5.1f}%)"
+                   if "chained_ms" in d else f"FAILED ({d['chained_ms_error']})")
+        sampled = f"{d['sampled_ms']:8.3f}" if "sampled_ms" in d else f"FAILED ({d['sampled_ms_error']})"
+        lines.append(f"  context {d['context']:>6}   {chained:>30}   {sampled:>16}   {d['floor_ms']:8.3f}   "
+                     f"{d['dispatches']:>10}")
     return lines
 
 
-def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int], steps: int = 32,
-                 repeats: int = 20) -> dict:
-    """Decode matmul variants on one loaded model: for each (kind, invocations, rows) of a
-    K.GEMV_KINDS kind (for "typed": the largest workgroup, 0 for the default; rows are always 4),
-    the GPU breakdown and median decode ms at each context, and the largest logit difference from
-    the first variant over three tokens."""
-    be = WebGPUBackend.load(path, n_ctx=max(ctx_list) + steps + 1, progress=True)
-    out = {"adapter": be.ctx.name, "model": str(path), "variants": []}
-    first = None
-    for kind, wg, rows in variants:
-        k = be.kernels
-        k.gemv_kind = kind
-        if kind == "typed":
-            k.typed_wg = wg
-        else:
-            k.gemv_rows = rows
-            k.gemv_wg = k.chunk_wg = wg
-        k._pipelines.clear()
-        for ops in be.layer_ops:
-            ops._cache.clear()
-        be._next_decode = None
-        be.reset()
-        logits = np.stack([be.forward([t]) for t in (1, 5, 9)])
-        first = logits if first is None else first
-        row = {"kind": kind, "wg": wg, "rows": rows, "max_logit_diff": float(np.abs(logits - first).max()),
-               "gpu": {c: gpu_breakdown(be, c, repeats) for c in ctx_list}}
-        with tqdm(total=steps * len(ctx_list), desc=f"{kind} {wg}x{rows}", unit="tok") as bar:
-            row["decode_ms"] = {c: _median_decode_ms(be, c, steps, bar) for c in ctx_list}
-        out["variants"].append(row)
-    return out
+def format_result(r: dict) -> str:
+    p = r["prefill"]
+    low, high = r["bandwidth_spread_GBps"]
+    lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls)",
+             f"model: {r['model']}",
+             f"streaming read: {r['bandwidth_GBps']:.1f} GB/s (20 passes: {low:.1f} .. {high:.1f}); "
+             f"weights per token {r['weight_bytes_per_token'] / 1e6:.1f} MB; recording a token: {r['record_ms']:.3f} ms",
+             f"prefill, {p['tokens']}-token chunk: {p['tokens_per_s']:.1f} tokens/s at depth 0, "
+             f"{p['tokens_per_s_at_depth']:.1f} at depth {p['depth']}; "
+             f"time to first token of a {p['ttft_tokens']}-token prompt: {p['ttft_s']:.3f} s"]
+    lines += _decode_lines(r)
+    timing = "GPU timestamps" if r["gpu_timestamps"] else "wall clock"
+    for g in r["gpu"]:
+        ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
+        lines.append(f"GPU ms ({timing}), {g['n_tokens']} token(s) at position {g['position']}: "
+                     f"{g['total_ms']:.3f}; per op class: {ops}")
+    return "\n".join(lines)

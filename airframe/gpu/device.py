@@ -17,7 +17,7 @@ from ..errors import GPUError
 # headless server, CI); compute needs no display, so give it a harmless value before wgpu loads.
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "immediates")
 # the limits we raise to the adapter's maximum; the others keep WebGPU's defaults
 WANTED_LIMITS = (
     "max-buffer-size",
@@ -29,6 +29,7 @@ WANTED_LIMITS = (
     "max-compute-workgroups-per-dimension",
     "max-uniform-buffer-binding-size",
     "max-bind-groups",
+    "max-immediate-size",
 )
 NO_ADAPTER_HELP = ("no WebGPU adapter found, expected at least one Vulkan, Metal or D3D12 device; "
                    "on Linux without a GPU install the CPU Vulkan driver lavapipe: "

@@ -21,7 +21,7 @@ import numpy as np
 import wgpu
 
 from ..errors import ParameterError
-from . import kernels as K
+from . import pipelines as pl
 
 GREEDY_BATCH = 16     # ids read back together after the first token
 READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
@@ -32,7 +32,7 @@ ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITE
 class ArgmaxOps:
     """The two argmax dispatches, the ring of chosen ids (one per position) and two read-back buffers."""
 
-    dispatches: list[K.Dispatch]
+    dispatches: list[pl.Dispatch]
     ring: object        # (n_ctx,) u32: the id chosen from position p's logits at p
     staging: list       # two MAP_READ buffers of `batch` ids, used by alternate batches
     batch: int
@@ -40,15 +40,15 @@ class ArgmaxOps:
 
 def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     """argmax.wgsl over logits row 0, writing the ids buffer and the ring; made once at load."""
-    k = be.kernels
+    k = be.pipes
     vocab = be.config.vocab_size
-    n_groups = K.ceil_div(vocab, ARGMAX_PER_GROUP)
+    n_groups = pl.ceil_div(vocab, ARGMAX_PER_GROUP)
     candidates = k.storage(n_groups * 8, "argmax_candidates")
     ring = k.storage(be.n_ctx * 4, "greedy_ring")
-    params = k.uniform(K.pack_params("argmax", n=vocab, n_groups=n_groups, ring_len=be.n_ctx), "argmax")
+    params = k.uniform(pl.pack_params("argmax", n=vocab, n_groups=n_groups, ring_len=be.n_ctx), "argmax")
     logits = (be.scratch.logits, 0, vocab * 4)
     group = k.bind("argmax", [logits, candidates, be.scratch.ids, ring, params, be.scratch.step])
-    dispatches = [K.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
+    dispatches = [pl.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
                   for stage, grid in ((1, (n_groups, 1, 1)), (2, (1, 1, 1)))]
     staging = [be.ctx.device.create_buffer(label=f"greedy_readback#{i}", size=max(16, batch * 4),
                                            usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -79,9 +79,9 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Itera
     stops = {int(t) for t in eos}
     bounds = batch_bounds(total, ops.batch)
     queue = be.ctx.device.queue
-    be._next_decode = None
+    be.drop_prerecorded()
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
-    be._write_head_step(1, 0)
+    be.write_head_step(1, 0)
     in_flight: deque[int] = deque()  # batches submitted, not read
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
@@ -89,7 +89,7 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Itera
         commands = _record(be, ops, first, bounds, 0)
         for step in range(total):
             be.n_past = first + step
-            be._write_step(1)
+            be.write_step(1)
             queue.submit([commands])
             if step + 1 < total:
                 be.n_past = first + step + 1
@@ -117,7 +117,7 @@ def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step:
     """The command buffer of token step `step` at be.n_past; the last step of a batch copies the
     batch's ids to its read-back buffer."""
     encoder = be.ctx.device.create_command_encoder()
-    K.record(encoder, be.dispatches(1) + be.globals_ops.final_norm(1) + be.globals_ops.lm_head(1) + ops.dispatches)
+    pl.record(encoder, be.token_dispatches(1) + ops.dispatches)
     b = 0 if step == 0 else 1 + (step - 1) // ops.batch
     lo, hi = bounds[b]
     if step == hi - 1:

@@ -1,35 +1,91 @@
 """Weights in GPU memory, still quantized.
 
-Each layer's tensors share ONE storage buffer ("bindless"): every tensor is re-laid out by
-`quant_layout.relayout` into 4-byte-aligned blocks and placed at a word offset aligned to
-TENSOR_ALIGN_WORDS; 1-D tensors (norm weights) are stored as float32. The shaders find a tensor by
-its word offset, which the runtime writes into each dispatch's parameter slot. Tensors too large for
-one binding (the token embedding / LM head of big vocabularies) are split by rows into chunks, each
-bound on its own at an aligned offset, spread over several buffers when they exceed the largest
-buffer. docs/ARCHITECTURE.md draws the layout.
+WGSL reads storage buffers as 32-bit words, so each GGUF block is re-laid at load time into a whole
+number of words (`relayout`): the scale of the blocks whose size is not a multiple of 4 bytes
+(Q4_0 18 B, Q5_0 22 B, Q8_0 34 B, Q6_K 210 B) moves into a word of its own, already widened from
+f16 to f32 by numpy (exactly the conversion the `gguf` oracle does), and the quant bytes follow
+word-aligned in their file order; the other formats keep their bytes. The segments of each type
+are in airframe/quants.py; docs/QUANTIZATION.md draws every layout.
+
+Each layer's tensors share ONE storage buffer ("bindless", `pack_tensors`): every tensor sits at a
+word offset aligned to TENSOR_ALIGN_WORDS, 1-D tensors (norm weights, biases) as float32, and the
+shaders find a tensor by the word offset each dispatch's parameters carry. A matrix too large for
+one binding (the token embedding and LM head of big vocabularies) is cut by rows into chunks that
+each fit one binding (`pack_rows`), spread over several buffers when they exceed the largest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
+import wgpu
 
 from ..errors import UnsupportedError
 from ..gguf_file import GGUFFile, dequantize_rows
-from .quant_layout import GpuQuant, gpu_quant, relayout
+from ..quants import QuantType, quant
 
 TENSOR_ALIGN_WORDS = 64  # 256 bytes: the strictest storage offset alignment WebGPU allows
-UPLOAD_ROWS_BYTES = 64 << 20  # re-lay and upload big tensors in pieces of about this size
+UPLOAD_BYTES = 64 << 20  # re-lay and upload big tensors in pieces of about this size
 
 
+# ---- the re-layout of blocks ----------------------------------------------------------------
+def _file_blocks(raw: np.ndarray, q: QuantType) -> np.ndarray:
+    """(rows, row_bytes) uint8 -> (rows, GPU blocks, bytes of a GPU block in the file), checked."""
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim != 2:
+        raise UnsupportedError(f"{q.name} tensor bytes: got {raw.dtype} array of shape {raw.shape}, "
+                               f"expected a 2-D uint8 array (rows, row_bytes)")
+    rows, row_bytes = raw.shape
+    if row_bytes % q.gpu_block_file_bytes:
+        raise UnsupportedError(f"{q.name} row of {row_bytes} bytes is not a whole number of GPU blocks "
+                               f"({q.gpu_block} elements = {q.gpu_block_file_bytes} bytes)")
+    return raw.reshape(rows, row_bytes // q.gpu_block_file_bytes, q.gpu_block_file_bytes)
+
+
+def relayout(raw: np.ndarray, qtype) -> np.ndarray:
+    """(rows, row_bytes) uint8 as in the GGUF -> (rows, row_words) uint32 as the shaders read it."""
+    q = quant(qtype)
+    blocks = _file_blocks(raw, q)
+    rows = blocks.shape[0]
+    if len(q.segments) == 1:  # already aligned: the bytes are the words
+        return np.ascontiguousarray(raw).view("<u4").reshape(rows, -1)
+    parts = []
+    for first, end, widen in q.segments:
+        part = blocks[..., first:end]
+        if widen:
+            part = np.ascontiguousarray(part).view("<f2").astype("<f4").view(np.uint8)
+        parts.append(part)
+    return np.concatenate(parts, axis=-1).view("<u4").reshape(rows, -1)
+
+
+def restore(words: np.ndarray, qtype) -> np.ndarray:
+    """The inverse of `relayout`: (rows, row_words) uint32 -> the GGUF bytes (rows, row_bytes)."""
+    q = quant(qtype)
+    words = np.ascontiguousarray(words, dtype="<u4")
+    rows = words.shape[0]
+    laid = words.view(np.uint8).reshape(rows, -1, q.gpu_words * 4)
+    out = np.empty((rows, laid.shape[1], q.gpu_block_file_bytes), dtype=np.uint8)
+    at = 0
+    for first, end, widen in q.segments:
+        width = 4 if widen else end - first
+        part = laid[..., at:at + width]
+        if widen:
+            part = np.ascontiguousarray(part).view("<f4").astype("<f2").view(np.uint8)
+        out[..., first:end] = part
+        at += width
+    return out.reshape(rows, -1)
+
+
+# ---- one layer's tensors in one buffer ------------------------------------------------------
 @dataclass(frozen=True)
 class PackedTensor:
     """One tensor inside a layer buffer. Matrices are (rows, cols) with row_words words per row."""
 
     name: str
     qtype: object
-    quant: GpuQuant | None  # None for a 1-D float32 vector
+    quant: QuantType | None  # None for a 1-D float32 vector
     rows: int
     cols: int
     row_words: int
@@ -48,28 +104,6 @@ class LayerPack:
         return self.tensors[name]
 
 
-@dataclass(frozen=True)
-class RowChunk:
-    """Rows [first_row, first_row + n_rows) of a tensor, bound alone: `size` bytes at `offset`."""
-
-    buffer: object
-    offset: int
-    size: int
-    first_row: int
-    n_rows: int
-
-
-@dataclass
-class ChunkedTensor:
-    name: str
-    qtype: object
-    quant: GpuQuant
-    rows: int
-    cols: int
-    row_words: int
-    chunks: list[RowChunk]
-
-
 def _words_for(gf: GGUFFile, name: str, first: int = 0, count: int | None = None) -> np.ndarray:
     """(rows, row_words) uint32 of the tensor's rows, re-laid for the shaders."""
     t = gf.tensor(name)
@@ -86,23 +120,21 @@ def _layout(gf: GGUFFile, names: list[str]) -> tuple[dict[str, PackedTensor], in
     for name in names:
         t = gf.tensor(name)
         if len(t.shape) == 1:
-            quant, rows, cols, row_words = None, 1, t.shape[0], t.shape[0]
+            q, rows, cols, row_words = None, 1, t.shape[0], t.shape[0]
         else:
-            quant = gpu_quant(t.qtype)
+            q = quant(t.qtype)
             rows, cols = t.n_rows, t.shape[0]
-            if cols % quant.block_elems:
+            if cols % q.gpu_block:
                 raise UnsupportedError(f"{gf.path}: tensor {name!r} has rows of {cols} elements, "
-                                       f"expected a multiple of the {t.qtype.name} block of {quant.block_elems}")
-            row_words = cols // quant.block_elems * quant.block_words
-        placed[name] = PackedTensor(name, t.qtype, quant, rows, cols, row_words, at)
+                                       f"expected a multiple of the {q.name} block of {q.gpu_block}")
+            row_words = q.gpu_row_words(cols)
+        placed[name] = PackedTensor(name, t.qtype, q, rows, cols, row_words, at)
         at += -(-rows * row_words // TENSOR_ALIGN_WORDS) * TENSOR_ALIGN_WORDS
     return placed, at
 
 
 def pack_tensors(ctx, gf: GGUFFile, names: list[str], label: str) -> LayerPack:
     """Put the named tensors (GGUF names) into one new storage buffer."""
-    import wgpu
-
     placed, n_words = _layout(gf, names)
     if n_words * 4 > ctx.max_binding:
         raise UnsupportedError(f"{gf.path}: {label} needs {n_words * 4:,} bytes in one binding, "
@@ -114,34 +146,62 @@ def pack_tensors(ctx, gf: GGUFFile, names: list[str], label: str) -> LayerPack:
     return LayerPack(buffer, n_words, placed)
 
 
+# ---- a matrix in row chunks -----------------------------------------------------------------
+@dataclass(frozen=True)
+class RowChunk:
+    """Rows [first_row, first_row + n_rows) of a tensor, bound alone: `size` bytes at `offset`."""
+
+    buffer: object
+    offset: int
+    size: int
+    first_row: int
+    n_rows: int
+
+
+@dataclass
+class ChunkedTensor:
+    name: str
+    qtype: object
+    quant: QuantType
+    rows: int
+    cols: int
+    row_words: int
+    chunks: list[RowChunk]
+
+    def chunks_of(self, first: int, count: int) -> list[tuple[RowChunk, int, int]]:
+        """(chunk, first row inside it, rows) of each chunk that rows [first, first + count) touch."""
+        out = []
+        for c in self.chunks:
+            lo, hi = max(first, c.first_row), min(first + count, c.first_row + c.n_rows)
+            if lo < hi:
+                out.append((c, lo - c.first_row, hi - lo))
+        return out
+
+
 def plan_row_chunks(rows: int, row_bytes: int, max_binding: int, max_buffer: int,
                     alignment: int) -> list[tuple[int, int, int, int]]:
-    """(buffer index, byte offset, first row, row count) of each chunk.
-
-    Every chunk is at most max_binding bytes and starts at a multiple of `alignment` (rows per chunk
-    are a multiple of alignment / gcd(row_bytes, alignment)); buffers hold whole chunks.
-    """
-    step = alignment // np.gcd(row_bytes, alignment)
-    per_chunk = max_binding // row_bytes // step * step
+    """(buffer index, byte offset, first row, row count) of each chunk: as many rows as one binding
+    holds, each chunk at the next multiple of `alignment` in its buffer, a new buffer when the
+    next chunk would pass the largest buffer."""
+    per_chunk = min(max_binding, max_buffer) // row_bytes
     if per_chunk < 1:
-        raise UnsupportedError(f"a row of {row_bytes:,} bytes does not fit one binding of {max_binding:,} bytes "
-                               f"at alignment {alignment}")
-    per_buffer = max(1, max_buffer // (per_chunk * row_bytes)) * per_chunk
-    plan = []
+        raise UnsupportedError(f"a row of {row_bytes:,} bytes does not fit one binding of {max_binding:,} bytes")
+    plan, index, at = [], 0, 0
     for first in range(0, rows, per_chunk):
         n = min(per_chunk, rows - first)
-        plan.append((first // per_buffer, (first % per_buffer) * row_bytes, first, n))
+        if at + n * row_bytes > max_buffer:
+            index, at = index + 1, 0
+        plan.append((index, at, first, n))
+        at = -(-(at + n * row_bytes) // alignment) * alignment
     return plan
 
 
-def pack_rows(ctx, gf: GGUFFile, name: str, max_binding: int | None = None) -> ChunkedTensor:
-    """A matrix in row chunks that each fit one binding (the token embedding, the LM head)."""
-    import wgpu
-
-    t = gf.tensor(name)
-    quant = gpu_quant(t.qtype)
-    rows, cols = t.n_rows, t.shape[0]
-    row_words = cols // quant.block_elems * quant.block_words
+def upload_rows(ctx, name: str, qtype, rows: int, cols: int, read: Callable[[int, int], np.ndarray],
+                max_binding: int | None = None, usage: int = 0) -> ChunkedTensor:
+    """A (rows, cols) matrix in row chunks that each fit one binding; `read(first, count)` gives
+    the re-laid words of rows [first, first + count)."""
+    q = quant(qtype)
+    row_words = q.gpu_row_words(cols)
     row_bytes = row_words * 4
     plan = plan_row_chunks(rows, row_bytes, max_binding or ctx.max_binding, ctx.max_buffer,
                            max(ctx.offset_alignment, 4))
@@ -149,14 +209,21 @@ def pack_rows(ctx, gf: GGUFFile, name: str, max_binding: int | None = None) -> C
     for index in sorted({p[0] for p in plan}):
         last = max(off + n * row_bytes for i, off, _, n in plan if i == index)
         buffers[index] = ctx.device.create_buffer(label=f"{name}#{index}", size=last,
-                                                  usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
+                                                  usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | usage)
     chunks = []
-    piece = max(1, UPLOAD_ROWS_BYTES // row_bytes)
+    piece = max(1, UPLOAD_BYTES // row_bytes)
     for index, offset, first, n in plan:
         buffer = buffers[index]
         for start in range(first, first + n, piece):
             count = min(piece, first + n - start)
-            words = np.ascontiguousarray(_words_for(gf, name, start, count))
+            words = np.ascontiguousarray(read(start, count))
             ctx.device.queue.write_buffer(buffer, offset + (start - first) * row_bytes, words)
         chunks.append(RowChunk(buffer, offset, n * row_bytes, first, n))
-    return ChunkedTensor(name, t.qtype, quant, rows, cols, row_words, chunks)
+    return ChunkedTensor(name, q.qtype, q, rows, cols, row_words, chunks)
+
+
+def pack_rows(ctx, gf: GGUFFile, name: str, max_binding: int | None = None) -> ChunkedTensor:
+    """A matrix of the file in row chunks (the token embedding, the LM head)."""
+    t = gf.tensor(name)
+    return upload_rows(ctx, name, t.qtype, t.n_rows, t.shape[0],
+                       lambda first, count: _words_for(gf, name, first, count), max_binding)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Callable
 
 from ..errors import AirframeError
 from ..resources import data_dir
@@ -24,18 +25,22 @@ def _read(name: str) -> str:
     return path.read_text()
 
 
-def _substitute(text: str, defines: dict[str, str], where: str) -> str:
+def _substitute(text: str, defines: dict[str, str], where: str, default: Callable[[str], str] | None) -> str:
     def value(match: re.Match) -> str:
         key = match.group(1)
-        if key not in defines:
-            raise AirframeError(f"{where}: placeholder {{{key}}} has no value; given: {sorted(defines)}")
-        return str(defines[key])
+        if key in defines:
+            return str(defines[key])
+        if default is not None:
+            return default(key)
+        raise AirframeError(f"{where}: placeholder {{{key}}} has no value; given: {sorted(defines)}")
 
     return _PLACEHOLDER.sub(value, text)
 
 
-def load_wgsl(name: str, defines: dict[str, str] | None = None) -> str:
-    """The WGSL source of `shaders/<name>` with includes resolved and placeholders filled."""
+def load_wgsl(name: str, defines: dict[str, str] | None = None,
+              default: Callable[[str], str] | None = None) -> str:
+    """The WGSL source of `shaders/<name>` with includes resolved and placeholders filled;
+    `default(name)` gives the value of a placeholder that `defines` lacks (else an error)."""
     defines = dict(defines or {})
     seen: set[str] = set()
 
@@ -43,7 +48,7 @@ def load_wgsl(name: str, defines: dict[str, str] | None = None) -> str:
         if file in seen:
             return ""
         seen.add(file)
-        text = _substitute(_read(file), defines, file)
-        return _INCLUDE.sub(lambda m: expand(_substitute(m.group(1), defines, file)), text)
+        text = _substitute(_read(file), defines, file, default)
+        return _INCLUDE.sub(lambda m: expand(_substitute(m.group(1), defines, file, default)), text)
 
-    return expand(_substitute(name, defines, name))
+    return expand(_substitute(name, defines, name, default))

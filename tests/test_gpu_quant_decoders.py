@@ -1,4 +1,5 @@
-"""The GPU layout of each quant type, and its WGSL decoder against the gguf package's numpy code.
+"""The GPU layout of each quant type (pack.relayout), and its WGSL decoder (shaders/quant/) against the
+gguf package's numpy code.
 
 Decoding is integer unpacking plus products that are exact in float32 and at most one rounded
 add, so the GPU must give the very same float32 bits as `gguf.quants.dequantize`.
@@ -14,7 +15,8 @@ from gguf import quants as gguf_quants
 from airframe.errors import UnsupportedError
 from airframe.gguf_file import dequantize_rows
 from airframe.gpu.dequant import dequantize, upload
-from airframe.gpu.quant_layout import SUPPORTED, gpu_quant, relayout, restore, row_words
+from airframe.gpu.pack import relayout, restore
+from airframe.quants import SUPPORTED, quant
 from airframe.resources import shader_path
 
 QUANTIZABLE = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
@@ -25,9 +27,7 @@ def random_blocks(qtype, rows, cols, seed=0):
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scales = {T.Q4_0: [0], T.Q5_0: [0], T.Q8_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2],
-              T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}.get(qtype, [])
-    for at in scales:
+    for at in quant(qtype).scales:
         sane = rng.uniform(-2e-2, 2e-2, size=raw.shape[:2]).astype(np.float16)
         raw[..., at:at + 2] = sane.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(rows, -1)
@@ -50,19 +50,19 @@ def assert_same_bits(got, want):
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
 def test_shader_constants_match_the_table(qtype):
-    q = gpu_quant(qtype)
-    text = shader_path(f"quant/{q.shader}").read_text()
-    assert re.search(rf"const QK: u32 = {q.block_elems}u;", text)
-    assert re.search(rf"const BLOCK_WORDS: u32 = {q.block_words}u;", text)
+    q = quant(qtype)
+    text = shader_path(f"quant/{q.shader}.wgsl").read_text()
+    assert re.search(rf"const QK: u32 = {q.gpu_block}u;", text)
+    assert re.search(rf"const BLOCK_WORDS: u32 = {q.gpu_words}u;", text)
     assert len(re.findall(r"^fn dq4\(blk: u32, i: u32\) -> vec4<f32>", text, re.MULTILINE)) == 1
-    assert q.block_words * 4 >= q.file_block_bytes and q.block_elems % 4 == 0
+    assert q.gpu_words * 4 >= q.gpu_block_file_bytes and q.gpu_block % 4 == 0
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
 def test_relayout_is_lossless(qtype):
     raw = random_blocks(qtype, 3, 512, seed=1)
     words = relayout(raw, qtype)
-    assert words.dtype == np.uint32 and words.shape == (3, row_words(512, qtype))
+    assert words.dtype == np.uint32 and words.shape == (3, quant(qtype).gpu_row_words(512))
     assert np.array_equal(restore(words, qtype), raw)
 
 
@@ -112,7 +112,7 @@ def test_bf16_keeps_every_bit():
 @pytest.mark.parametrize("qtype", [T.Q2_K, T.IQ4_NL, 999], ids=str)
 def test_unsupported_type_is_named(qtype):
     with pytest.raises(UnsupportedError, match=str(getattr(qtype, "name", qtype))):
-        gpu_quant(qtype)
+        quant(qtype)
 
 
 def test_row_that_is_not_whole_blocks_is_refused():
@@ -121,4 +121,4 @@ def test_row_that_is_not_whole_blocks_is_refused():
     with pytest.raises(UnsupportedError, match="expected a 2-D uint8"):
         relayout(np.zeros(34, dtype=np.uint8), T.Q8_0)
     with pytest.raises(UnsupportedError, match="F32 row of 6 elements"):
-        row_words(6, T.F32)
+        quant(T.F32).gpu_row_words(6)

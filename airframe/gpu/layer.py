@@ -1,7 +1,8 @@
 """The dispatches of one layer and of the model's ends, built once at load.
 
 Each Op holds its bind group and parameter buffer; `dispatch(n_tokens, n_splits)` only picks the
-pipeline variant (gemv for one token, gemm for a chunk) and the workgroup counts.
+program (gemv.wgsl for one token, gemm.wgsl for a chunk, gemm_rows.wgsl on CPU adapters) and the
+workgroup counts.
 """
 
 from __future__ import annotations
@@ -10,52 +11,54 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..errors import UnsupportedError
-from . import kernels as K
+from . import pipelines as pl
 from .pack import PackedTensor
 
 
 @dataclass
 class Op:
     label: str
-    shader: str                      # "matmul" picks gemv.wgsl or gemm.wgsl by the token count
+    shader: str                      # "matmul": gemv, gemm or gemm_rows, by the token count
     quant: object
     bind_group: object
     grid: Callable[[int, int], tuple[int, int, int]] | None = None
     rows: int = 0
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
-    shape: dict | None = None        # the program's model-shape placeholders (K.attention_defines)
+    shape: dict | None = None        # the program's model-shape placeholders (pl.attention_defines)
     # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, rope.wgsl 2+ tokens
     when: Callable[[int, int], bool] | None = None
+    gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
 
-    def dispatch(self, kernels: K.Kernels, n_tokens: int, n_splits: int) -> K.Dispatch:
+    def dispatch(self, pipes: pl.Pipelines, n_tokens: int, n_splits: int) -> pl.Dispatch:
         shape = self.shape
-        if self.shader == "matmul":
-            if kernels.matmul == "rows":
-                shader, grid = "gemm_rows", (K.ceil_div(self.rows, K.ROWS_WG), K.ceil_div(n_tokens, K.ROWS_TOKENS), 1)
-            elif n_tokens == 1 or self.cols % K.GEMM_K:
-                shader, rows_per_group, shape = kernels.decode_matmul(self.rows, self.cols, self.quant)
-                grid = (K.ceil_div(self.rows, rows_per_group), n_tokens, 1)
-            else:
-                shader, grid = "gemm", (K.ceil_div(self.rows, K.GEMM_ROWS), K.ceil_div(n_tokens, K.GEMM_TOKENS), 1)
-        else:
+        if self.shader != "matmul":
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
+        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K:
+            shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
+        elif n_tokens == 1:
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.quant)
+            shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
+        else:
+            tile_r, tile_t, groups = pipes.gemm_tile(self.rows, n_tokens, self.gated)
+            shader, grid = "gemm", (groups, pl.ceil_div(n_tokens, tile_t), 1)
+            shape = {"GEMM_TILE_R": tile_r, "GEMM_TILE_T": tile_t}
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
-        return K.Dispatch(self.label, kernels.pipeline(shader, self.quant, shape), self.bind_group, grid, out)
+        return pl.Dispatch(self.label, pipes.pipeline(shader, self.quant, shape), self.bind_group, grid, out)
 
 
 @dataclass
 class LayerOps:
-    kernels: K.Kernels
+    pipes: pl.Pipelines
     ops: list[Op]
     _cache: dict = field(default_factory=dict)
 
-    def dispatches(self, n_tokens: int, n_splits: int) -> list[K.Dispatch]:
+    def dispatches(self, n_tokens: int, n_splits: int) -> list[pl.Dispatch]:
         key = (n_tokens, n_splits)
         if key not in self._cache:
             if len(self._cache) > 64:
                 self._cache.clear()
-            self._cache[key] = [op.dispatch(self.kernels, n_tokens, n_splits) for op in self.ops
+            self._cache[key] = [op.dispatch(self.pipes, n_tokens, n_splits) for op in self.ops
                                 if op.when is None or op.when(n_tokens, n_splits)]
         return list(self._cache[key])
 
@@ -65,26 +68,26 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
     """y = W x with up to three row segments (or gate/up with MODE_GATED)."""
     c = be.config
     first = weights[0]
-    gated = mode & K.MODE_GATED
+    gated = mode & pl.MODE_GATED
     offsets = [w.offset for w in weights] + [0] * (3 - len(weights))
     # gemv_q4_k / gemv_bf16 read 16-byte vectors: pack.py places every tensor on a 64-word boundary
     assert all(o % 4 == 0 for o in offsets), f"{label}: weight word offsets {offsets} not 16-byte aligned"
     starts = [sum(w.rows for w in weights[:i]) for i in range(1, len(weights))] if not gated else []
-    starts += [K.NO_SEGMENT] * (2 - len(starts))
+    starts += [pl.NO_SEGMENT] * (2 - len(starts))
     rows = first.rows if gated else sum(w.rows for w in weights)
-    params = K.pack_params(
+    params = pl.pack_params(
         "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=mode,
         w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
         norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=y_stride, y_off=y_off)
-    k = be.kernels
+    k = be.pipes
     group = k.bind("gemv", [layer, x, y, k.uniform(params, label), be.scratch.step])
-    return Op(label, "matmul", first.quant, group, rows=rows, cols=first.cols, output=(y, y_stride))
+    return Op(label, "matmul", first.quant, group, rows=rows, cols=first.cols, output=(y, y_stride), gated=bool(gated))
 
 
 def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool) -> Op:
-    params = K.pack_params("rmsnorm", n=n, norm_w=norm.offset, eps=be.config.rms_eps, add=int(add),
+    params = pl.pack_params("rmsnorm", n=n, norm_w=norm.offset, eps=be.config.rms_eps, add=int(add),
                            x_stride=n, y_stride=n)
-    k = be.kernels
+    k = be.pipes
     group = k.bind("rmsnorm", [layer, x, y, k.uniform(params, label), be.scratch.step])
     return Op(label, "rmsnorm", None, group, grid=lambda t, s: (t, 1, 1), output=(y, n))
 
@@ -111,7 +114,7 @@ def build_layer(be, i: int) -> LayerOps:
     s = be.scratch
     pack = be.layers[i]
     buf = pack.buffer
-    k = be.kernels
+    k = be.pipes
     w = {name.split(".", 2)[2].removesuffix(".weight"): t for name, t in pack.tensors.items()}
     n_qkv = c.n_q + 2 * c.n_kv
     ops = []
@@ -119,10 +122,10 @@ def build_layer(be, i: int) -> LayerOps:
     qkv = [w["attn_qkv"]] if c.fused_qkv else [w["attn_q"], w["attn_k"], w["attn_v"]]
     for group in _qkv_groups(qkv):
         ops.append(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
-                           K.MODE_NORM, w["attn_norm"]))
+                           pl.MODE_NORM, w["attn_norm"]))
         col += sum(t.rows for t in group)
 
-    rope = K.pack_params(
+    rope = pl.pack_params(
         "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
         neox=int(c.rope_style == "neox"), qk_norm=int(c.qk_norm),
         q_norm_w=w["attn_q_norm"].offset if c.qk_norm else 0, k_norm_w=w["attn_k_norm"].offset if c.qk_norm else 0,
@@ -136,16 +139,16 @@ def build_layer(be, i: int) -> LayerOps:
                   output=(s.qkv, n_qkv), when=lambda t, n: t > 1))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
-    attn = K.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
+    attn = pl.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
                          n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
                          softcap=c.attn_logit_softcap)
     group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv[i], s.part, s.attn, k.uniform(attn),
                                         rope_params, s.step])
-    shape = K.attention_defines(c.n_head, c.n_head_kv, c.head_dim)
+    shape = pl.attention_defines(c.n_head, c.n_head_kv, c.head_dim)
     for rope_here, when in ((0, lambda t, n: t > 1), (1, lambda t, n: t == 1)):
         ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, t),
                       shape={**shape, "ATTN_ROPE": rope_here}, when=when))
-    merge = K.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
+    merge = pl.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
     # with one split attention_decode.wgsl writes its output itself
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
@@ -157,21 +160,21 @@ def build_layer(be, i: int) -> LayerOps:
                             c.n_embd, add=True))
     else:
         ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
-                           mode=K.MODE_ACCUMULATE))
+                           mode=pl.MODE_ACCUMULATE))
 
     gate, up = _row_halves(w["ffn_up"], c.n_ff) if c.fused_gate_up else (w["ffn_gate"], w["ffn_up"])
     if gate.qtype != up.qtype:
         raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {gate.qtype.name} but ffn_up is "
                                f"{up.qtype.name}; the fused gate/up kernel expects one type")
-    act = K.MODE_GELU if c.activation == "gelu_tanh" else 0
+    act = pl.MODE_GELU if c.activation == "gelu_tanh" else 0
     ops.append(_matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
-                       mode=K.MODE_NORM | K.MODE_GATED | act, norm=w["ffn_norm"]))
+                       mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"]))
     if c.post_norms:
         ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd))
         ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))
     else:
         ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
-                           mode=K.MODE_ACCUMULATE))
+                           mode=pl.MODE_ACCUMULATE))
     return LayerOps(k, ops)
 
 
@@ -179,29 +182,29 @@ def build_layer(be, i: int) -> LayerOps:
 class GlobalOps:
     """Embedding lookup (one dispatch per row chunk), final norm, LM head (one dispatch per chunk)."""
 
-    kernels: K.Kernels
+    pipes: pl.Pipelines
     embed_ops: list[Op]
     norm_op: Op
     head_ops: list[Op]
 
-    def embed(self, n_tokens: int) -> list[K.Dispatch]:
-        return [op.dispatch(self.kernels, n_tokens, 1) for op in self.embed_ops]
+    def embed(self, n_tokens: int) -> list[pl.Dispatch]:
+        return [op.dispatch(self.pipes, n_tokens, 1) for op in self.embed_ops]
 
-    def final_norm(self, n_tokens: int) -> list[K.Dispatch]:
-        return [self.norm_op.dispatch(self.kernels, n_tokens, 1)]
+    def final_norm(self, n_tokens: int) -> list[pl.Dispatch]:
+        return [self.norm_op.dispatch(self.pipes, n_tokens, 1)]
 
-    def lm_head(self, n_tokens: int) -> list[K.Dispatch]:
-        return [op.dispatch(self.kernels, n_tokens, 1) for op in self.head_ops]
+    def lm_head(self, n_tokens: int) -> list[pl.Dispatch]:
+        return [op.dispatch(self.pipes, n_tokens, 1) for op in self.head_ops]
 
 
 def build_globals(be) -> GlobalOps:
     c = be.config
     s = be.scratch
-    k = be.kernels
+    k = be.pipes
     embed_ops = []
     e = be.token_embd
     for j, chunk in enumerate(e.chunks):
-        params = K.pack_params("embedding", first_row=chunk.first_row, n_rows=chunk.n_rows, cols=e.cols,
+        params = pl.pack_params("embedding", first_row=chunk.first_row, n_rows=chunk.n_rows, cols=e.cols,
                                row_words=e.row_words, scale=c.embedding_scale())
         group = k.bind("embedding", [(chunk.buffer, chunk.offset, chunk.size), s.ids, s.x, k.uniform(params), s.step])
         embed_ops.append(Op(f"token_embd#{j}", "embedding", e.quant, group, grid=lambda t, n: (t, 1, 1),
@@ -211,9 +214,9 @@ def build_globals(be) -> GlobalOps:
     head_ops = []
     h = be.output
     for j, chunk in enumerate(h.chunks):
-        params = K.pack_params(
-            "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=K.MODE_X_STEP, w0=0, w1=0, w2=0,
-            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
+        params = pl.pack_params(
+            "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=pl.MODE_X_STEP, w0=0, w1=0, w2=0,
+            seg1=pl.NO_SEGMENT, seg2=pl.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
             y_stride=c.vocab_size, y_off=chunk.first_row)
         group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.head_step])
         head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,

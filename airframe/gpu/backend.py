@@ -28,11 +28,11 @@ from ..errors import ContextOverflowError, ParameterError, UnsupportedError
 from ..family import ModelConfig, load_config
 from ..gguf_file import GGUFFile
 from ..rope_scaling import RopeScaling, cos_sin, freq_factors
-from . import kernels as K
+from . import pipelines as pl
 from .device import get_context
 from .greedy import build_argmax, greedy_stream
 from .pack import LayerPack, pack_rows, pack_tensors
-from .runtime_ops import LayerOps, build_globals, build_layer
+from .layer import LayerOps, build_globals, build_layer
 
 log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
@@ -69,14 +69,14 @@ class WebGPUBackend:
     name = "webgpu"
 
     def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, prefill_chunk: int,
-                 progress: bool, max_binding: int | None):
+                 progress: bool, max_binding: int | None, matmul: str = "auto", reduce: str = "auto"):
         self.ctx = ctx
         self.gf = gf
         self.config = config
         self.n_ctx = n_ctx
         self.n_past = 0
         self.prefill_chunk = prefill_chunk
-        self.kernels = K.Kernels(ctx)
+        self.pipes = pl.Pipelines(ctx, matmul, reduce)
         _check_config(gf, config)
         bar = tqdm(total=config.n_layers + 2, desc="loading to GPU", unit="part", disable=not progress,
                    leave=False)
@@ -93,7 +93,7 @@ class WebGPUBackend:
             names = [f"blk.{i}.{t}" for t in config.layer_tensors]
             self.layers.append(pack_tensors(ctx, gf, names, f"blk.{i}"))
             kv_bytes = 2 * config.n_head_kv * n_ctx * config.head_dim * 4
-            self.kv.append(self.kernels.storage(kv_bytes, f"blk.{i}.kv"))
+            self.kv.append(self.pipes.storage(kv_bytes, f"blk.{i}.kv"))
             self.layer_ops.append(build_layer(self, i))
             bar.update(1)
         self.globals_ops = build_globals(self)
@@ -102,14 +102,14 @@ class WebGPUBackend:
         bar.close()
         self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
         # decode: the next token's command buffer, recorded while the GPU runs the current one
-        self.overlap = os.environ.get("AIRFRAME_OVERLAP", "1") == "1"
         self._next_decode: tuple[int, object] | None = None
         self.trace_chunks = os.environ.get("AIRFRAME_TRACE_PREFILL_CHUNKS") == "1"
 
     @classmethod
     def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = True,
              prefill_chunk: int = PREFILL_CHUNK, max_binding: int | None = None,
-             rope_scaling: RopeScaling | None = None, **options) -> "WebGPUBackend":
+             rope_scaling: RopeScaling | None = None, matmul: str = "auto", reduce: str = "auto",
+             **options) -> "WebGPUBackend":
         """Load a GGUF file. `max_binding` lowers the binding limit (tests of chunked tensors);
         `rope_scaling` replaces the RoPE scaling the file declares."""
         if options:
@@ -122,7 +122,7 @@ class WebGPUBackend:
             raise ParameterError(f"n_ctx = {n_ctx}, expected a positive number of positions")
         if prefill_chunk < 1:
             raise ParameterError(f"prefill_chunk = {prefill_chunk}, expected a positive number of tokens")
-        return cls(get_context(), gf, config, n_ctx, prefill_chunk, progress, max_binding)
+        return cls(get_context(), gf, config, n_ctx, prefill_chunk, progress, max_binding, matmul, reduce)
 
     # ---- buffers made once -------------------------------------------------------------------
     def _rope_table(self):
@@ -142,7 +142,7 @@ class WebGPUBackend:
             tables.append(np.stack([cos, sin], axis=-1).astype(np.float32))
             offsets[base] = index * self.n_ctx * half * 2
         data = np.ascontiguousarray(np.stack(tables))
-        buffer = self.kernels.storage(data.nbytes, "rope_table")
+        buffer = self.pipes.storage(data.nbytes, "rope_table")
         self.ctx.device.queue.write_buffer(buffer, 0, data)
         return buffer, offsets
 
@@ -153,7 +153,7 @@ class WebGPUBackend:
         part_bytes = max(MAX_SPLITS * part_row, t * part_row,
                          min(PART_BYTES, self.ctx.max_binding) // part_row * part_row)
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
-        k = self.kernels
+        k = self.pipes
         wide = max(c.n_embd, c.n_q)
         return Scratch(
             tokens=t,
@@ -168,8 +168,8 @@ class WebGPUBackend:
             staging=self.ctx.device.create_buffer(
                 label="logits_readback", size=logit_rows * c.vocab_size * 4,
                 usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST),
-            step=k.uniform(K.pack_step(0, 1), "step"),
-            head_step=k.uniform(K.pack_step(0, 1), "head_step"),
+            step=k.uniform(pl.pack_step(0, 1), "step"),
+            head_step=k.uniform(pl.pack_step(0, 1), "head_step"),
             part_bytes=part_bytes,
             logit_rows=logit_rows,
         )
@@ -245,34 +245,43 @@ class WebGPUBackend:
         per_split = -(-kv_total // max(1, min(MAX_SPLITS, fit)))
         return max(MIN_SPLIT_LEN, -(-per_split // 64) * 64)
 
-    def dispatches(self, n_tokens: int) -> list[K.Dispatch]:
+    def layer_dispatches(self, n_tokens: int) -> list[pl.Dispatch]:
         """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""
-        n_splits = self._n_splits(n_tokens)
+        n_splits = self.n_splits(n_tokens)
         out = self.globals_ops.embed(n_tokens)
         for ops in self.layer_ops:
             out += ops.dispatches(n_tokens, n_splits)
         return out
 
+    def token_dispatches(self, n_tokens: int = 1) -> list[pl.Dispatch]:
+        """A forward over n_tokens positions from n_past and the LM head of its last position."""
+        return self.layer_dispatches(n_tokens) + self.globals_ops.final_norm(n_tokens) + self.globals_ops.lm_head(1)
+
     def dispatch_count(self, n_tokens: int = 1) -> int:
         """Dispatches recorded for one forward of n_tokens at the current position (LM head included)."""
-        head = self.globals_ops.final_norm(n_tokens) + self.globals_ops.lm_head(1)
-        return len(self.dispatches(n_tokens)) + len(head)
+        return len(self.token_dispatches(n_tokens))
 
-    def _write_step(self, n_tokens: int) -> None:
-        step = K.pack_step(self.n_past, n_tokens, 0, self.split_len(n_tokens))
+    def write_step(self, n_tokens: int) -> None:
+        """The layers' Step uniform for n_tokens positions from n_past."""
+        step = pl.pack_step(self.n_past, n_tokens, 0, self.split_len(n_tokens))
         self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)
 
-    def _write_head_step(self, n_tokens: int, first: int) -> None:
+    def write_head_step(self, n_tokens: int, first: int) -> None:
         """The LM head runs n_tokens positions from position `first` of the chunk."""
-        self.ctx.device.queue.write_buffer(self.scratch.head_step, 0, K.pack_step(self.n_past, n_tokens, first))
+        self.ctx.device.queue.write_buffer(self.scratch.head_step, 0, pl.pack_step(self.n_past, n_tokens, first))
 
-    def _n_splits(self, n_tokens: int) -> int:
+    def n_splits(self, n_tokens: int) -> int:
+        """Attention splits of a forward over n_tokens positions from n_past."""
         return -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
+
+    def drop_prerecorded(self) -> None:
+        """Forget the decode token recorded ahead (its position is no longer the next one)."""
+        self._next_decode = None
 
     def _record_decode(self):
         """The command buffer of one decode token at n_past: the whole model, logits to staging."""
         encoder = self.ctx.device.create_command_encoder()
-        K.record(encoder, self.dispatches(1) + self.globals_ops.final_norm(1) + self.globals_ops.lm_head(1))
+        pl.record(encoder, self.token_dispatches(1))
         encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0, self.config.vocab_size * 4)
         return encoder.finish()
 
@@ -280,16 +289,16 @@ class WebGPUBackend:
         """One token: write its id and the step, submit (pre-recorded when possible), read the logits."""
         queue = self.ctx.device.queue
         queue.write_buffer(self.scratch.ids, 0, np.array([token], np.uint32))
-        self._write_step(1)
-        self._write_head_step(1, 0)
-        key = self._n_splits(1)
+        self.write_step(1)
+        self.write_head_step(1, 0)
+        key = self.n_splits(1)
         ready = self._next_decode
         commands = ready[1] if ready is not None and ready[0] == key else self._record_decode()
         self._next_decode = None
         queue.submit([commands])
         self.n_past += 1
-        if self.overlap and self.n_past < self.n_ctx:
-            self._next_decode = (self._n_splits(1), self._record_decode())
+        if self.n_past < self.n_ctx:
+            self._next_decode = (self.n_splits(1), self._record_decode())
         return self._read_logits(1)
 
     def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool) -> np.ndarray | None:
@@ -298,9 +307,9 @@ class WebGPUBackend:
             return self._decode(int(ids[0]))
         device = self.ctx.device
         device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
-        self._write_step(n)
-        self._write_head_step(1, n - 1)
-        work = self.dispatches(n)
+        self.write_step(n)
+        self.write_head_step(1, n - 1)
+        work = self.layer_dispatches(n)
         head = []
         if last and not all_logits:
             head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
@@ -313,7 +322,7 @@ class WebGPUBackend:
                 device.queue.submit([encoder.finish()])
         else:
             encoder = device.create_command_encoder()
-            K.record(encoder, work + head)
+            pl.record(encoder, work + head)
             if head:
                 encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
                                               self.config.vocab_size * 4)
@@ -332,14 +341,14 @@ class WebGPUBackend:
         device = self.ctx.device
         out = np.empty((n, self.config.vocab_size), dtype=np.float32)
         encoder = device.create_command_encoder()
-        K.record(encoder, self.globals_ops.final_norm(n))
+        pl.record(encoder, self.globals_ops.final_norm(n))
         device.queue.submit([encoder.finish()])
         rows = self.scratch.logit_rows
         for first in range(0, n, rows):
             count = min(rows, n - first)
-            self._write_head_step(count, first)
+            self.write_head_step(count, first)
             encoder = device.create_command_encoder()
-            K.record(encoder, self.globals_ops.lm_head(count))
+            pl.record(encoder, self.globals_ops.lm_head(count))
             encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
                                           count * self.config.vocab_size * 4)
             device.queue.submit([encoder.finish()])
@@ -357,12 +366,12 @@ class WebGPUBackend:
             data = (np.float32(cap) * np.tanh(data / np.float32(cap))).astype(np.float32)
         return data.reshape(rows, self.config.vocab_size)
 
-    def _run_debug(self, dispatches: list[K.Dispatch]) -> None:
+    def _run_debug(self, dispatches: list[pl.Dispatch]) -> None:
         """SHIMMY_DEBUG_RAW=1: submit each dispatch alone and log statistics of what it wrote."""
         device = self.ctx.device
         for d in dispatches:
             encoder = device.create_command_encoder()
-            K.record(encoder, [d])
+            pl.record(encoder, [d])
             device.queue.submit([encoder.finish()])
             if d.output is None:
                 continue

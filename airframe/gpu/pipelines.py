@@ -1,0 +1,266 @@
+"""Compute pipelines from `shaders/`, their parameter blocks and bind groups, and recording them.
+
+A shader's binding list and its `struct Params` are read from its WGSL source (`signature`), so the
+Python side keeps no copy of either: `pack_params` packs the fields in the order and with the types
+the shader declares, and a bind group takes its layout from the binding kinds. Programs with the
+same binding kinds share one layout, so one bind group serves gemv.wgsl, gemm.wgsl and
+gemm_rows.wgsl alike.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import wgpu
+
+from ..errors import ParameterError
+from ..quants import QuantType
+from .shaders import load_wgsl
+
+R, RW, U = "read-only-storage", "storage", "uniform"  # binding kinds
+
+# Placeholder values that let any program be read for its signature: the bindings and Params of a
+# program do not depend on them (tests/test_gpu_pipelines.py checks every variant).
+SIGNATURE_DEFINES = {"QUANT": "f32", "GEMV_UNIT": "generic", "REDUCE": "shared", "DECODER": "quant/f32.wgsl"}
+_BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<(\w+)(?:,\s*(\w+))?>")
+_PARAMS_TYPE = re.compile(r"var<uniform>\s+P\s*:\s*(\w+)\s*;")
+_FIELD = re.compile(r"(\w+)\s*:\s*(u32|f32|i32)")
+_CONST = re.compile(r"const (\w+): u32 = (\d+)u;")
+_FORMATS = {"u32": "<I", "i32": "<i", "f32": "<f"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    kinds: tuple[str, ...]                # binding kinds, in binding order
+    params: tuple[tuple[str, str], ...]   # (field, WGSL type) of struct Params, in order
+
+
+def _any_value(name: str) -> str:
+    """A placeholder's value for reading a signature: every numeric placeholder reads as 1."""
+    return SIGNATURE_DEFINES.get(name, "1")
+
+
+@lru_cache(maxsize=None)
+def signature(shader: str) -> Signature:
+    source = load_wgsl(f"{shader}.wgsl", default=_any_value)
+    bindings = sorted((int(i), space, access) for i, space, access in _BINDING.findall(source))
+    if [b[0] for b in bindings] != list(range(len(bindings))):
+        raise AssertionError(f"{shader}.wgsl: bindings {[b[0] for b in bindings]} are not 0..n-1")
+    kinds = tuple(U if space == "uniform" else RW if access == "read_write" else R
+                  for _, space, access in bindings)
+    params: tuple = ()
+    if found := _PARAMS_TYPE.search(source):  # the struct of the uniform P
+        body = re.search(r"struct " + found.group(1) + r"\s*\{([^}]*)\}", source)
+        params = tuple(_FIELD.findall(body.group(1)))
+    return Signature(kinds, params)
+
+
+@lru_cache(maxsize=None)
+def shader_constant(file: str, name: str) -> int:
+    """A `const NAME: u32 = Nu;` of a WGSL file, so Python and the shaders share one value."""
+    for key, value in _CONST.findall(load_wgsl(file, default=_any_value)):
+        if key == name:
+            return int(value)
+    raise KeyError(f"{file} declares no u32 constant {name}")
+
+
+# P.mode bits of the matmul programs (activation.wgsl)
+MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = (
+    shader_constant("activation.wgsl", name)
+    for name in ("MODE_NORM", "MODE_ACCUMULATE", "MODE_GATED", "MODE_GELU", "MODE_X_STEP"))
+NO_SEGMENT = 0xFFFFFFFF
+GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
+FULL_GPU = 2 * 132      # workgroups that fill a large GPU twice over (H200: 132 SMs)
+ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
+STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
+
+
+def pack_params(shader: str, **values) -> bytes:
+    """The shader's Params struct as bytes, fields in declaration order, padded to 16 bytes."""
+    fields = signature(shader).params
+    names = [name for name, _ in fields]
+    unknown, missing = set(values) - set(names), set(names) - set(values)
+    assert not unknown and not missing, f"{shader} params: unknown {unknown}, missing {missing}"
+    out = b"".join(struct.pack(_FORMATS[kind], values[name]) for name, kind in fields)
+    return out + bytes(-len(out) % 16)
+
+
+def pack_step(n_past: int, n_tokens: int, lm_first: int = 0, split_len: int = 256) -> bytes:
+    return struct.pack("<4I", n_past, n_tokens, lm_first, split_len)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class Dispatch:
+    """One recorded dispatch: which program, which buffers, how many workgroups."""
+
+    label: str
+    pipeline: object
+    bind_group: object
+    workgroups: tuple[int, int, int]
+    output: tuple | None = None  # (buffer, floats) written, for SHIMMY_DEBUG_RAW
+
+
+@dataclass
+class Pipelines:
+    """Pipelines (cached by shader, quant type and placeholders), layouts and helpers for one device.
+
+    matmul: "rows" (gemm_rows.wgsl for every token count: CPU adapters, whose invocations are SIMD
+    lanes) or "tiled" (gemv.wgsl for one token, gemm.wgsl for chunks); "auto" picks by adapter.
+    reduce: "subgroup" or "shared", how gemv.wgsl adds across lanes; "auto" picks by feature.
+    """
+
+    ctx: object
+    matmul: str = "auto"
+    reduce: str = "auto"
+    _pipelines: dict = field(default_factory=dict)
+    _layouts: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.matmul == "auto":
+            cpu = self.ctx.adapter.info.get("adapter_type", "").upper() == "CPU"
+            self.matmul = "rows" if cpu else "tiled"
+        if self.reduce == "auto":
+            self.reduce = "subgroup" if self.ctx.has_subgroups else "shared"
+        if self.matmul not in ("rows", "tiled"):
+            raise ParameterError(f"matmul {self.matmul!r}, expected 'auto', 'rows' or 'tiled'")
+        if self.reduce not in ("subgroup", "shared"):
+            raise ParameterError(f"reduce {self.reduce!r}, expected 'auto', 'subgroup' or 'shared'")
+
+    @property
+    def device(self):
+        return self.ctx.device
+
+    def layout(self, shader: str):
+        kinds = signature(shader).kinds
+        if kinds not in self._layouts:
+            entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}}
+                       for i, kind in enumerate(kinds)]
+            self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
+        return self._layouts[kinds]
+
+    def decode_matmul(self, rows: int, quant: QuantType) -> tuple[int, dict]:
+        """gemv.wgsl for a matrix of `rows` rows in `quant`: (output rows per workgroup, its
+        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one, and 16
+        rows per workgroup when 32 would leave a large GPU idle."""
+        rows_wg = 32 if ceil_div(rows, 32) >= FULL_GPU // 2 else 16
+        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": quant.shader if quant.gemv_unit else "generic"}
+
+    def gemm_tile(self, rows: int, n_tokens: int, gated: bool) -> tuple[int, int, int]:
+        """gemm.wgsl's tile (weight rows, tokens) for an output of rows x n_tokens, and its
+        workgroups along the rows: the largest tile that still makes FULL_GPU workgroups, within
+        the adapter's workgroup memory (128 x 128 needs 34 KiB; lavapipe has 32)."""
+        roomy = self.ctx.limits.get("max-compute-workgroup-storage-size", 16384) >= 36 * 1024
+        tile_t = 128 if n_tokens > 64 and roomy else 64
+        if gated:  # 64 gate rows and their 64 up rows
+            return 128, tile_t, ceil_div(rows, 64)
+        tile_r = 128 if ceil_div(rows, 128) * ceil_div(n_tokens, tile_t) >= FULL_GPU else 64
+        return tile_r, tile_t, ceil_div(rows, tile_r)
+
+    def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):
+        """The compute pipeline of `shader` for `quant`, with `shape` filling the program's
+        placeholders (model shape, tile sizes)."""
+        key = (shader, quant.shader if quant else None, tuple(sorted((shape or {}).items())))
+        if key not in self._pipelines:
+            defines = {"REDUCE": self.reduce, **{name: str(value) for name, value in (shape or {}).items()}}
+            if quant:
+                defines["QUANT"] = quant.shader
+            source = load_wgsl(f"{shader}.wgsl", defines)
+            label = "/".join(str(k) for k in key[:2] if k)
+            module = self.device.create_shader_module(label=label, code=source)
+            layout = self.device.create_pipeline_layout(bind_group_layouts=[self.layout(shader)])
+            self._pipelines[key] = self.device.create_compute_pipeline(
+                label=label, layout=layout, compute={"module": module, "entry_point": "main"})
+        return self._pipelines[key]
+
+    def uniform(self, data: bytes, label: str = "params"):
+        buffer = self.device.create_buffer(label=label, size=max(len(data), 16),
+                                           usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.device.queue.write_buffer(buffer, 0, data)
+        return buffer
+
+    def bind(self, shader: str, resources: list):
+        """A bind group for `shader`: each resource is a buffer or (buffer, byte offset, byte size)."""
+        entries = []
+        for i, res in enumerate(resources):
+            buffer, offset, size = res if isinstance(res, tuple) else (res, 0, res.size)
+            entries.append({"binding": i, "resource": {"buffer": buffer, "offset": offset, "size": size}})
+        return self.device.create_bind_group(layout=self.layout(shader), entries=entries)
+
+    def storage(self, n_bytes: int, label: str):
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
+
+
+def attention_defines(n_head: int, n_head_kv: int, head_dim: int) -> dict:
+    """The attention programs' shape placeholders: query heads per K/V head, head size, and the
+    sizes derived from them."""
+    group, dims = n_head // n_head_kv, ceil_div(head_dim, 64)
+    return {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_DIMS": dims, "ATTN_Q": group * head_dim,
+            "ATTN_ACC": group * dims}
+
+
+def _raw_lib():
+    """wgpu-native's cffi functions, which wgpu-py itself calls: recording through them skips
+    wgpu-py's per-call wrapper (about half the host time of a token)."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+        return _api.lib, _api.ffi.NULL
+    except (ImportError, AttributeError):
+        return None
+
+
+_RAW = _raw_lib()
+
+
+def record(encoder, dispatches: list[Dispatch], timestamp_writes: dict | None = None) -> None:
+    """All dispatches in one compute pass."""
+    compute = encoder.begin_compute_pass(timestamp_writes=timestamp_writes)
+    if _RAW is None:
+        for d in dispatches:
+            compute.set_pipeline(d.pipeline)
+            compute.set_bind_group(0, d.bind_group)
+            compute.dispatch_workgroups(*d.workgroups)
+    else:
+        lib, null = _RAW
+        handle = compute._internal
+        last = None
+        for d in dispatches:
+            if d.pipeline is not last:
+                lib.wgpuComputePassEncoderSetPipeline(handle, d.pipeline._internal)
+                last = d.pipeline
+            lib.wgpuComputePassEncoderSetBindGroup(handle, 0, d.bind_group._internal, 0, null)
+            x, y, z = d.workgroups
+            lib.wgpuComputePassEncoderDispatchWorkgroups(handle, x, y, z)
+    compute.end()
+
+
+def run_once(pipes: Pipelines, shader: str, quant: QuantType | None, resources: list,
+             grid: tuple[int, int, int], shape: dict | None = None) -> list:
+    """Run one dispatch on fresh buffers (tests, debugging): numpy arrays become storage buffers,
+    bytes become uniforms, in binding order. Returns the writable bindings read back, as their dtypes."""
+    device = pipes.device
+    buffers, written = [], []
+    for kind, res in zip(signature(shader).kinds, resources):
+        if kind == U:
+            buffers.append(pipes.uniform(bytes(res)))
+            continue
+        data = np.ascontiguousarray(res)
+        buffer = pipes.storage(max(data.nbytes, 16), "run_once")
+        device.queue.write_buffer(buffer, 0, data)
+        buffers.append(buffer)
+        if kind == RW:
+            written.append((buffer, data))
+    group = pipes.bind(shader, buffers)
+    encoder = device.create_command_encoder()
+    record(encoder, [Dispatch(shader, pipes.pipeline(shader, quant, shape), group, grid)])
+    device.queue.submit([encoder.finish()])
+    return [np.frombuffer(device.queue.read_buffer(b, 0, d.nbytes), dtype=d.dtype).reshape(d.shape)
+            for b, d in written]

@@ -1,0 +1,351 @@
+"""What a WebGPU adapter costs and reaches, measured with GPU timestamps: the streaming read, the
+per-dispatch and per-submit overheads, the prefill GEMM's tile shapes per quant type, and the decode
+matmuls against the streaming read. Each part prints a table; --json writes every number.
+
+    python dev/webgpu/probe.py [--parts stream,overhead,gemm,gemv] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import time
+
+import numpy as np
+import wgpu
+
+from airframe.gpu import kernels as K
+from airframe.gpu.device import get_context
+from airframe.gpu.quant_layout import gpu_quant, relayout
+from airframe.quantize import quantize
+
+class Timer:
+    """GPU time of compute passes from timestamp queries (nanoseconds)."""
+
+    def __init__(self, device, n: int = 256):
+        self.device = device
+        self.set = device.create_query_set(type="timestamp", count=2 * n)
+        self.buf = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self.n = 0
+
+    def pass_(self, encoder):
+        i = self.n
+        self.n += 1
+        return encoder.begin_compute_pass(timestamp_writes={
+            "query_set": self.set, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+
+    def read(self, encoder=None) -> list[float]:
+        enc = self.device.create_command_encoder()
+        enc.resolve_query_set(self.set, 0, 2 * self.n, self.buf, 0)
+        self.device.queue.submit([enc.finish()])
+        t = np.frombuffer(self.device.queue.read_buffer(self.buf, 0, 16 * self.n), np.uint64).astype(np.float64)
+        self.n = 0
+        return list((t[1::2] - t[0::2]) * 1e-9)
+
+
+def run_passes(ctx, timer, dispatches, repeats: int, passes: int) -> list[float]:
+    """Seconds per repetition of `dispatches` (a list of K.Dispatch), `repeats` in each of `passes` passes."""
+    for _ in range(passes):
+        enc = ctx.device.create_command_encoder()
+        cp = timer.pass_(enc)
+        for _ in range(repeats):
+            for d in dispatches:
+                cp.set_pipeline(d.pipeline)
+                cp.set_bind_group(0, d.bind_group)
+                cp.dispatch_workgroups(*d.workgroups)
+        cp.end()
+        ctx.device.queue.submit([enc.finish()])
+    return [t / repeats for t in timer.read()]
+
+
+# ---- streaming read --------------------------------------------------------------------------
+def stream(ctx, timer) -> dict:
+    kern = K.Kernels(ctx)
+    n_bytes = min(1 << 30, ctx.max_binding, ctx.max_buffer) // 16 * 16
+    src = kern.storage(n_bytes, "src")
+    out = kern.storage(256 * 1024 * 4, "out")
+    rows = []
+    for threads in (64 * 1024, 256 * 1024, 1024 * 1024):
+        params = kern.uniform(K.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=threads))
+        d = K.Dispatch("s", kern.pipeline("stream_read"), kern.bind("stream_read", [src, out, params]),
+                       (threads // 256, 1, 1))
+        if threads > 256 * 1024:
+            out2 = kern.storage(threads * 4, "out2")
+            d.bind_group = kern.bind("stream_read", [src, out2, params])
+        warm_start = time.perf_counter()
+        while time.perf_counter() - warm_start < 0.5:  # clocks up
+            run_passes(ctx, timer, [d], 5, 2)
+        times = run_passes(ctx, timer, [d], 5, 20)
+        tbs = sorted(n_bytes / t / 1e12 for t in times)
+        rows.append({"threads": threads, "min": tbs[0], "median": statistics.median(tbs), "max": tbs[-1]})
+        print(f"stream {threads:>8} threads: TB/s min {tbs[0]:.2f} median {statistics.median(tbs):.2f} max {tbs[-1]:.2f}")
+    return {"bytes": n_bytes, "rows": rows}
+
+
+# ---- overheads -------------------------------------------------------------------------------
+TINY = """
+struct Imm { v: u32, pad0: u32, pad1: u32, pad2: u32 }
+var<immediate> I: Imm;
+@group(0) @binding(0) var<storage, read_write> B: array<u32>;
+@group(0) @binding(1) var<uniform> U: vec4<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) { B[g.x] = B[g.x] + 1u + U.x + I.v; }
+"""
+
+
+def overhead(ctx, timer) -> dict:
+    dev = ctx.device
+    module = dev.create_shader_module(code=TINY)
+    bgl = dev.create_bind_group_layout(entries=[
+        {"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "storage"}},
+        {"binding": 1, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "uniform"}}])
+    layout = dev.create_pipeline_layout(bind_group_layouts=[bgl], immediate_size=16)
+    pipe = dev.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": "main"})
+    uni = dev.create_buffer(size=16, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+    bufs = [dev.create_buffer(size=64 * 1024 * 4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+            for _ in range(100)]
+    groups = [dev.create_bind_group(layout=bgl, entries=[
+        {"binding": 0, "resource": {"buffer": b}}, {"binding": 1, "resource": {"buffer": uni}}]) for b in bufs]
+    imm = np.zeros(4, np.uint32)
+    out = {}
+
+    def one_pass(n, same, wg=1):
+        enc = dev.create_command_encoder()
+        cp = timer.pass_(enc)
+        cp.set_pipeline(pipe)
+        for i in range(n):
+            cp.set_bind_group(0, groups[0 if same else i % 100])
+            cp.set_immediates(0, imm, 0, 16)
+            cp.dispatch_workgroups(wg)
+        cp.end()
+        dev.queue.submit([enc.finish()])
+
+    for same in (True, False):
+        for wg in (1, 132 * 4):
+            for _ in range(3):
+                one_pass(100, same, wg)
+            timer.read()
+            for _ in range(10):
+                one_pass(100, same, wg)
+            per = statistics.median(timer.read()) / 100 * 1e6
+            key = f"dispatch_us_{'same' if same else 'distinct'}_buffer_{wg}wg"
+            out[key] = per
+            print(f"{key}: {per:.2f}")
+
+    # a "token" of 90 dependent dispatches: per token one command buffer with a uniform write,
+    # one with immediates only, or every token in one pass
+    def token_cbs(n_tokens, write_uniform):
+        cbs = []
+        for t in range(n_tokens):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(pipe)
+            imm[0] = t
+            for i in range(90):
+                cp.set_bind_group(0, groups[0])
+                cp.set_immediates(0, imm, 0, 16)
+                cp.dispatch_workgroups(4)
+            cp.end()
+            cbs.append(enc.finish())
+        started = time.perf_counter()
+        for t, cb in enumerate(cbs):
+            if write_uniform:
+                dev.queue.write_buffer(uni, 0, np.array([t, 0, 0, 0], np.uint32))
+            dev.queue.submit([cb])
+        dev.queue.read_buffer(bufs[0], 0, 16)
+        return (time.perf_counter() - started) / n_tokens
+
+    def tokens_one_pass(n_tokens):
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        for t in range(n_tokens):
+            imm[0] = t
+            for i in range(90):
+                cp.set_bind_group(0, groups[0])
+                cp.set_immediates(0, imm, 0, 16)
+                cp.dispatch_workgroups(4)
+        cp.end()
+        cb = enc.finish()
+        started = time.perf_counter()
+        dev.queue.submit([cb])
+        dev.queue.read_buffer(bufs[0], 0, 16)
+        return (time.perf_counter() - started) / n_tokens
+
+    for name, fn in (("token_cb_uniform_write", lambda: token_cbs(64, True)),
+                     ("token_cb_immediates", lambda: token_cbs(64, False)),
+                     ("tokens_one_pass", lambda: tokens_one_pass(64))):
+        fn()
+        ms = 1000 * statistics.median(fn() for _ in range(5))
+        out[f"{name}_ms"] = ms
+        print(f"{name}: {ms:.3f} ms per 90-dispatch token")
+    # host: recording 90 dispatches
+    started = time.perf_counter()
+    for _ in range(20):
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        for i in range(90):
+            cp.set_bind_group(0, groups[i % 100])
+            cp.set_immediates(0, imm, 0, 16)
+            cp.dispatch_workgroups(4)
+        cp.end()
+        enc.finish()
+    out["record_90_ms"] = 1000 * (time.perf_counter() - started) / 20
+    print(f"recording 90 dispatches (wgpu-py calls): {out['record_90_ms']:.3f} ms")
+    return out
+
+
+# ---- prefill GEMM ----------------------------------------------------------------------------
+def _weights(kern, qtype, rows, cols, rng):
+    values = rng.normal(0, 0.02, (rows, cols)).astype(np.float32)
+    raw = quantize(values, qtype)
+    words = relayout(raw, qtype)
+    buf = kern.storage(words.nbytes + cols * 4, "w")
+    kern.device.queue.write_buffer(buf, 0, words)
+    norm = (1 + 0.1 * rng.normal(size=cols)).astype(np.float32)
+    kern.device.queue.write_buffer(buf, words.nbytes, norm)
+    from airframe.gguf_file import dequantize_rows
+    return buf, words.shape[1], words.size, dequantize_rows(raw, qtype).reshape(rows, cols), norm
+
+
+def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, tile, mode=0, w1=0, norm_w=0, x_stride=None):
+    quant = gpu_quant(qtype)
+    out_rows = rows // 2 if mode & K.MODE_GATED else rows
+    params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
+                           seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=norm_w, eps=1e-5,
+                           x_stride=x_stride or cols, y_stride=out_rows, y_off=0)
+    group = kern.bind("gemm", [buf, x, y, kern.uniform(params), step])
+    tr, tt = tile
+    n_tiles = K.ceil_div(out_rows, 64 if mode & K.MODE_GATED else tr)
+    shape = {"GEMM_TILE_R": tr, "GEMM_TILE_T": tt}
+    return K.Dispatch("gemm", kern.pipeline("gemm", quant, shape), group, (n_tiles, 0, 1)), tt
+
+
+def gemm(ctx, timer, types, tiles, speed: bool = True) -> dict:
+    kern = K.Kernels(ctx)
+    rng = np.random.default_rng(0)
+    results = []
+    # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, norm and gating
+    for qtype in types:
+        for tile in tiles:
+            rows, cols, n_tok = 200, 512, 77
+            buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
+            xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
+            x = kern.storage(xv.nbytes, "x")
+            ctx.device.queue.write_buffer(x, 0, xv)
+            y = kern.storage(n_tok * rows * 4 * 2, "y")
+            step = kern.uniform(K.pack_step(0, n_tok))
+            checks = {}
+            for name, mode in (("plain", 0), ("norm", K.MODE_NORM), ("gated", K.MODE_GATED | K.MODE_NORM)):
+                if mode & K.MODE_GATED and tile[0] != 128:
+                    continue
+                d, tt = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, tile, mode,
+                                      w1=rows * rw, norm_w=n_words)
+                d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
+                enc = ctx.device.create_command_encoder()
+                K.record(enc, [d])
+                ctx.device.queue.submit([enc.finish()])
+                out_rows = rows if mode & K.MODE_GATED else 2 * rows
+                got = np.frombuffer(ctx.device.queue.read_buffer(y, 0, n_tok * out_rows * 4), np.float32).reshape(n_tok, out_rows)
+                xin = xv
+                if mode & K.MODE_NORM:
+                    xin = xv / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + 1e-5) * norm
+                want = xin.astype(np.float64) @ w.astype(np.float64).T
+                if mode & K.MODE_GATED:
+                    g, u = want[:, :rows], want[:, rows:]
+                    want = g / (1 + np.exp(-g)) * u
+                err = float(np.abs(got - want).max() / np.abs(want).max())
+                checks[name] = err
+            print(f"gemm check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
+            results.append({"check": True, "qtype": qtype.name, "tile": tile, "errors": checks})
+    if not speed:
+        return {"rows": results}
+    n_tok = 512
+    shapes = {"wo": (2048, 2048, 0), "gate_up": (16384, 2048, K.MODE_GATED | K.MODE_NORM), "down": (2048, 8192, 0),
+              "qkv": (3072, 2048, K.MODE_NORM)}
+    for qtype in types:
+        for name, (rows, cols, mode) in shapes.items():
+            buf, rw, n_words, _, _ = _weights(kern, qtype, rows, cols, rng)
+            x = kern.storage(n_tok * cols * 4, "x")
+            ctx.device.queue.write_buffer(x, 0, rng.normal(size=(n_tok, cols)).astype(np.float32))
+            y = kern.storage(n_tok * rows * 4, "y")
+            step = kern.uniform(K.pack_step(0, n_tok))
+            for tile in tiles:
+                if mode & K.MODE_GATED and tile[0] != 128:
+                    continue
+                d, tt = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, tile, mode,
+                                      w1=rows // 2 * rw, norm_w=n_words)
+                d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
+                run_passes(ctx, timer, [d], 3, 2)
+                t = statistics.median(run_passes(ctx, timer, [d], 5, 5))
+                tflops = 2 * rows * cols * n_tok / t / 1e12
+                print(f"gemm {qtype.name:5} {name:8} {rows}x{cols}x{n_tok} tile {tile}: {t * 1e6:8.1f} us  {tflops:5.1f} TFLOP/s")
+                results.append({"qtype": qtype.name, "shape": name, "tile": tile, "us": t * 1e6, "tflops": tflops})
+    return {"rows": results}
+
+
+# ---- decode matmuls --------------------------------------------------------------------------
+def gemv(ctx, timer, types, bandwidth) -> dict:
+    kern = K.Kernels(ctx)
+    rng = np.random.default_rng(1)
+    shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+              "lm_head": (128256, 2048)}
+    rows_out = []
+    for qtype in types:
+        for name, (rows, cols) in shapes.items():
+            quant = gpu_quant(qtype)
+            row_words = cols // quant.block_elems * quant.block_words
+            buf = kern.storage(rows * row_words * 4, "w")  # values do not change the speed
+            x = kern.storage(cols * 4, "x")
+            y = kern.storage(rows * 4, "y")
+            step = kern.uniform(K.pack_step(0, 1))
+            params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
+                                   seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
+                                   y_stride=rows, y_off=0)
+            shader, per_group, shape = kern.decode_matmul(rows, cols, quant)
+            group = kern.bind(shader, [buf, x, y, kern.uniform(params), step])
+            d = K.Dispatch(name, kern.pipeline(shader, quant, shape), group, (K.ceil_div(rows, per_group), 1, 1))
+            run_passes(ctx, timer, [d], 5, 2)
+            t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
+            share = rows * row_words * 4 / t / bandwidth
+            print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream ({shader})")
+            rows_out.append({"qtype": qtype.name, "shape": name, "us": t * 1e6, "share": share, "shader": shader})
+    return {"rows": rows_out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="stream,overhead,gemm,gemv")
+    ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
+    ap.add_argument("--tiles", default="64x64,128x64,64x128,128x128")
+    ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from gguf import GGMLQuantizationType as T
+    types = [T[n] for n in args.types.split(",")]
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    ctx = get_context()
+    print(ctx.name, sorted(ctx.features))
+    timer = Timer(ctx.device)
+    out = {"adapter": ctx.name}
+    parts = args.parts.split(",")
+    bandwidth = 3.5e12
+    if "stream" in parts:
+        out["stream"] = stream(ctx, timer)
+        bandwidth = max(r["median"] for r in out["stream"]["rows"]) * 1e12
+    if "overhead" in parts:
+        out["overhead"] = overhead(ctx, timer)
+    if "gemm" in parts:
+        out["gemm"] = gemm(ctx, timer, types, tiles, speed=not args.check_only)
+    if "gemv" in parts:
+        out["gemv"] = gemv(ctx, timer, types, bandwidth)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

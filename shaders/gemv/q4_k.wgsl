@@ -1,0 +1,81 @@
+// gemv.wgsl's unit for Q4_K: one quant vec4 of a block, 32 weights: 16 of sub-block 2c in its low
+// nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so 8 units share a
+// super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and the 12 bytes of
+// 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. Each row's two scales and mins are
+// decoded once per unit and nibbles become floats with bit operations (as_floats). W is bound as
+// vec4 (blocks and rows are 16-byte aligned).
+
+@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+
+const UNIT: u32 = 32u;
+const BLOCK_VEC4: u32 = 9u;
+
+struct XU {
+    lo: X16,
+    hi: X16,
+    sq: f32,
+}
+
+fn norm_vec4(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(W[P.norm_w / 4u + i]);
+}
+
+// The nibbles stay where they are in the word (bytes 2 and 3 shifted down by 16 to fit the 23-bit
+// mantissa), so each float is the nibble times a power of two; x is pre-multiplied by the inverse.
+const LOW_SCALE = vec4<f32>(1.0, 1.0 / 256.0, 1.0, 1.0 / 256.0);
+const HIGH_SCALE = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 16.0, 1.0 / 4096.0);
+
+fn unit_x(x: u32, u: u32) -> XU {
+    let t = u & 7u;
+    let at = 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u);  // the unit's first x vec4
+    let lo = x16(x, at, LOW_SCALE);
+    let hi = x16(x, at + 8u, HIGH_SCALE);
+    return XU(lo, hi, lo.sq + hi.sq);
+}
+
+fn low_nibbles(w: u32) -> vec4<f32> {
+    return as_floats(vec4<u32>(w, w, w >> 16u, w >> 16u) & vec4<u32>(0xFu, 0xF00u, 0xFu, 0xF00u));
+}
+
+fn high_nibbles(w: u32) -> vec4<f32> {
+    return as_floats(vec4<u32>(w, w, w >> 16u, w >> 16u) & vec4<u32>(0xF0u, 0xF000u, 0xF0u, 0xF000u));
+}
+
+// (scale of sub-block 2c, its min, scale of 2c + 1, its min) from the block's first vec4:
+// quant/q4_k.wgsl's q4k_scale_min for two neighbouring sub-blocks at once, both bytes in one u32.
+fn scales_mins(head: vec4<u32>, c: u32) -> vec4<f32> {
+    let shift = 16u * (c & 1u);
+    let a = head.y >> shift;
+    let b = head.z >> shift;
+    let e = head.w >> shift;
+    let high = c >= 2u;
+    let sc = select(a & 0x3F3Fu, (e & 0x0F0Fu) | ((a >> 2u) & 0x3030u), high);
+    let mn = select(b & 0x3F3Fu, ((e >> 4u) & 0x0F0Fu) | ((b >> 2u) & 0x3030u), high);
+    return as_floats(vec4<u32>(sc, mn, sc >> 8u, mn >> 8u) & vec4<u32>(0xFFu));
+}
+
+// d sc (q . x) - dmin m sum(x), for both sub-blocks of unit t of one row
+fn unit_dot(head: vec4<u32>, q: vec4<u32>, t: u32, x: XU) -> f32 {
+    let d = unpack2x16float(head.x);
+    let sm = scales_mins(head, t >> 1u);
+    let dot_lo = dot(low_nibbles(q.x), x.lo.v[0]) + dot(low_nibbles(q.y), x.lo.v[1])
+               + dot(low_nibbles(q.z), x.lo.v[2]) + dot(low_nibbles(q.w), x.lo.v[3]);
+    let dot_hi = dot(high_nibbles(q.x), x.hi.v[0]) + dot(high_nibbles(q.y), x.hi.v[1])
+               + dot(high_nibbles(q.z), x.hi.v[2]) + dot(high_nibbles(q.w), x.hi.v[3]);
+    return d.x * (sm.x * dot_lo + sm.z * dot_hi) - d.y * (sm.y * x.lo.sum + sm.w * x.hi.sum);
+}
+
+fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
+    let t = u & 7u;
+    let b = rows / 4u + vec4<u32>((u >> 3u) * BLOCK_VEC4);
+    // all 8 loads first, so that they are in flight together
+    let h0 = W[b.x];
+    let h1 = W[b.y];
+    let h2 = W[b.z];
+    let h3 = W[b.w];
+    let q0 = W[b.x + 1u + t];
+    let q1 = W[b.y + 1u + t];
+    let q2 = W[b.z + 1u + t];
+    let q3 = W[b.w + 1u + t];
+    return vec4<f32>(unit_dot(h0, q0, t, x), unit_dot(h1, q1, t, x), unit_dot(h2, q2, t, x), unit_dot(h3, q3, t, x));
+}

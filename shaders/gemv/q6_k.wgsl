@@ -1,0 +1,79 @@
+// gemv.wgsl's unit for Q6_K: 32 weights. quant/q6_k.wgsl's block is 53 words (not 16-byte aligned,
+// so W is read as words): [0] d as f32, [1..32] ql, [33..48] qh, [49..52] 16 int8 scales. Unit
+// t = 4h + a of a block (t = u % 8) takes ql words 16h + 4a .. +3 of half h, whose low nibbles are
+// elements 16a..16a+15 of the half and high nibbles elements 64 + 16a..; the 2 high bits of both
+// come from the same 4 qh words (bits 2g, g = a / 2, and 2g + 4). Each row's two scales are
+// decoded once per unit.
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+
+const UNIT: u32 = 32u;
+const BLOCK_WORDS: u32 = 53u;
+
+struct XU {
+    lo: X16,
+    hi: X16,
+    sq: f32,
+}
+
+fn norm_vec4(i: u32) -> vec4<f32> {
+    let o = P.norm_w + 4u * i;
+    return bitcast<vec4<f32>>(vec4<u32>(W[o], W[o + 1u], W[o + 2u], W[o + 3u]));
+}
+
+fn unit_x(x: u32, u: u32) -> XU {
+    let t = u & 7u;
+    let at = 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u);  // the unit's first x vec4
+    let lo = x16(x, at, BYTE_SCALE);
+    let hi = x16(x, at + 16u, BYTE_SCALE);
+    return XU(lo, hi, lo.sq + hi.sq);
+}
+
+// signed byte `b` of word w as a float
+fn int8_at(w: u32, b: u32) -> f32 {
+    return f32(bitcast<i32>(w << (24u - 8u * b)) >> 24u);
+}
+
+// one unit of one row: its 4 ql and 4 qh words, d, and the words of its two scales
+struct Unit {
+    ql: vec4<u32>,
+    qh: vec4<u32>,
+    d: f32,
+    sc_lo: u32,
+    sc_hi: u32,
+}
+
+fn load_unit(blk: u32, t: u32) -> Unit {
+    let h = t >> 2u;
+    let ql = blk + 1u + 16u * h + 4u * (t & 3u);
+    let qh = blk + 33u + 8u * h + 4u * (t & 1u);
+    return Unit(vec4<u32>(W[ql], W[ql + 1u], W[ql + 2u], W[ql + 3u]),
+                vec4<u32>(W[qh], W[qh + 1u], W[qh + 2u], W[qh + 3u]),
+                bitcast<f32>(W[blk]), W[blk + 49u + 2u * h], W[blk + 50u + 2u * h]);
+}
+
+// d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks, the 6-bit q + 32 of each byte assembled in
+// place (low nibble | 2 high bits << 4)
+fn unit_dot(w: Unit, t: u32, x: XU) -> f32 {
+    let a = t & 3u;
+    let m = w.qh >> vec4<u32>(2u * (a >> 1u));
+    let q_lo = (w.ql & vec4<u32>(0x0F0F0F0Fu)) | ((m & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let q_hi = ((w.ql >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu))
+             | (((m >> vec4<u32>(4u)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let dot_lo = dot(bytes_scaled(q_lo.x), x.lo.v[0]) + dot(bytes_scaled(q_lo.y), x.lo.v[1])
+               + dot(bytes_scaled(q_lo.z), x.lo.v[2]) + dot(bytes_scaled(q_lo.w), x.lo.v[3]);
+    let dot_hi = dot(bytes_scaled(q_hi.x), x.hi.v[0]) + dot(bytes_scaled(q_hi.y), x.hi.v[1])
+               + dot(bytes_scaled(q_hi.z), x.hi.v[2]) + dot(bytes_scaled(q_hi.w), x.hi.v[3]);
+    return w.d * (int8_at(w.sc_lo, a) * (dot_lo - 32.0 * x.lo.sum) + int8_at(w.sc_hi, a) * (dot_hi - 32.0 * x.hi.sum));
+}
+
+fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
+    let t = u & 7u;
+    let b = rows + vec4<u32>((u >> 3u) * BLOCK_WORDS);
+    // all loads first, so that they are in flight together
+    let u0 = load_unit(b.x, t);
+    let u1 = load_unit(b.y, t);
+    let u2 = load_unit(b.z, t);
+    let u3 = load_unit(b.w, t);
+    return vec4<f32>(unit_dot(u0, t, x), unit_dot(u1, t, x), unit_dot(u2, t, x), unit_dot(u3, t, x));
+}

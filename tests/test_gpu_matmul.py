@@ -1,0 +1,229 @@
+"""The matmul programs against numpy on lavapipe: gemv.wgsl (decode, each type's unit or the generic
+one, subgroup and workgroup-memory sums), gemm.wgsl (prefill tiles) and gemm_rows.wgsl (CPU adapters).
+
+Reference: gguf's dequantized weights times float32 inputs, in float64. Tolerance: 2e-5 of the
+largest output magnitude for plain products (float32 sums in another order), 1e-4 where an RMSNorm
+or activation is fused; the fixed small cases are exact. Shapes are odd on purpose: 37 and 45 rows
+(not a multiple of 4, 16, 32, 64 or 128), 19 and 77 tokens (not a multiple of a 64-token tile), and
+SmolLM2's 576 and Qwen's 896 columns where the type's block allows them.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from airframe import reference as ref
+from airframe.gguf_file import dequantize_rows
+from airframe.gpu import pipelines as pl
+from airframe.gpu.device import get_context
+from airframe.gpu.pack import relayout
+from airframe.quantize import quantize
+from airframe.quants import SUPPORTED, quant
+
+RTOL, RTOL_FUSED = 2e-5, 1e-4
+# lavapipe's 32 KiB of workgroup memory fits every tile but 128 x 128 (checked on GPUs by dev/webgpu/probe.py)
+TILES = [(64, 64), (128, 64), (64, 128)]
+
+
+@pytest.fixture(scope="module")
+def tiled():
+    return pl.Pipelines(get_context(), matmul="tiled")
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """gemv.wgsl adding across lanes through workgroup memory (adapters without subgroups)."""
+    return pl.Pipelines(get_context(), matmul="tiled", reduce="shared")
+
+
+def close(got, want, rtol):
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max())))
+
+
+def quantized(rng, rows, cols, qtype):
+    """(words, float32 weights the GPU must reproduce) of a random matrix."""
+    raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    return relayout(raw, qtype), dequantize_rows(raw, qtype)
+
+
+def params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(pl.NO_SEGMENT, pl.NO_SEGMENT), norm_w=0,
+           x_stride=None, y_stride=None, y_off=0):
+    return pl.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=mode, w0=w[0], w1=w[1], w2=w[2],
+                          seg1=segs[0], seg2=segs[1], norm_w=norm_w, eps=1e-5, x_stride=x_stride or cols,
+                          y_stride=y_stride or rows, y_off=y_off)
+
+
+def aligned(*parts):
+    """Word arrays one after another, each at a multiple of 64 words (as pack.py places tensors);
+    returns (buffer, offsets)."""
+    out, offsets, at = [], [], 0
+    for part in parts:
+        flat = np.ascontiguousarray(part).view(np.uint32).ravel()
+        pad = -len(flat) % 64
+        offsets.append(at)
+        out += [flat, np.zeros(pad, np.uint32)]
+        at += len(flat) + pad
+    return np.concatenate(out), offsets
+
+
+def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=16, tile=(64, 64), gated=False,
+        n_tokens=None, lm_first=0):
+    """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x."""
+    n_tokens = n_tokens or x.shape[0]
+    q = quant(qtype)
+    y = np.zeros((n_tokens, rows), np.float32) if y is None else y
+    if program == "gemv":
+        shape = {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": q.shader if q.gemv_unit else "generic"}
+        grid = (pl.ceil_div(rows, rows_wg), n_tokens, 1)
+    elif program == "gemm":
+        shape = {"GEMM_TILE_R": tile[0], "GEMM_TILE_T": tile[1]}
+        grid = (pl.ceil_div(rows, 64 if gated else tile[0]), pl.ceil_div(n_tokens, tile[1]), 1)
+    else:
+        shape = None
+        grid = (pl.ceil_div(rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
+    step = pl.pack_step(0, n_tokens, lm_first)
+    (out,) = pl.run_once(pipes, program, q, [words, x, y, p, step], grid, shape)
+    return out
+
+
+def cols_for(qtype):
+    return (2048, 256) if quant(qtype).gpu_block == 256 else (2048, 576, 896)
+
+
+# ---- fixed small cases --------------------------------------------------------------------------
+def test_gemv_fixed_small_case_q8_0(tiled):
+    """Integer weights with a block maximum of 127 quantize to d = 1 exactly: the sums are exact."""
+    w = np.tile(np.arange(-16, 16, dtype=np.float32), (3, 2))  # (3, 64)
+    w[:, [0, 32]] = 127  # each block's maximum
+    w[1] *= -1
+    x = np.ones((1, 64), np.float32)
+    x[0, 5] = 2
+    words = relayout(quantize(w, Q.Q8_0), Q.Q8_0)
+    got = run(tiled, "gemv", Q.Q8_0, words, x, 3, params(3, 64, words.shape[1]))
+    np.testing.assert_array_equal(got, x @ w.T)
+
+
+@pytest.mark.parametrize("program", ["gemv", "gemm", "gemm_rows"])
+def test_fixed_small_case_bf16(tiled, program):
+    w = np.arange(3 * 32, dtype=np.float32).reshape(3, 32) - 20
+    x = np.full((2, 32), 0.5, np.float32)
+    x[1] = 2
+    words = relayout(quantize(w, Q.BF16), Q.BF16)
+    n_tokens = 1 if program == "gemv" else 2
+    got = run(tiled, program, Q.BF16, words, x[:n_tokens], 3, params(3, 32, words.shape[1]))
+    np.testing.assert_array_equal(got, x[:n_tokens] @ w.T)
+
+
+# ---- every type ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@pytest.mark.parametrize("variant,rows_wg", [("tiled", 16), ("tiled", 32), ("shared", 32)])
+def test_gemv_every_type(request, qtype, variant, rows_wg):
+    pipes = request.getfixturevalue(variant)
+    rng = np.random.default_rng(int(qtype))
+    for cols in cols_for(qtype):
+        words, dense = quantized(rng, 37, cols, qtype)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        got = run(pipes, "gemv", qtype, words, x, 37, params(37, cols, words.shape[1]), rows_wg=rows_wg)
+        close(got, x @ dense.T, RTOL)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+def test_gemm_every_type(tiled, qtype, tile):
+    rng = np.random.default_rng(int(qtype) + 100)
+    cols = cols_for(qtype)[-1]
+    words, dense = quantized(rng, 45, cols, qtype)
+    for n_tokens in (19, 77):
+        x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        got = run(tiled, "gemm", qtype, words, x, 45, params(45, cols, words.shape[1]), tile=tile)
+        close(got, x @ dense.T, RTOL)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_gemm_rows_every_type(tiled, qtype):
+    rng = np.random.default_rng(int(qtype) + 200)
+    cols = cols_for(qtype)[-1]
+    words, dense = quantized(rng, 37, cols, qtype)
+    for n_tokens in (1, 11):
+        x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+        got = run(tiled, "gemm_rows", qtype, words, x, 37, params(37, cols, words.shape[1]))
+        close(got, x @ dense.T, RTOL)
+
+
+# ---- fusions --------------------------------------------------------------------------------------
+FUSED_CASES = [("gemv", 1, None), ("gemm", 20, (128, 64)), ("gemm", 77, (128, 64)), ("gemm_rows", 9, None)]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("program,n_tokens,tile", FUSED_CASES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_norm_gated_activation(tiled, qtype, program, n_tokens, tile, activation):
+    """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), the norm weight, gate and up in one buffer."""
+    rng = np.random.default_rng(1)
+    rows, cols = 45, 512
+    gate_w, gate = quantized(rng, rows, cols, qtype)
+    up_w, up = quantized(rng, rows, cols, qtype)
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer, (n_at, g_at, u_at) = aligned(norm, gate_w, up_w)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32) * 3
+    mode = pl.MODE_NORM | pl.MODE_GATED | (pl.MODE_GELU if activation == "gelu_tanh" else 0)
+    p = params(rows, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at)
+    got = run(tiled, program, qtype, buffer, x, rows, p, tile=tile or (64, 64), gated=True)
+    h = ref.rmsnorm(x, norm, 1e-5)
+    close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), RTOL_FUSED)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("program,n_tokens,tile", FUSED_CASES + [("gemm", 30, (64, 128))])
+def test_segments_norm_and_residual(shared, qtype, program, n_tokens, tile):
+    """q, k, v stacked into one output row at an offset, the input normalized, added to what Y holds."""
+    rng = np.random.default_rng(2)
+    cols = 256
+    parts = [quantized(rng, r, cols, qtype) for r in (36, 12, 12)]
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer, offsets = aligned(norm, *[p[0] for p in parts])
+    rows = 60
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    y = rng.standard_normal((n_tokens, rows + 4)).astype(np.float32)
+    p = params(rows, cols, parts[0][0].shape[1], pl.MODE_ACCUMULATE | pl.MODE_NORM, tuple(offsets[1:]), (36, 48),
+               norm_w=offsets[0], y_stride=rows + 4, y_off=4)
+    got = run(shared, program, qtype, buffer, x, rows, p, y=y.copy(), tile=tile or (64, 64))
+    want = y.copy()
+    want[:, 4:] += ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
+    close(got, want, RTOL_FUSED)
+
+
+@pytest.mark.parametrize("program,n_tokens", [("gemv", 1), ("gemm", 3), ("gemm_rows", 3)])
+def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
+    """MODE_X_STEP: the LM head reads input rows S.lm_first.. (the last position of a chunk)."""
+    rng = np.random.default_rng(5)
+    rows, cols = 19, 256
+    words, dense = quantized(rng, rows, cols, Q.Q6_K)
+    x = rng.standard_normal((6, cols)).astype(np.float32)
+    got = run(tiled, program, Q.Q6_K, words, x, rows, params(rows, cols, words.shape[1], pl.MODE_X_STEP),
+              n_tokens=n_tokens, lm_first=2)
+    close(got, x[2:2 + n_tokens] @ dense.T, RTOL)
+
+
+# ---- the program a matrix gets ------------------------------------------------------------------
+@pytest.mark.parametrize("qtype,rows,want", [
+    (Q.Q4_K, 128256, (32, "q4_k")), (Q.Q6_K, 2048, (16, "q6_k")), (Q.Q8_0, 16384, (32, "q8_0")),
+    (Q.BF16, 3072, (16, "bf16")), (Q.Q4_0, 8192, (32, "generic")), (Q.Q5_K, 100, (16, "generic"))])
+def test_decode_matmul_choice(tiled, qtype, rows, want):
+    rows_wg, shape = tiled.decode_matmul(rows, quant(qtype))
+    assert (rows_wg, shape["GEMV_UNIT"]) == want and shape["GEMV_ROWS_WG"] == rows_wg
+
+
+@pytest.mark.parametrize("rows,n_tokens,gated,roomy,want", [
+    (16384, 512, False, True, (128, 128, 128)),   # 128 x 4 tiles fill the GPU
+    (2048, 512, False, True, (64, 128, 32)),      # 16 x 4 would not: half-height tiles
+    (8192, 512, True, True, (128, 128, 128)),     # gate/up: 64 outputs per tile
+    (8192, 512, True, False, (128, 64, 128)),     # lavapipe: no room for 128 x 128
+    (2048, 40, False, True, (64, 64, 32))])
+def test_gemm_tile_choice(rows, n_tokens, gated, roomy, want):
+    class Ctx:
+        limits = {"max-compute-workgroup-storage-size": 49152 if roomy else 32768}
+        adapter = get_context().adapter
+        has_subgroups = True
+
+    assert pl.Pipelines(Ctx(), matmul="tiled").gemm_tile(rows, n_tokens, gated) == want
