@@ -19,6 +19,10 @@ from .gguf_file import GGUFFile
 from .resources import family_dir
 from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, read_rope_scaling
 
+# key: GGUF key after the prefix; default: the value when a file lacks the key; typical: a typical
+# model's value where it differs from the default (synthetic models take it)
+HPARAM_FIELDS = ("key", "default", "typical")
+
 SWITCH_DEFAULTS: dict[str, Any] = {
     "rope_style": "normal",
     "activation": "silu",
@@ -135,6 +139,7 @@ def _parse_family(path: Path) -> Family:
             raise ValueError(f"{path}: unknown switch {name!r}")
         if name in SWITCH_CHOICES and value not in SWITCH_CHOICES[name]:
             raise ValueError(f"{path}: switch {name} = {value!r}, expected one of {SWITCH_CHOICES[name]}")
+    _check_hparams(path, data["hparams"])
     return Family(
         name=path.stem,
         architectures=tuple(data["architectures"]),
@@ -148,6 +153,13 @@ def _parse_family(path: Path) -> Family:
     )
 
 
+def _check_hparams(path: Path, hparams: dict) -> None:
+    for name, spec in hparams.items():
+        if not isinstance(spec, dict) or "key" not in spec or set(spec) - set(HPARAM_FIELDS):
+            raise ValueError(f"{path}: hparam {name} = {spec!r}, expected a table with a key and no "
+                             f"fields but {', '.join(HPARAM_FIELDS)}")
+
+
 @lru_cache(maxsize=1)
 def families() -> dict[str, Family]:
     """architecture name -> Family, from every file in `family/`."""
@@ -157,6 +169,11 @@ def families() -> dict[str, Family]:
         for arch in fam.architectures:
             found[arch] = fam
     return found
+
+
+def families_by_name() -> dict[str, Family]:
+    """family name (the file's stem) -> Family."""
+    return {fam.name: fam for fam in families().values()}
 
 
 def family_for(architecture: str) -> Family:
@@ -304,22 +321,34 @@ def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
-    n_qkv = (hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"]
-    sizes = dict(hp, n_qkv=n_qkv)  # Phi-3's fused attn_qkv rows
-    shapes = dict(TENSOR_SHAPES)
-    if fam.switches["fused_gate_up"]:
-        shapes["ffn_up.weight"] = ("n_embd", "n_ff * 2")
+    shapes = tensor_shapes(fam)
     for name, t in gf.tensors.items():
         base = name.split(".", 2)[2] if name.startswith("blk.") and name.count(".") >= 2 else name
         if base in shapes:
-            expected = tuple(_size(expr, sizes) for expr in shapes[base])
+            expected = shape_of(shapes[base], hp)
             if t.shape != expected:
                 dims = ", ".join(shapes[base])
                 raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.shape)}, "
                                 f"expected [{dims}] = {list(expected)}")
 
 
-def _size(expr: str, hp: dict) -> int:
+def tensor_shapes(fam: Family) -> dict[str, tuple[str, ...]]:
+    """TENSOR_SHAPES as this family stores them (Phi-3's ffn_up holds gate and up)."""
+    shapes = dict(TENSOR_SHAPES)
+    if fam.switches["fused_gate_up"]:
+        shapes["ffn_up.weight"] = ("n_embd", "n_ff * 2")
+    return shapes
+
+
+def shape_of(exprs: tuple[str, ...], hp: dict) -> tuple[int, ...]:
+    """A shape from `tensor_shapes`, in numbers: the hyperparameters' values and n_qkv (the rows of
+    Phi-3's fused attn_qkv)."""
+    n_qkv = (hp["n_head"] + hp["n_head_kv"]) * hp["head_dim"] + hp["n_head_kv"] * hp["head_dim_v"]
+    sizes = dict(hp, n_qkv=n_qkv)
+    return tuple(size_of(expr, sizes) for expr in exprs)
+
+
+def size_of(expr: str, hp: dict) -> int:
     """'n_head * head_dim', 'rope_dim / 2' or a single hyperparameter name."""
     parts = expr.split()
     if len(parts) == 1:

@@ -2,20 +2,22 @@
 
 `write_synthetic_gguf(path, family, shape, qtype)` writes a file that the loader accepts as it
 accepts a downloaded model, so tests and benchmarks can run any family, size and quant type without
-the real weights. The weights are random with realistic scales (matrices N(0, 0.02^2), norm weights
-near 1; Gemma stores norm weights as w + 1, so those are near 1 as well). Each tensor's values are
-a pure function of (seed, tensor name), see `tensor_values`, so tests can compare what was written
-with what was meant.
+the real weights. A family is its file `family/<family>.toml`, read through airframe.family: the
+hyperparameter keys it writes (in the file's order, the shape's values, else the family's typical
+values or defaults) and the tensors (with the shapes of `family.TENSOR_SHAPES`), so a new family
+file is a new synthetic family. The weights are random with realistic scales (matrices
+N(0, 0.02^2), norm weights near 1; Gemma stores norm weights as w + 1, so those are near 1 as
+well). Each tensor's values are a pure function of (seed, tensor name), see `tensor_values`, so
+tests can compare what was written with what was meant.
 
 The tokenizer is SmolLM2's (GPT-2 byte-level BPE, ChatML template), copied from its GGUF; the
 `tokenizer` argument names another model to copy from (e.g. "gemma3-270m": SentencePiece, 262,144
 tokens). The tiny presets cut it to 512 tokens (special tokens, the byte alphabet, the first
-merges). A smaller
-`vocab` keeps the first tokens and the merges whose two parts and result are all kept; a larger one
-appends unused "[PAD<id>]" tokens (as llama.cpp's converter pads vocabularies). So the
-`llama3.2-1b` shape has Llama 3.2 1B's sizes (vocab 128,256) but SmolLM2's tokenizer padded with
-dummy tokens: the Llama 3 tokenizer's metadata is not available here. Its rope_freqs.weight (Llama 3
-RoPE scaling) is not written either.
+merges). A smaller `vocab` keeps the first tokens and the merges whose two parts and result are all
+kept; a larger one appends unused "[PAD<id>]" tokens (as llama.cpp's converter pads vocabularies).
+So the `llama3.2-1b` shape has Llama 3.2 1B's sizes (vocab 128,256) but SmolLM2's tokenizer padded
+with dummy tokens: the Llama 3 tokenizer's metadata is not available here. Its rope_freqs.weight
+(Llama 3 RoPE scaling) is not written either.
 
 Quant types: one GGML type for every 2-D matrix (norms stay F32), or a mix preset (`Q4_K_M`,
 `Q5_K_M`). A matrix whose row length is not a multiple of the type's block falls back the way
@@ -43,6 +45,8 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType,
 from tqdm import tqdm
 
 from .errors import ParameterError
+from .family import (CAP_HPARAMS, FLOAT_HPARAMS, INT_HPARAMS, Family, families_by_name, shape_of, size_of,
+                     tensor_shapes)
 from .gguf_file import GGUFFile
 from .models import resolve_model
 from .quantize import compatible_type, qtype_named, quantize, row_bytes
@@ -58,183 +62,72 @@ TOKENIZER_SOURCE = "smollm2-135m"
 _CHUNK_VALUES = 1 << 22  # values generated per random stream; fixed so values never depend on threads
 
 # ---- shapes ----------------------------------------------------------------------------------
-# Every preset gives the sizes; family defaults (below) fill what a preset leaves out, a dict
-# passed as `shape` overrides both. K-quants need row lengths that are multiples of 256: `tiny256`.
+# Every preset gives the sizes, in the family files' hyperparameter names; the family's typical
+# values and defaults fill what a preset leaves out, a dict passed as `shape` overrides both. A
+# preset's field that the family has no key for is left out (a window for llama). K-quants need
+# row lengths that are multiples of 256: `tiny256`.
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layers=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128,
-                 vocab=512, tied_embeddings=False),
+                 vocab_size=512, tied_embeddings=False),
     "tiny256": dict(n_layers=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
-                    vocab=512, tied_embeddings=True),
+                    vocab_size=512, tied_embeddings=True),
     "smollm2-135m": dict(n_layers=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
-                         vocab=49152, tied_embeddings=True, ctx_train=8192, rope_base=100000.0),
+                         vocab_size=49152, tied_embeddings=True, ctx_train=8192, rope_base=100000.0),
     "llama3.2-1b": dict(n_layers=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
-                        vocab=128256, tied_embeddings=True, ctx_train=131072, rope_base=500000.0),
+                        vocab_size=128256, tied_embeddings=True, ctx_train=131072, rope_base=500000.0),
     "gemma3-270m": dict(n_layers=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
-                        vocab=262144, tied_embeddings=True, ctx_train=32768, rope_base=1000000.0,
+                        vocab_size=262144, tied_embeddings=True, ctx_train=32768, rope_base=1000000.0,
                         rms_eps=1e-6, sliding_window=512),
 }
+POSITIVE_SIZES = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size")
 
 
 # ---- families ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FamilySpec:
-    """How one architecture stores a model: metadata keys and tensor names with their shapes.
-
-    metadata: GGUF key after the `{arch}.` prefix -> (shape field, value type).
-    tensors: name -> shape in GGUF order (row length first) as shape fields; layer tensors are
-    named `blk.{i}.<name>`. Names ending in "norm.weight" are norm weights (F32, near 1).
-    """
-
-    architecture: str
-    defaults: dict[str, Any]
-    metadata: dict[str, tuple[str, GGUFValueType]]
-    global_tensors: dict[str, tuple[str, ...]]
-    layer_tensors: dict[str, tuple[str, ...]]
+# The GGUF value type of each hyperparameter's key, as llama.cpp's converter writes it.
+HPARAM_TYPES = {**dict.fromkeys(INT_HPARAMS, V.UINT32), **dict.fromkeys(FLOAT_HPARAMS + CAP_HPARAMS, V.FLOAT32)}
 
 
-_LLAMA_METADATA = {
-    "block_count": ("n_layers", V.UINT32),
-    "context_length": ("ctx_train", V.UINT32),
-    "embedding_length": ("n_embd", V.UINT32),
-    "feed_forward_length": ("n_ff", V.UINT32),
-    "attention.head_count": ("n_head", V.UINT32),
-    "attention.head_count_kv": ("n_head_kv", V.UINT32),
-    "attention.key_length": ("head_dim", V.UINT32),
-    "attention.value_length": ("head_dim", V.UINT32),
-    "rope.dimension_count": ("head_dim", V.UINT32),
-    "rope.freq_base": ("rope_base", V.FLOAT32),
-    "attention.layer_norm_rms_epsilon": ("rms_eps", V.FLOAT32),
-    "vocab_size": ("vocab", V.UINT32),
-}
-_GLOBAL_TENSORS = {  # written in this order around the layers; output.weight only when untied
-    "token_embd.weight": ("n_embd", "vocab"),
-    "output_norm.weight": ("n_embd",),
-    "output.weight": ("n_embd", "vocab"),
-}
-_LLAMA_LAYER = {
-    "attn_norm.weight": ("n_embd",),
-    "attn_q.weight": ("n_embd", "n_q"),
-    "attn_k.weight": ("n_embd", "n_kv"),
-    "attn_v.weight": ("n_embd", "n_kv"),
-    "attn_output.weight": ("n_q", "n_embd"),
-    "ffn_norm.weight": ("n_embd",),
-    "ffn_gate.weight": ("n_embd", "n_ff"),
-    "ffn_up.weight": ("n_embd", "n_ff"),
-    "ffn_down.weight": ("n_ff", "n_embd"),
-}
-_QWEN2_LAYER = {
-    **_LLAMA_LAYER,
-    "attn_q.bias": ("n_q",),
-    "attn_k.bias": ("n_kv",),
-    "attn_v.bias": ("n_kv",),
-}
-_QWEN3_LAYER = {
-    **_LLAMA_LAYER,
-    "attn_q_norm.weight": ("head_dim",),
-    "attn_k_norm.weight": ("head_dim",),
-}
-_PHI3_LAYER = {  # fused: attn_qkv rows Q | K | V, ffn_up rows gate | up
-    "attn_norm.weight": ("n_embd",),
-    "attn_qkv.weight": ("n_embd", "n_qkv"),
-    "attn_output.weight": ("n_q", "n_embd"),
-    "ffn_norm.weight": ("n_embd",),
-    "ffn_up.weight": ("n_embd", "n_ff2"),
-    "ffn_down.weight": ("n_ff", "n_embd"),
-}
-_GEMMA2_LAYER = {
-    **_LLAMA_LAYER,
-    "post_attention_norm.weight": ("n_embd",),
-    "post_ffw_norm.weight": ("n_embd",),
-}
-_GEMMA3_LAYER = {
-    **_LLAMA_LAYER,
-    "attn_q_norm.weight": ("head_dim",),
-    "attn_k_norm.weight": ("head_dim",),
-    "post_attention_norm.weight": ("n_embd",),
-    "post_ffw_norm.weight": ("n_embd",),
-}
-
-FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(
-        architecture="llama",
-        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5),
-        metadata=_LLAMA_METADATA,
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_LLAMA_LAYER,
-    ),
-    "qwen2": FamilySpec(
-        architecture="qwen2",
-        defaults=dict(ctx_train=32768, rope_base=1000000.0, rms_eps=1e-6),
-        metadata=_LLAMA_METADATA,
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_QWEN2_LAYER,
-    ),
-    "qwen3": FamilySpec(
-        architecture="qwen3",
-        defaults=dict(ctx_train=40960, rope_base=1000000.0, rms_eps=1e-6),
-        metadata=_LLAMA_METADATA,
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_QWEN3_LAYER,
-    ),
-    "phi3": FamilySpec(
-        architecture="phi3",
-        defaults=dict(ctx_train=4096, rope_base=10000.0, rms_eps=1e-5, sliding_window=2047),
-        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32)},
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_PHI3_LAYER,
-    ),
-    "gemma2": FamilySpec(
-        architecture="gemma2",
-        defaults=dict(ctx_train=8192, rope_base=10000.0, rms_eps=1e-6, sliding_window=4096,
-                      attn_softcap=50.0, final_softcap=30.0),
-        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32),
-                  "attn_logit_softcapping": ("attn_softcap", V.FLOAT32),
-                  "final_logit_softcapping": ("final_softcap", V.FLOAT32)},
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_GEMMA2_LAYER,
-    ),
-    "gemma3": FamilySpec(
-        architecture="gemma3",
-        defaults=dict(ctx_train=32768, rope_base=1000000.0, rms_eps=1e-6, sliding_window=512),
-        metadata={**_LLAMA_METADATA, "attention.sliding_window": ("sliding_window", V.UINT32)},
-        global_tensors=_GLOBAL_TENSORS,
-        layer_tensors=_GEMMA3_LAYER,
-    ),
-}
-
-_SHAPE_FIELDS = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab",
-                 "tied_embeddings", "ctx_train", "rope_base", "rms_eps", "sliding_window",
-                 "attn_softcap", "final_softcap")
-
-
-def family_spec(family: str) -> FamilySpec:
-    if family not in FAMILIES:
-        raise ParameterError(f"synthetic family {family!r} is unknown; expected one of {', '.join(FAMILIES)}")
-    return FAMILIES[family]
+def synthetic_family(family: str) -> Family:
+    """`family/<family>.toml`: its keys, tensors and typical values are all a synthetic model needs."""
+    known = families_by_name()
+    if family not in known:
+        raise ParameterError(f"synthetic family {family!r} is unknown; expected one of {', '.join(sorted(known))}")
+    return known[family]
 
 
 def resolve_shape(family: str, shape: str | dict) -> dict[str, Any]:
-    """Family defaults, then the preset (a dict may name one as "preset", default "tiny"), then
-    the dict's own fields; plus the derived sizes n_q and n_kv."""
-    spec = family_spec(family)
+    """tied_embeddings and every hyperparameter of the family file: the dict's own fields, then the
+    preset's (a dict may name one as "preset", default "tiny"), then the family's typical values
+    and defaults."""
+    fam = synthetic_family(family)
     overrides = dict(shape) if isinstance(shape, dict) else {"preset": shape}
     preset = overrides.pop("preset", "tiny")
     if preset not in SHAPES:
         raise ParameterError(f"shape preset {preset!r} is unknown; expected one of {', '.join(SHAPES)}")
-    unknown = sorted(set(overrides) - set(_SHAPE_FIELDS))
+    fields = ("tied_embeddings", *fam.hparams)
+    unknown = sorted(set(overrides) - set(fields))
     if unknown:
-        raise ParameterError(f"shape fields {unknown} are unknown; expected some of {', '.join(_SHAPE_FIELDS)}")
-    dims = {**spec.defaults, **SHAPES[preset], **overrides}
-    for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab"):
+        raise ParameterError(f"shape fields {unknown} are unknown for {family}; expected some of {', '.join(fields)}")
+    given = {**SHAPES[preset], **overrides}
+    dims = {"tied_embeddings": given["tied_embeddings"]}
+    for name, spec in fam.hparams.items():  # in file order: a default names only earlier sizes
+        dims[name] = given[name] if name in given else _default(family, name, spec, dims)
+    for name in POSITIVE_SIZES:
         if not isinstance(dims[name], int) or dims[name] <= 0:
             raise ParameterError(f"shape field {name} = {dims[name]!r}, expected a positive integer")
     if dims["n_head"] % dims["n_head_kv"]:
         raise ParameterError(f"{dims['n_head']} query heads are not a multiple of {dims['n_head_kv']} K/V heads")
-    dims["n_q"] = dims["n_head"] * dims["head_dim"]
-    dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
-    dims["n_qkv"] = dims["n_q"] + 2 * dims["n_kv"]
-    dims["n_ff2"] = 2 * dims["n_ff"]
     return dims
+
+
+def _default(family: str, name: str, spec: dict, dims: dict[str, Any]) -> Any:
+    """The hyperparameter's typical value, else its default; "head_dim" or "n_embd / n_head" are
+    computed from the sizes already resolved."""
+    value = spec.get("typical", spec.get("default"))
+    if value is None:
+        raise ParameterError(f"shape field {name} is needed for {family} (family/{family}.toml has no "
+                             f"default and no preset gives it); expected it in the shape dict")
+    return size_of(value, dims) if isinstance(value, str) else value
 
 
 # ---- quant mixes -------------------------------------------------------------------------------
@@ -306,12 +199,14 @@ class TensorPlan:
 
 
 def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = False) -> list[TensorPlan]:
-    """Every tensor of the model in file order: token_embd, the layers, output_norm, output."""
+    """Every tensor of the model in file order: token_embd, the layers, the other global tensors."""
     choose, _ = _type_chooser(qtype)
+    fam = synthetic_family(family)
+    shapes = tensor_shapes(fam)
     plans = []
-    for name, fields, layer, source in _tensor_names(family_spec(family), dims, fast):
-        shape = tuple(dims[f] for f in reversed(fields))  # GGUF order -> numpy order
-        if len(fields) == 1:  # norm weights and biases
+    for name, base, layer, source in _tensor_names(fam, dims, fast):
+        shape = tuple(reversed(shape_of(shapes[base], dims)))  # GGUF order -> numpy order
+        if len(shape) == 1:  # norm weights and biases
             chosen = Q.F32
         else:
             chosen = choose(name, layer, dims["n_layers"], dims["tied_embeddings"])
@@ -320,17 +215,20 @@ def plan_tensors(family: str, dims: dict[str, Any], qtype: str, fast: bool = Fal
     return plans
 
 
-def _tensor_names(spec: FamilySpec, dims: dict[str, Any], fast: bool) -> Iterator[tuple]:
-    """(name, shape fields, layer or None, source name) of every tensor, in file order."""
-    first, *last = spec.global_tensors
-    yield first, spec.global_tensors[first], None, first
+def _tensor_names(fam: Family, dims: dict[str, Any], fast: bool) -> Iterator[tuple]:
+    """(name, name in the family file, layer or None, source name) of every tensor, in file order.
+    Optional layer tensors are written too: their presence is what turns a feature on (Qwen 2's
+    biases). output.weight is written only when the embedding is untied."""
+    yield "token_embd.weight", "token_embd.weight", None, "token_embd.weight"
     for layer in range(dims["n_layers"]):
-        for suffix, fields in spec.layer_tensors.items():
-            name = f"blk.{layer}.{suffix}"
-            yield name, fields, layer, f"blk.0.{suffix}" if fast else name
-    for name in last:
-        if not (name == "output.weight" and dims["tied_embeddings"]):
-            yield name, spec.global_tensors[name], None, name
+        for base in fam.layer_tensors + fam.layer_optional:
+            name = f"blk.{layer}.{base}"
+            yield name, base, layer, f"blk.0.{base}" if fast else name
+    rest = [name for name in fam.global_tensors if name != "token_embd.weight"]
+    if not dims["tied_embeddings"]:
+        rest.append("output.weight")
+    for name in rest:
+        yield name, name, None, name
 
 
 def tensor_values(plan: TensorPlan, seed: int = 0) -> np.ndarray:
@@ -456,10 +354,9 @@ def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
 
 # ---- writing -----------------------------------------------------------------------------------
 def hparam_metadata(family: str, dims: dict[str, Any]) -> dict[str, tuple[Any, GGUFValueType]]:
-    """The `{arch}.*` keys of a model of these sizes: key -> (value, GGUF value type)."""
-    spec = family_spec(family)
-    return {f"{spec.architecture}.{key}": (dims[field], vtype)
-            for key, (field, vtype) in spec.metadata.items() if field in dims}
+    """The `{prefix}.*` key of every hyperparameter in the family file: key -> (value, GGUF type)."""
+    fam = synthetic_family(family)
+    return {f"{fam.prefix}.{spec['key']}": (dims[name], HPARAM_TYPES[name]) for name, spec in fam.hparams.items()}
 
 
 def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: str | dict = "tiny",
@@ -467,12 +364,13 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
                          fast: bool = False, tokenizer: str = TOKENIZER_SOURCE,
                          alignment: int | None = None, progress: bool = False,
                          rope_scaling: RopeScaling | None = None, rope_freqs: bool = True) -> Path:
-    """Write a random model of `family` and `shape` to `path`; returns the path.
+    """Write a random model of `family` (a file `family/<family>.toml`) and `shape` to `path`;
+    returns the path.
 
     qtype: a GGML type name for every matrix ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0",
     "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") or a mix ("Q4_K_M", "Q5_K_M"). vocab overrides the
     shape's vocabulary size; the tokenizer (`tokenizer.*` keys of the model named or at the path
-    `tokenizer`) is cut or padded to match. rope_scaling writes the `{arch}.rope.scaling.*` keys,
+    `tokenizer`) is cut or padded to match. rope_scaling writes the `{prefix}.rope.scaling.*` keys,
     except that a "llama3" scaling is written as llama.cpp's converter does, as the
     rope_freqs.weight tensor of per-pair factors (as keys when rope_freqs is False), and a
     "longrope" one as Phi-3's converter does: rope_factors_long / rope_factors_short tensors (made-up
@@ -481,23 +379,14 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     if not isinstance(seed, int) or seed < 0:
         raise ParameterError(f"seed = {seed!r}, expected a non-negative integer")
     dims = resolve_shape(family, shape if vocab is None else _with_vocab(shape, vocab))
-    plans = plan_tensors(family, dims, qtype, fast)
-    extra = {}
-    if rope_scaling is not None and rope_scaling.active:
-        if rope_scaling.type == "llama3" and rope_freqs:
-            factors = llama3_freq_factors(dims["head_dim"], dims["rope_base"], rope_scaling)
-            plans.insert(0, TensorPlan("rope_freqs.weight", (factors.size,), Q.F32, "rope_freqs.weight",
-                                       fixed=tuple(float(f) for f in factors)))
-        elif rope_scaling.type == "longrope":
-            plans[:0] = _longrope_plans(dims["head_dim"] // 2, rope_scaling.factor)
-            extra = rope_scaling_metadata(family_spec(family).architecture, rope_scaling)
-        else:
-            extra = rope_scaling_metadata(family_spec(family).architecture, rope_scaling)
+    fam = synthetic_family(family)
+    rope_plans, extra = _rope_scaling_parts(fam.prefix, dims, rope_scaling, rope_freqs)
+    plans = rope_plans + plan_tensors(family, dims, qtype, fast)
     path = Path(path)
     if not path.parent.is_dir():
         raise ParameterError(f"output folder {path.parent} does not exist")
     partial = path.with_name(path.name + ".partial")  # renamed when complete: no truncated files
-    writer = GGUFWriter(partial, family_spec(family).architecture)
+    writer = GGUFWriter(partial, fam.architectures[0])
     try:
         _write_header(writer, family, shape, qtype, seed, fast, alignment, dims, tokenizer, plans, extra)
         with tqdm(total=len(plans), desc=f"writing {path.name}", unit="tensor", disable=not progress) as bar:
@@ -513,6 +402,19 @@ def write_synthetic_gguf(path: str | os.PathLike, family: str = "llama", shape: 
     return path
 
 
+def _rope_scaling_parts(prefix: str, dims: dict[str, Any], scaling: RopeScaling | None,
+                        rope_freqs: bool) -> tuple[list[TensorPlan], dict[str, tuple[Any, GGUFValueType]]]:
+    """The tensors written before the others and the keys that declare a RoPE scaling."""
+    if scaling is None or not scaling.active:
+        return [], {}
+    if scaling.type == "llama3" and rope_freqs:
+        factors = llama3_freq_factors(dims["rope_dim"], dims["rope_base"], scaling)
+        return [TensorPlan("rope_freqs.weight", (factors.size,), Q.F32, "rope_freqs.weight",
+                           fixed=tuple(float(f) for f in factors))], {}
+    plans = _longrope_plans(dims["rope_dim"] // 2, scaling.factor) if scaling.type == "longrope" else []
+    return plans, rope_scaling_metadata(prefix, scaling)
+
+
 def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str, seed: int, fast: bool,
                   alignment: int | None, dims: dict[str, Any], tokenizer: str, plans: list[TensorPlan],
                   extra: dict[str, tuple[Any, GGUFValueType]]) -> None:
@@ -521,7 +423,7 @@ def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str
     _add_general(writer, family, shape, qtype, seed, fast, file_type, alignment)
     for key, (value, vtype) in {**hparam_metadata(family, dims), **extra}.items():
         writer.add_key_value(key, value, vtype)
-    for key, value in tokenizer_metadata(dims["vocab"], tokenizer).items():
+    for key, value in tokenizer_metadata(dims["vocab_size"], tokenizer).items():
         _add_value(writer, key, value)
     for plan in plans:
         byte_shape = (*plan.shape[:-1], row_bytes(plan.shape[-1], plan.qtype))
@@ -542,25 +444,25 @@ def _longrope_plans(half: int, factor: float) -> list[TensorPlan]:
             for name, values in (("rope_factors_long.weight", long), ("rope_factors_short.weight", short))]
 
 
-def rope_scaling_metadata(architecture: str, s: RopeScaling) -> dict[str, tuple[Any, GGUFValueType]]:
-    """The `{arch}.rope.scaling.*` keys llama.cpp's converter writes for a scaling (plus Llama 3's
+def rope_scaling_metadata(prefix: str, s: RopeScaling) -> dict[str, tuple[Any, GGUFValueType]]:
+    """The `{prefix}.rope.scaling.*` keys llama.cpp's converter writes for a scaling (plus Llama 3's
     low/high frequency factors, which it never writes: it stores rope_freqs.weight instead)."""
-    prefix = f"{architecture}.rope.scaling"
+    base = f"{prefix}.rope.scaling"
     if s.type == "longrope":  # Phi3MiniModel: no type or factor key; the factor is context / original
         attn_factor = math.sqrt(1 + math.log(s.factor) / math.log(s.original_ctx)) if s.factor > 1 else 1.0
-        return {f"{prefix}.original_context_length": (s.original_ctx, V.UINT32),
-                f"{prefix}.attn_factor": (attn_factor, V.FLOAT32)}
-    keys = {f"{prefix}.type": (s.type, V.STRING), f"{prefix}.factor": (s.factor, V.FLOAT32)}
+        return {f"{base}.original_context_length": (s.original_ctx, V.UINT32),
+                f"{base}.attn_factor": (attn_factor, V.FLOAT32)}
+    keys = {f"{base}.type": (s.type, V.STRING), f"{base}.factor": (s.factor, V.FLOAT32)}
     if s.original_ctx:
-        keys[f"{prefix}.original_context_length"] = (s.original_ctx, V.UINT32)
+        keys[f"{base}.original_context_length"] = (s.original_ctx, V.UINT32)
     if s.type == "yarn":
-        keys[f"{prefix}.yarn_beta_fast"] = (s.beta_fast, V.FLOAT32)
-        keys[f"{prefix}.yarn_beta_slow"] = (s.beta_slow, V.FLOAT32)
+        keys[f"{base}.yarn_beta_fast"] = (s.beta_fast, V.FLOAT32)
+        keys[f"{base}.yarn_beta_slow"] = (s.beta_slow, V.FLOAT32)
         if s.attn_factor != 1.0:
-            keys[f"{prefix}.attn_factor"] = (s.attn_factor, V.FLOAT32)
+            keys[f"{base}.attn_factor"] = (s.attn_factor, V.FLOAT32)
     if s.type == "llama3":
-        keys[f"{prefix}.low_freq_factor"] = (s.low_freq_factor, V.FLOAT32)
-        keys[f"{prefix}.high_freq_factor"] = (s.high_freq_factor, V.FLOAT32)
+        keys[f"{base}.low_freq_factor"] = (s.low_freq_factor, V.FLOAT32)
+        keys[f"{base}.high_freq_factor"] = (s.high_freq_factor, V.FLOAT32)
     return keys
 
 
@@ -590,7 +492,7 @@ def _encoded_in_order(plans: list[TensorPlan], seed: int, fast: bool) -> Iterato
 
 def _with_vocab(shape: str | dict, vocab: int) -> dict:
     base = dict(shape) if isinstance(shape, dict) else {"preset": shape}
-    return {**base, "vocab": vocab}
+    return {**base, "vocab_size": vocab}
 
 
 def _add_general(writer: GGUFWriter, family: str, shape: str | dict, qtype: str, seed: int,

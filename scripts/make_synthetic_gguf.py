@@ -13,13 +13,15 @@ import sys
 import time
 
 from airframe.errors import AirframeError
-from airframe.synthetic import FAMILIES, MIXES, SHAPES, TOKENIZER_SOURCE, write_synthetic_gguf
+from airframe.family import families_by_name
+from airframe.synthetic import MIXES, SHAPES, TOKENIZER_SOURCE, write_synthetic_gguf
 from airframe.quantize import SUPPORTED
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama", choices=sorted(FAMILIES))
+    parser.add_argument("--family", default="llama", choices=sorted(families_by_name()),
+                        help="a family file in family/ (its name without .toml)")
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     parser.add_argument("--qtype", default="Q8_0",
                         help=f"one of {', '.join(t.name for t in SUPPORTED)} or a mix: {', '.join(MIXES)}")

@@ -73,7 +73,7 @@ CASES = {
     "qwen3": Case("qwen3", {"head_dim": 32}),                                  # head_dim != n_embd / n_head
     "phi3": Case("phi3", {"n_head_kv": 4, "sliding_window": 8}),               # no GQA; every layer local
     "gemma2": Case("gemma2", {"tied_embeddings": True, "sliding_window": 8,
-                              "attn_softcap": 0.05, "final_softcap": 0.5}),    # caps small enough to bite
+                              "attn_logit_softcap": 0.05, "final_logit_softcap": 0.5}),  # caps small enough to bite
     "gemma3": Case("gemma3", {"tied_embeddings": True, "sliding_window": 8}),
 }
 

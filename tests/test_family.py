@@ -10,7 +10,8 @@ import pytest
 from gguf import GGUFWriter
 
 from airframe.errors import GGUFError, UnsupportedError
-from airframe.family import TENSOR_SHAPES, families, family_for, load_config
+from airframe.family import (CAP_HPARAMS, FLOAT_HPARAMS, INT_HPARAMS, TENSOR_SHAPES, _parse_family, families,
+                             families_by_name, family_for, load_config, shape_of, tensor_shapes)
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
 
@@ -150,6 +151,28 @@ def test_tensor_shape_must_match_hyperparameters(tmp_path, name, shape, expected
 
 
 def test_every_family_tensor_has_a_known_shape():
-    for fam in {f.name: f for f in families().values()}.values():
+    for fam in families_by_name().values():
         for name in fam.global_tensors + fam.global_optional + fam.layer_tensors + fam.layer_optional:
             assert name in TENSOR_SHAPES, f"{fam.name}: {name} has no expected shape"
+
+
+def test_every_hyperparameter_has_a_type():
+    """The loader checks each value by its type and synthetic.py writes its key with it."""
+    for fam in families_by_name().values():
+        for name in fam.hparams:
+            assert name in INT_HPARAMS + FLOAT_HPARAMS + CAP_HPARAMS, f"{fam.name}: {name} has no type"
+
+
+def test_fused_shapes_of_phi3():
+    hp = {"n_embd": 8, "n_ff": 16, "n_head": 2, "n_head_kv": 1, "head_dim": 4, "head_dim_v": 4}
+    shapes = tensor_shapes(families_by_name()["phi3"])
+    assert shape_of(shapes["ffn_up.weight"], hp) == (8, 32)
+    assert shape_of(shapes["attn_qkv.weight"], hp) == (8, 16)
+    assert shape_of(tensor_shapes(family_for("llama"))["ffn_up.weight"], hp) == (8, 16)
+
+
+def test_misspelt_hyperparameter_field_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('architectures = ["bad"]\n[hparams]\nn_layers = { key = "block_count", typcial = 2 }\n')
+    with pytest.raises(ValueError, match=r"bad.toml: hparam n_layers = .*typcial.*no fields but key, default, typical"):
+        _parse_family(path)

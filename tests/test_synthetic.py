@@ -7,15 +7,19 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, TokenType
 
 from airframe.errors import ParameterError
-from airframe.family import families, load_config
+from airframe import family as family_module
+from airframe.family import families_by_name, load_config
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
 from airframe.quantize import SUPPORTED
-from airframe.synthetic import (FAMILIES, encode_tensor, hparam_metadata, plan_tensors, resolve_shape,
-                                tensor_values, tokenizer_metadata, write_synthetic_gguf)
+from airframe.reference import ReferenceBackend
+from airframe.resources import family_dir
+from airframe.synthetic import (encode_tensor, hparam_metadata, plan_tensors, resolve_shape, tensor_values,
+                                tokenizer_metadata, write_synthetic_gguf)
 from scripts_loader import load_script
 
 QTYPES = [t.name for t in SUPPORTED] + ["Q4_K_M", "Q5_K_M"]
+FAMILIES = sorted(families_by_name())
 
 # Largest dequantization error allowed, relative to the largest |value| of the tensor: the
 # per-block bounds of tests/test_quantize.py, taken at their worst (range = 2 * amax).
@@ -43,7 +47,7 @@ def written(tmp_path_factory):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_loader_accepts_and_values_match(written, family, qtype):
     gf = GGUFFile(written[family, qtype])
     config = load_config(gf)
@@ -51,7 +55,7 @@ def test_loader_accepts_and_values_match(written, family, qtype):
     assert (config.family, config.n_layers, config.n_embd, config.n_ff) == \
         (family, dims["n_layers"], dims["n_embd"], dims["n_ff"])
     assert (config.n_head, config.n_head_kv, config.head_dim) == (dims["n_head"], dims["n_head_kv"], dims["head_dim"])
-    assert config.vocab_size == dims["vocab"] == len(gf.get("tokenizer.ggml.tokens"))
+    assert config.vocab_size == dims["vocab_size"] == len(gf.get("tokenizer.ggml.tokens"))
     assert config.tied_embeddings == dims["tied_embeddings"]
     plans = plan_tensors(family, dims, qtype)
     assert sorted(gf.tensors) == sorted(p.name for p in plans)
@@ -68,11 +72,11 @@ def test_loader_accepts_and_values_match(written, family, qtype):
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K", "Q4_K_M"])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_reader_reads_the_file(written, family, qtype):
     reader = GGUFReader(written[family, qtype])
     ours = GGUFFile(written[family, qtype])
-    assert reader.fields["general.architecture"].contents() == FAMILIES[family].architecture
+    assert reader.fields["general.architecture"].contents() == families_by_name()[family].architectures[0]
     assert {t.name: (Q(t.tensor_type), tuple(int(d) for d in t.shape)) for t in reader.tensors} == \
         {t.name: (t.qtype, t.shape) for t in ours.tensors.values()}
     name = "blk.1.ffn_down.weight"
@@ -118,11 +122,99 @@ def test_hparams_match_the_real_file(family, model):
     real.close()
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_tensor_names_follow_the_family_file(family):
-    toml = families()[FAMILIES[family].architecture]
-    assert set(FAMILIES[family].layer_tensors) == set(toml.layer_tensors + toml.layer_optional)
-    assert set(toml.global_tensors) <= set(FAMILIES[family].global_tensors)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_file_is_a_synthetic_family(written, family):
+    """The family file is all a synthetic model takes: it loads back with the file's keys, sizes,
+    switches and tensors (the optional ones too)."""
+    fam = families_by_name()[family]
+    dims = resolve_shape(family, "tiny")
+    gf = GGUFFile(written[family, "F32"])
+    config = load_config(gf)
+    assert (config.family, config.architecture) == (family, fam.architectures[0])
+    assert {key for key in gf.metadata if key.startswith(f"{fam.prefix}.")} == \
+        {f"{fam.prefix}.{spec['key']}" for spec in fam.hparams.values()}
+    for name in fam.hparams:
+        assert getattr(config, name) == pytest.approx(dims[name], rel=1e-6), name  # float32 in the file
+    for name, value in fam.switches.items():
+        if name not in fam.hparams:
+            assert getattr(config, name) == value, name
+    assert config.layer_tensors == fam.layer_tensors + fam.layer_optional
+    assert set(fam.global_tensors) <= set(gf.tensors)
+    assert config.tied_embeddings == dims["tied_embeddings"] == ("output.weight" not in gf.tensors)
+    gf.close()
+
+
+# A made-up family: Llama's keys under another prefix, Qwen 3's Q/K norms, Qwen 2's biases, GELU.
+TOY_FAMILY = """
+architectures = ["toy"]
+prefix = "toylm"
+
+[hparams]
+n_layers = { key = "block_count" }
+ctx_train = { key = "context_length", default = 1024, typical = 512 }
+n_embd = { key = "embedding_length" }
+n_ff = { key = "feed_forward_length" }
+n_head = { key = "attention.head_count" }
+n_head_kv = { key = "attention.head_count_kv", default = "n_head" }
+head_dim = { key = "attention.key_length", default = "n_embd / n_head" }
+head_dim_v = { key = "attention.value_length", default = "head_dim" }
+rope_dim = { key = "rope.dimension_count", default = "head_dim" }
+rope_base = { key = "rope.freq_base", default = 5000.0 }
+rms_eps = { key = "attention.layer_norm_rms_epsilon", default = 1e-5 }
+vocab_size = { key = "vocab_size", default = "tokens" }
+%s
+
+[tensors]
+global = ["token_embd.weight", "output_norm.weight"]
+global_optional = ["output.weight"]
+layer = [
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+    "attn_q_norm.weight", "attn_k_norm.weight",
+    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+]
+layer_optional = ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+
+[switches]
+rope_style = "neox"
+activation = "gelu_tanh"
+qk_norm = true
+"""
+
+
+@pytest.fixture
+def toy_family(tmp_path, monkeypatch):
+    """family/ with one more file, family/toy.toml (TOY_FAMILY plus the hparam lines given)."""
+    folder = tmp_path / "family"
+    folder.mkdir()
+    for path in family_dir().glob("*.toml"):
+        (folder / path.name).write_text(path.read_text())
+
+    def add(extra_hparams: str = "") -> None:
+        (folder / "toy.toml").write_text(TOY_FAMILY % extra_hparams)
+        family_module.families.cache_clear()
+
+    monkeypatch.setattr(family_module, "family_dir", lambda: folder)
+    yield add
+    family_module.families.cache_clear()
+
+
+def test_a_new_family_file_is_enough(tmp_path, toy_family):
+    toy_family()
+    path = write_synthetic_gguf(tmp_path / "toy.gguf", "toy", "tiny", "Q8_0")
+    gf = GGUFFile(path)
+    assert gf.architecture == "toy" and gf.get("toylm.context_length") == 512  # the typical value
+    config = load_config(gf)
+    assert (config.family, config.ctx_train, config.rope_base) == ("toy", 512, 5000.0)
+    assert config.qk_norm and config.qkv_bias and config.activation == "gelu_tanh"
+    assert "blk.1.attn_k_norm.weight" in gf.tensors and "blk.1.attn_v.bias" in gf.tensors
+    logits = ReferenceBackend.load(path, n_ctx=4).forward([1, 2, 3])
+    assert logits.shape == (config.vocab_size,) and np.isfinite(logits).all()
+
+
+def test_a_size_no_preset_gives_must_be_named(tmp_path, toy_family):
+    toy_family('n_expert = { key = "expert_count" }')
+    with pytest.raises(ParameterError, match="shape field n_expert is needed for toy"):
+        resolve_shape("toy", "tiny")
 
 
 def test_smollm2_shape_matches_the_real_file():
@@ -138,7 +230,7 @@ def test_fast_mode_repeats_layer_zero(tmp_path):
     gf = GGUFFile(path)
     assert "fast" in gf.get("general.name")
     assert load_config(gf).n_layers == 3
-    for suffix in FAMILIES["llama"].layer_tensors:
+    for suffix in families_by_name()["llama"].layer_tensors:
         np.testing.assert_array_equal(gf.raw(f"blk.2.{suffix}"), gf.raw(f"blk.0.{suffix}"))
     assert not np.array_equal(gf.raw("blk.0.attn_q.weight"), gf.raw("blk.0.attn_k.weight"))
 
@@ -197,6 +289,8 @@ def test_bad_requests_name_what_was_expected(tmp_path):
         resolve_shape("llama", "huge")
     with pytest.raises(ParameterError, match="n_layer"):
         resolve_shape("llama", {"n_layer": 3})
+    with pytest.raises(ParameterError, match=r"\['sliding_window'\] are unknown for llama"):
+        resolve_shape("llama", {"sliding_window": 8})  # llama.toml has no key for a window
     with pytest.raises(ParameterError, match="not a multiple of 3 K/V heads"):
         resolve_shape("llama", {"n_head": 4, "n_head_kv": 3})
     with pytest.raises(ParameterError, match="Q3_K"):
