@@ -16,18 +16,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
+from gguf import QK_K, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from .errors import ParameterError
-from .quants import SUPPORTED, compatible_type, qtype_named, quant  # noqa: F401 - the names callers use
+from .quants import qtype_named, quant
 
 Q = GGMLQuantizationType
 _CHUNK_VALUES = 1 << 22  # values per thread task: numpy releases the GIL, tasks amortise the calls
-
-
-def row_bytes(row_length: int, qtype: GGMLQuantizationType) -> int:
-    return quant(qtype).row_bytes(row_length)
 
 
 def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -35,7 +31,7 @@ def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     qtype = qtype_named(qtype)
     if values.ndim != 2:
         raise ParameterError(f"quantize takes a 2-D (rows, cols) array, got shape {values.shape}")
-    block = GGML_QUANT_SIZES[qtype][0]
+    block = quant(qtype).block
     if values.shape[1] % block:
         raise ParameterError(f"row length {values.shape[1]} is not a multiple of the {qtype.name} "
                              f"block of {block} values")
@@ -43,7 +39,7 @@ def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     if not np.isfinite(values).all():
         bad = np.argwhere(~np.isfinite(values))[0]
         raise ParameterError(f"value {values[tuple(bad)]} at {tuple(bad.tolist())}: expected finite values")
-    out = np.empty((values.shape[0], row_bytes(values.shape[1], qtype)), dtype=np.uint8)
+    out = np.empty((values.shape[0], quant(qtype).row_bytes(values.shape[1])), dtype=np.uint8)
     if values.size == 0:
         return out
     rows_per_chunk = max(1, _CHUNK_VALUES // max(1, values.shape[1]))

@@ -49,7 +49,8 @@ from .family import (CAP_HPARAMS, FLOAT_HPARAMS, INT_HPARAMS, Family, families_b
                      tensor_shapes)
 from .gguf_file import GGUFFile
 from .models import resolve_model
-from .quantize import compatible_type, qtype_named, quantize, row_bytes
+from .quantize import quantize
+from .quants import compatible_type, quant, qtype_named
 from .rope_scaling import RopeScaling, llama3_freq_factors
 
 Q = GGMLQuantizationType
@@ -426,7 +427,7 @@ def _write_header(writer: GGUFWriter, family: str, shape: str | dict, qtype: str
     for key, value in tokenizer_metadata(dims["vocab_size"], tokenizer).items():
         _add_value(writer, key, value)
     for plan in plans:
-        byte_shape = (*plan.shape[:-1], row_bytes(plan.shape[-1], plan.qtype))
+        byte_shape = (*plan.shape[:-1], quant(plan.qtype).row_bytes(plan.shape[-1]))
         n_bytes = int(np.prod(byte_shape, dtype=np.int64))
         writer.add_tensor_info(plan.name, byte_shape, np.dtype(np.uint8), n_bytes, raw_dtype=plan.qtype)
     writer.write_header_to_file()

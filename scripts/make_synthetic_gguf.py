@@ -15,7 +15,7 @@ import time
 from airframe.errors import AirframeError
 from airframe.family import families_by_name
 from airframe.synthetic import MIXES, SHAPES, TOKENIZER_SOURCE, write_synthetic_gguf
-from airframe.quantize import SUPPORTED
+from airframe.quants import SUPPORTED
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
 
 from airframe.errors import ParameterError
-from airframe.quantize import (SUPPORTED, compatible_type, pack_q4_k, pack_q5_k, pack_q6_k,
-                               qtype_named, quantize, row_bytes)
+from airframe.quantize import pack_q4_k, pack_q5_k, pack_q6_k, quantize
+from airframe.quants import SUPPORTED, compatible_type, quant, qtype_named
 
 
 def dequantize(raw: np.ndarray, qtype: Q) -> np.ndarray:
@@ -54,7 +54,7 @@ def bound(x: np.ndarray, qtype: Q) -> np.ndarray:
 def check_round_trip(x: np.ndarray, qtype: Q) -> None:
     raw = quantize(x, qtype)
     assert raw.dtype == np.uint8
-    assert raw.shape == (x.shape[0], row_bytes(x.shape[1], qtype))
+    assert raw.shape == (x.shape[0], quant(qtype).row_bytes(x.shape[1]))
     err = np.abs(dequantize(raw, qtype) - x)
     allowed = bound(x, qtype)
     worst = np.unravel_index(np.argmax(err - allowed), x.shape)

@@ -11,7 +11,7 @@ from airframe import family as family_module
 from airframe.family import families_by_name, load_config
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
-from airframe.quantize import SUPPORTED
+from airframe.quants import SUPPORTED
 from airframe.reference import ReferenceBackend
 from airframe.resources import family_dir
 from airframe.synthetic import (encode_tensor, hparam_metadata, plan_tensors, resolve_shape, tensor_values,
