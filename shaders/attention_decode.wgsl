@@ -1,16 +1,14 @@
-// Causal grouped-query attention of a chunk's queries over the K/V cache, split along the cache
+// Grouped-query attention of one decode token over the K/V cache, split along the cache
 // (flash-decoding, https://crfm.stanford.edu/2023/10/12/flashdecoding.html). Workgroup (split,
-// kv head, token) serves every query head of its K/V group, so each K and V row is read once for
-// the group: it covers positions [split * S.split_len, (split + 1) * S.split_len) that the query
-// sees (j <= pos, and pos - j < window on sliding-window layers), runs an online softmax over blocks
-// of 64 positions and writes, per query head, its unnormalized output with its running max and sum;
-// attention_merge.wgsl combines the splits. When there is a single split (short contexts) the
-// workgroup also writes the normalized output to OUT itself, exactly what the merge would write
-// (acc / l), and the runtime skips the merge dispatch. Serves decode and prefill chunks alike.
-// ATTN_ROPE = 1 (decode, one token): QKV holds the raw projections and each workgroup does
-// rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and of the new key,
-// and the split holding the new position writes K and V there before reading them; the runtime
-// then skips the rope dispatch. (Prefill cannot: other tokens' workgroups read the chunk's keys.)
+// kv head) serves every query head of the K/V group, so each K and V row is read once for the group,
+// over positions [split * S.split_len, (split + 1) * S.split_len) that the query sees (pos - j <
+// window on sliding-window layers), in blocks of BLOCK positions with an online softmax. It first
+// does rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and of the new
+// key, and the split holding the new position writes K and V there before reading them.
+// Scores: an invocation per position (a K row as HD / 4 vec4), kept in workgroup memory; the
+// maxima and sums of a block go through one exchange each. P V: invocation (slice, dim quad) takes
+// every SLICES-th position of the block, then the slices are added. With one split the workgroup
+// writes the normalized output itself and the runtime skips attention_merge.wgsl.
 
 #include "rope_params.wgsl"
 
@@ -32,67 +30,47 @@ struct Step {
     split_len: u32,
 }
 
-@group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (tokens, n_q + 2 n_kv); Q rotated unless ATTN_ROPE
-@group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases (ATTN_ROPE)
-@group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table (ATTN_ROPE)
+@group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (n_q + 2 n_kv,) raw projections
+@group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases
+@group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table
 @group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // K then V: (n_head_kv, n_ctx, head_dim / 4)
-@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // (tokens, n_head, splits, head_dim + 2)
-@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (tokens, n_head * head_dim), one split only
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // (n_head, splits, head_dim + 2)
+@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (n_head * head_dim,), one split only
 @group(0) @binding(6) var<uniform> P: Params;
-@group(0) @binding(7) var<uniform> R: RopeParams;                    // ATTN_ROPE only
+@group(0) @binding(7) var<uniform> R: RopeParams;
 @group(0) @binding(8) var<uniform> S: Step;
 
 const WG: u32 = 64u;
-// The model's shape is fixed per pipeline (kernels.attention_defines), so every per-head loop has a
-// constant trip count and the per-head arrays below can live in registers.
-const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head (P.n_head / P.n_head_kv)
-const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim (P.head_dim), a multiple of 4
-const DIMS: u32 = {ATTN_DIMS}u;       // head dims per invocation and query head: ceil(HD / WG)
-const EMPTY: f32 = -1.0e30;   // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
-const ROPE: u32 = {ATTN_ROPE}u;       // 1: rotate Q and K here and write the new K/V (decode)
-const FRESH: u32 = GROUP + 1u;        // heads made ready by ATTN_ROPE: the group's queries, then the key
+const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
+const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim, a multiple of 4, at most 256
+const BLOCK: u32 = {ATTN_BLOCK}u;     // positions whose scores are held at once
+const HD4: u32 = HD / 4u;
+const SLICES: u32 = max(1u, WG / HD4);  // P V: invocations per dim quad
+const FRESH: u32 = GROUP + 1u;        // heads made ready here: the group's queries, then the key
+const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 
-var<workgroup> q: array<f32, {ATTN_Q}>;                  // (GROUP, HD), pre-scaled
-var<workgroup> fresh: array<f32, FRESH * HD>;            // (FRESH, HD): ATTN_ROPE's heads at the new position
-var<workgroup> row_scale: array<f32, FRESH>;             // ATTN_ROPE: 1 / rms of each fresh head
-var<workgroup> weights: array<array<f32, WG>, GROUP>;    // (group, block position)
-var<workgroup> block_max: array<f32, GROUP>;
-var<workgroup> block_sum: array<f32, GROUP>;
+var<workgroup> q: array<vec4<f32>, GROUP * HD4>;           // (head, dim quad), pre-scaled
+var<workgroup> fresh: array<f32, FRESH * HD>;              // (FRESH, HD): heads at the new position
+var<workgroup> row_scale: array<f32, FRESH>;               // 1 / rms of each fresh head (QK-norm)
+var<workgroup> probs: array<f32, GROUP * BLOCK>;           // (head, position of the block)
+var<workgroup> parts: array<f32, WG * GROUP>;              // (invocation, head): maxima, then sums
+var<workgroup> head_m: array<f32, GROUP>;                  // running max per head
+var<workgroup> head_l: array<f32, GROUP>;                  // running sum per head
+var<workgroup> head_c: array<f32, GROUP>;                  // this block's correction of the old sums
+var<workgroup> part_o: array<vec4<f32>, SLICES * GROUP * HD4>;  // (slice, head, dim quad)
 
-// Row-wise max (is_max) or sum of weights[0..group) over the block, into block_max / block_sum.
-fn reduce_rows(lid: u32, is_max: bool) {
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            for (var g = 0u; g < GROUP; g++) {
-                let a = weights[g][lid];
-                let b = weights[g][lid + stride];
-                weights[g][lid] = select(a + b, max(a, b), is_max);
-            }
-        }
-        workgroupBarrier();
-    }
-    if (lid < GROUP) {
-        if (is_max) {
-            block_max[lid] = weights[lid][0];
-        } else {
-            block_sum[lid] = weights[lid][0];
-        }
-    }
-    workgroupBarrier();
-}
-
-// ATTN_ROPE: the group's query heads and the K/V head's key at position pos, with bias, QK-norm
-// and RoPE applied as rope.wgsl does, into `fresh`; the split holding pos writes K and V to the cache.
-fn rope_fresh(lid: u32, token: u32, kv_head: u32, pos: u32, holds_pos: bool) {
+// The group's query heads and the K/V head's key at position pos, with bias, QK-norm and RoPE
+// applied as rope.wgsl does, into `fresh`; the split holding pos writes K and V to the cache.
+fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     let n_q = R.n_head * HD;
-    let q_src = token * R.qkv_stride + kv_head * GROUP * HD;
-    let k_src = token * R.qkv_stride + n_q + kv_head * HD;
+    let q_src = kv_head * GROUP * HD;
+    let k_src = n_q + kv_head * HD;
     for (var e = lid; e < FRESH * HD; e += WG) {
         let is_k = e >= GROUP * HD;
         let d = e % HD;
         var v = QKV[select(q_src + e, k_src + d, is_k)];
         if (R.qkv_bias == 1u) {
-            v += bitcast<f32>(W[select(R.q_bias + kv_head * GROUP * HD + e, R.k_bias + kv_head * HD + d, is_k)]);
+            v += bitcast<f32>(W[select(R.q_bias + q_src + e, R.k_bias + kv_head * HD + d, is_k)]);
         }
         fresh[e] = v;
     }
@@ -103,7 +81,7 @@ fn rope_fresh(lid: u32, token: u32, kv_head: u32, pos: u32, holds_pos: bool) {
             for (var d = 0u; d < HD; d++) {
                 sum += fresh[r * HD + d] * fresh[r * HD + d];
             }
-            row_scale[r] = 1.0 / sqrt(sum / f32(HD) + R.eps);
+            row_scale[r] = inverseSqrt(sum / f32(HD) + R.eps);
         }
         workgroupBarrier();
         for (var e = lid; e < FRESH * HD; e += WG) {
@@ -126,10 +104,10 @@ fn rope_fresh(lid: u32, token: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     }
     workgroupBarrier();
     if (holds_pos) {
-        let cache = (kv_head * R.n_ctx + pos) * HD / 4u;
-        let v_cache = R.n_head_kv * R.n_ctx * HD / 4u + cache;
+        let cache = (kv_head * R.n_ctx + pos) * HD4;
+        let v_cache = R.n_head_kv * R.n_ctx * HD4 + cache;
         let v_src = k_src + R.n_head_kv * HD;
-        for (var i = lid; i < HD / 4u; i += WG) {
+        for (var i = lid; i < HD4; i += WG) {
             let k = GROUP * HD + 4u * i;
             KV[cache + i] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
             var v = vec4<f32>(QKV[v_src + 4u * i], QKV[v_src + 4u * i + 1u], QKV[v_src + 4u * i + 2u],
@@ -142,7 +120,53 @@ fn rope_fresh(lid: u32, token: u32, kv_head: u32, pos: u32, holds_pos: bool) {
             KV[v_cache + i] = v;
         }
     }
+    for (var i = lid; i < GROUP * HD4; i += WG) {
+        let at = 4u * i;
+        q[i] = vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]) * P.scale;
+    }
     storageBarrier();  // the cache rows written above are read below by other invocations
+    workgroupBarrier();
+}
+
+// The scores of positions [b, b + n) for every head into `probs`; returns my maxima per head.
+fn scores(lid: u32, kv_head: u32, b: u32, n: u32) -> array<f32, GROUP> {
+    var top: array<f32, GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        top[g] = EMPTY;
+    }
+    let k_base = kv_head * P.n_ctx * HD4;
+    for (var j = lid; j < n; j += WG) {
+        let row = k_base + (b + j) * HD4;
+        var acc: array<f32, GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
+            acc[g] = 0.0;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
+        }
+        for (var i = 0u; i < HD4; i++) {
+            let k = KV[row + i];
+            for (var g = 0u; g < GROUP; g++) {
+                acc[g] += dot(q[g * HD4 + i], k);
+            }
+        }
+        for (var g = 0u; g < GROUP; g++) {
+            var s = acc[g];
+            if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
+                s = P.softcap * tanh(clamp(s / P.softcap, -20.0, 20.0));
+            }
+            probs[g * BLOCK + j] = s;
+            top[g] = max(top[g], s);
+        }
+    }
+    return top;
+}
+
+// head g's total of parts[.][g] over the workgroup: the max, or the sum
+fn fold(g: u32, is_max: bool) -> f32 {
+    var total = select(0.0, EMPTY, is_max);
+    for (var i = 0u; i < WG; i++) {
+        let v = parts[i * GROUP + g];
+        total = select(total + v, max(total, v), is_max);
+    }
+    return total;
 }
 
 @compute @workgroup_size(64)
@@ -150,121 +174,92 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lid = lid3.x;
     let split = wid.x;
     let kv_head = wid.y;
-    let token = wid.z;
-    let hd = HD;
-    let pos = S.n_past + token;
+    let pos = S.n_past;
     var lo = 0u;
     if (P.window > 0u && pos + 1u > P.window) {
         lo = pos + 1u - P.window;
     }
     let begin = max(lo, split * S.split_len);
     let end = min(pos + 1u, (split + 1u) * S.split_len);
-    let k_base = kv_head * P.n_ctx * hd;
-    let v_base = P.n_head_kv * P.n_ctx * hd + k_base;
+    rope_fresh(lid, kv_head, pos, split * S.split_len <= pos && pos < (split + 1u) * S.split_len);
+    if (lid < GROUP) {
+        head_m[lid] = EMPTY;
+        head_l[lid] = 0.0;
+    }
 
-    if (ROPE == 1u) {
-        rope_fresh(lid, token, kv_head, pos, begin <= pos && pos < end);
-        for (var d = lid; d < GROUP * hd; d += WG) {
-            q[d] = fresh[d] * P.scale;
+    let dq = lid % HD4;          // P V: my dim quad and slice of positions
+    let slice = lid / HD4;
+    let v_base = (P.n_head_kv + kv_head) * P.n_ctx * HD4;
+    var acc: array<vec4<f32>, GROUP>;
+    for (var b = begin; b < end; b += BLOCK) {
+        let n = min(BLOCK, end - b);
+        let top = scores(lid, kv_head, b, n);
+        for (var g = 0u; g < GROUP; g++) {
+            parts[lid * GROUP + g] = top[g];
         }
-    } else {
-        let q_src = token * P.qkv_stride + kv_head * GROUP * hd;
-        for (var d = lid; d < GROUP * hd; d += WG) {
-            q[d] = QKV[q_src + d] * P.scale;
+        workgroupBarrier();
+        if (lid < GROUP) {
+            let new_m = max(head_m[lid], fold(lid, true));
+            head_c[lid] = exp(head_m[lid] - new_m);
+            head_m[lid] = new_m;
+        }
+        workgroupBarrier();
+        var sums: array<f32, GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
+            sums[g] = 0.0;
+        }
+        for (var j = lid; j < n; j += WG) {
+            for (var g = 0u; g < GROUP; g++) {
+                let p = exp(probs[g * BLOCK + j] - head_m[g]);
+                probs[g * BLOCK + j] = p;
+                sums[g] += p;
+            }
+        }
+        for (var g = 0u; g < GROUP; g++) {
+            parts[lid * GROUP + g] = sums[g];
+        }
+        workgroupBarrier();
+        if (lid < GROUP) {
+            head_l[lid] = head_l[lid] * head_c[lid] + fold(lid, false);
+        }
+        if (slice < SLICES) {
+            for (var g = 0u; g < GROUP; g++) {
+                acc[g] *= head_c[g];
+            }
+            for (var j = slice; j < n; j += SLICES) {
+                let v = KV[v_base + (b + j) * HD4 + dq];
+                for (var g = 0u; g < GROUP; g++) {
+                    acc[g] += probs[g * BLOCK + j] * v;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (slice < SLICES) {
+        for (var g = 0u; g < GROUP; g++) {
+            part_o[(slice * GROUP + g) * HD4 + dq] = acc[g];
         }
     }
     workgroupBarrier();
-
-    var m: array<f32, GROUP>;
-    var l: array<f32, GROUP>;
-    var acc: array<f32, {ATTN_ACC}>;  // (GROUP, DIMS)
-    for (var g = 0u; g < GROUP; g++) {
-        m[g] = EMPTY;
-    }
-    for (var b = begin; b < end; b += WG) {
-        let j = b + lid;
-        let k_row = k_base + min(j, end - 1u) * hd;
-        // each K value is loaded once and used for every query head of the group
-        var scores: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            scores[g] = 0.0;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
+    let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;
+    for (var i = lid; i < GROUP * HD4; i += WG) {
+        let g = i / HD4;
+        var o = vec4<f32>(0.0);
+        for (var s = 0u; s < SLICES; s++) {
+            o += part_o[s * GROUP * HD4 + i];
         }
-        for (var d = 0u; d < hd; d += 4u) {
-            let k = KV[(k_row + d) / 4u];
-            for (var g = 0u; g < GROUP; g++) {
-                let qv = vec4<f32>(q[g * hd + d], q[g * hd + d + 1u], q[g * hd + d + 2u], q[g * hd + d + 3u]);
-                scores[g] += dot(qv, k);
-            }
-        }
-        for (var g = 0u; g < GROUP; g++) {
-            var score = scores[g];
-            if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
-                score = P.softcap * tanh(clamp(score / P.softcap, -20.0, 20.0));
-            }
-            scores[g] = score;
-            weights[g][lid] = select(EMPTY, score, j < end);
-        }
-        workgroupBarrier();
-        reduce_rows(lid, true);
-        var correction: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            let new_m = max(m[g], block_max[g]);
-            correction[g] = exp(m[g] - new_m);
-            m[g] = new_m;
-            weights[g][lid] = select(0.0, exp(scores[g] - new_m), j < end);
-        }
-        workgroupBarrier();
-        // sum a copy: `weights` must survive for the V accumulation
-        var p: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            p[g] = weights[g][lid];
-        }
-        workgroupBarrier();
-        reduce_rows(lid, false);
-        for (var g = 0u; g < GROUP; g++) {
-            l[g] = l[g] * correction[g] + block_sum[g];
-            weights[g][lid] = p[g];
-        }
-        workgroupBarrier();
-        let n = min(WG, end - b);
-        for (var k = 0u; k < DIMS; k++) {
-            let d = lid + k * WG;
-            if (d < hd) {
-                var sums: array<f32, GROUP>;
-                for (var g = 0u; g < GROUP; g++) {
-                    sums[g] = acc[g * DIMS + k] * correction[g];
-                }
-                // V element d of position b + jj: vec4 number (v_base + (b + jj) hd + d) / 4, component d % 4
-                let row4 = (v_base + b * hd + d - d % 4u) / 4u;
-                for (var jj = 0u; jj < n; jj++) {
-                    let v = KV[row4 + jj * (hd / 4u)][d % 4u];
-                    for (var g = 0u; g < GROUP; g++) {
-                        sums[g] += weights[g][jj] * v;
-                    }
-                }
-                for (var g = 0u; g < GROUP; g++) {
-                    acc[g * DIMS + k] = sums[g];
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-    let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
-    for (var g = 0u; g < GROUP; g++) {
         let h = kv_head * GROUP + g;
-        let out = ((token * P.n_head + h) * n_splits + split) * (hd + 2u);
-        for (var k = 0u; k < DIMS; k++) {
-            let d = lid + k * WG;
-            if (d < hd) {
-                PART[out + d] = acc[g * DIMS + k];
-                if (n_splits == 1u) {
-                    OUT[(token * P.n_head + h) * hd + d] = acc[g * DIMS + k] / l[g];
-                }
+        let out = (h * n_splits + split) * (HD + 2u);
+        let d = 4u * (i % HD4);
+        for (var c = 0u; c < 4u; c++) {
+            PART[out + d + c] = o[c];
+            if (n_splits == 1u) {
+                OUT[h * HD + d + c] = o[c] / head_l[g];
             }
         }
-        if (lid == 0u) {
-            PART[out + hd] = m[g];
-            PART[out + hd + 1u] = l[g];
+        if (i % HD4 == 0u) {
+            PART[out + HD] = head_m[g];
+            PART[out + HD + 1u] = head_l[g];
         }
     }
 }

@@ -1,9 +1,14 @@
-"""attention_decode.wgsl's two shortcuts for short and single-token work:
+"""The attention programs against numpy (airframe/reference.py) on lavapipe.
 
-- with a single split it writes the normalized output itself (the runtime then skips
-  attention_merge.wgsl): the same query over 1, 2 and many splits, against each other and numpy;
-- ATTN_ROPE = 1 (decode) does rope.wgsl's work itself (bias, QK-norm, RoPE, the K/V write of the new
-  position): the same as rope.wgsl followed by the plain variant, cache included.
+- attention_decode.wgsl: one token, its bias, QK-norm, RoPE and K/V write done inside, split along
+  the cache and merged by attention_merge.wgsl (or written directly with one split); at 1, 63, 64,
+  65, 300, 4096 and 8192 positions, splits of one or several blocks, sliding windows, soft-caps.
+- attention_prefill.wgsl: a chunk's queries over the cache (flash attention, causal), tokens not a
+  multiple of a row block, after cached positions, with windows and soft-caps.
+
+Shapes: SmolLM2 (9 query / 3 K/V heads of 64), Qwen 2.5 0.5B (14 / 2 of 64), Llama 3.2 1B (32 / 8
+of 64), Gemma 3 (4 / 1 of 256), a tiny one (4 / 2 of 16). Tolerance: 1e-5 of the largest output
+magnitude (float32 sums in another order); the K/V rows written must match to 1e-5.
 """
 
 import numpy as np
@@ -13,104 +18,180 @@ from airframe import reference as ref
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
 
-TOL = 1e-5  # relative to the largest output magnitude: float32 sums in another order
-SHAPES = [(9, 3, 64), (32, 8, 64), (4, 1, 256)]  # SmolLM2, Llama 3.2 1B, Gemma 3
-UNTOUCHED = 7.0
+TOL = 1e-5
+SMOLLM2, QWEN, LLAMA, GEMMA, TINY = (9, 3, 64), (14, 2, 64), (32, 8, 64), (4, 1, 256), (4, 2, 16)
+EPS = 1e-6
 
 
 @pytest.fixture(scope="module")
-def kernels():
+def pipes():
     return pl.Pipelines(get_context())
 
 
-def attention(kernels, qkv, kv, n_past, tokens, split_len, n_head, n_kv, hd, window=0, rope=None):
-    """(direct output, merged output, cache): what attention_decode wrote to OUT itself, the merge of
-    its partials, and the K/V cache after it. `rope` = (layer words, angle table, RoPE params) runs ATTN_ROPE."""
+def shapes(pipes, n_head, n_kv, hd):
+    return pl.attention_shapes(n_head, n_kv, hd, int(pipes.ctx.limits["max-compute-workgroup-storage-size"]))
+
+
+def attn_params(n_head, n_kv, hd, n_ctx, window=0, softcap=0.0):
+    return pl.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx, window=window,
+                          scale=hd ** -0.5, qkv_stride=(n_head + 2 * n_kv) * hd, softcap=softcap)
+
+
+class Rope:
+    """Layer words (Q/K norm weights, then Q/K/V biases), the angle table, rope params, and the
+    numpy version of what they do to fresh heads."""
+
+    def __init__(self, rng, n_head, n_kv, hd, n_ctx, style="normal", qk_norm=False, bias=False, rope_dim=None):
+        self.n_head, self.n_kv, self.hd, self.style, self.qk_norm, self.bias = n_head, n_kv, hd, style, qk_norm, bias
+        self.rope_dim = rope_dim or hd
+        n_q, n_k = n_head * hd, n_kv * hd
+        self.norms = rng.uniform(0.5, 1.5, 2 * hd).astype(np.float32)
+        self.biases = rng.standard_normal(n_q + 2 * n_k).astype(np.float32) if bias else np.zeros(n_q + 2 * n_k, np.float32)
+        self.words = np.concatenate([self.norms, self.biases]).view(np.uint32)
+        theta = ref.rope_angles(np.arange(n_ctx), self.rope_dim, 10000.0)
+        self.table = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
+        self.params = pl.pack_params(
+            "rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=self.rope_dim, neox=int(style == "neox"),
+            qk_norm=int(qk_norm), q_norm_w=0, k_norm_w=hd, eps=EPS, qkv_stride=n_q + 2 * n_k, n_ctx=n_ctx,
+            table=0, qkv_bias=int(bias), q_bias=2 * hd, k_bias=2 * hd + n_q, v_bias=2 * hd + n_q + n_k)
+
+    def apply(self, qkv, positions):
+        """(q, k, v) of raw projections (tokens, stride) as the kernels must make them."""
+        n_q, n_k, hd = self.n_head * self.hd, self.n_kv * self.hd, self.hd
+        x = qkv + self.biases
+        q = x[:, :n_q].reshape(-1, self.n_head, hd)
+        k = x[:, n_q:n_q + n_k].reshape(-1, self.n_kv, hd)
+        v = x[:, n_q + n_k:].reshape(-1, self.n_kv, hd)
+        if self.qk_norm:
+            q, k = ref.rmsnorm(q, self.norms[:hd], EPS), ref.rmsnorm(k, self.norms[hd:], EPS)
+        q = ref.rope(q, positions, self.rope_dim, 10000.0, self.style)
+        k = ref.rope(k, positions, self.rope_dim, 10000.0, self.style)
+        return q, k, v
+
+
+def decode(pipes, qkv, kv, n_past, split_len, rope, window=0, softcap=0.0):
+    """(output, cache) of one decode token at n_past: attention_decode, then the merge when split."""
+    n_head, n_kv, hd = rope.n_head, rope.n_kv, rope.hd
     n_ctx = kv.shape[2]
-    n_splits = pl.ceil_div(n_past + tokens, split_len)
-    step = pl.pack_step(n_past, tokens, 0, split_len)
-    params = pl.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
-                           window=window, scale=hd ** -0.5, qkv_stride=qkv.shape[1], softcap=0.0)
-    words, table, rope_params = rope or (np.zeros(4, np.uint32), np.zeros(4, np.float32), bytes(64))
-    part = np.zeros(tokens * n_head * n_splits * (hd + 2), np.float32)
-    untouched = np.full((tokens, n_head * hd), UNTOUCHED, np.float32)
-    shape = {**pl.attention_defines(n_head, n_kv, hd), "ATTN_ROPE": int(rope is not None)}
-    cache, part, direct = pl.run_once(kernels, "attention_decode", None,
-                                     [qkv, words, table, kv, part, untouched, params, rope_params, step],
-                                     (n_splits, n_kv, tokens), shape)
+    n_splits = pl.ceil_div(n_past + 1, split_len)
+    step = pl.pack_step(n_past, 1, 0, split_len)
+    part = np.zeros(n_head * n_splits * (hd + 2), np.float32)
+    out = np.full(n_head * hd, 7.0, np.float32)
+    decode_shape, _ = shapes(pipes, n_head, n_kv, hd)
+    cache, part, direct = pl.run_once(
+        pipes, "attention_decode", None,
+        [qkv, rope.words, rope.table, kv, part, out, attn_params(n_head, n_kv, hd, n_ctx, window, softcap),
+         rope.params, step], (n_splits, n_kv, 1), decode_shape)
+    if n_splits == 1:
+        return direct, cache
     merge = pl.pack_params("attention_merge", n_head=n_head, head_dim=hd)
-    (merged,) = pl.run_once(kernels, "attention_merge", None, [part, np.zeros_like(untouched), merge, step],
-                           (n_head, tokens, 1))
-    return direct, merged, cache
+    (merged,) = pl.run_once(pipes, "attention_merge", None, [part, np.zeros_like(out), merge, step], (n_head, 1, 1))
+    return merged, cache
 
 
-@pytest.mark.parametrize("n_head,n_kv,hd", SHAPES)
-@pytest.mark.parametrize("tokens,window", [(1, 0), (3, 0), (1, 40)])
-def test_one_split_without_merge_equals_merged_splits(kernels, n_head, n_kv, hd, tokens, window):
-    rng = np.random.default_rng(11)
-    n_past = 200
-    end = n_past + tokens
-    qkv = rng.standard_normal((tokens, (n_head + 2 * n_kv) * hd)).astype(np.float32)
-    kv = rng.standard_normal((2, n_kv, end + 5, hd)).astype(np.float32)
-    q = qkv[:, :n_head * hd].reshape(tokens, n_head, hd)
-    want = ref.attention(q, kv[0][:, :end], kv[1][:, :end], np.arange(n_past, end), hd ** -0.5, window)
-    scale = np.abs(want).max()
-    one, one_merged, _ = attention(kernels, qkv, kv, n_past, tokens, 256, n_head, n_kv, hd, window)  # 1 split
-    np.testing.assert_array_equal(one, one_merged)  # exactly what the merge writes
-    np.testing.assert_allclose(one.reshape(want.shape), want, atol=TOL * scale)
-    for split_len in (128, 16):  # 2 splits, 13 splits: the merge's output, OUT left alone
-        direct, merged, _ = attention(kernels, qkv, kv, n_past, tokens, split_len, n_head, n_kv, hd, window)
-        assert (direct == UNTOUCHED).all()
-        np.testing.assert_allclose(merged, one, atol=TOL * scale)
+def decode_case(rng, shape, n_past, **rope_kw):
+    n_head, n_kv, hd = shape
+    n_ctx = n_past + 3
+    rope = Rope(rng, n_head, n_kv, hd, n_ctx, **rope_kw)
+    qkv = rng.standard_normal((1, (n_head + 2 * n_kv) * hd)).astype(np.float32)
+    kv = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float32)
+    kv[:, :, n_past] = 0.0  # the new position, written by the kernel
+    return rope, qkv, kv
 
 
-def test_one_split_fixed_small_case(kernels):
-    """One head of 4 over 2 positions, worked out by hand: softmax([q.k0, q.k1] / 2) @ [v0, v1]."""
-    q = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
-    k = np.array([[2.0, 0, 0, 0], [0, 0, 0, 0]], np.float32)
-    v = np.array([[1.0, 2, 3, 4], [5, 6, 7, 8]], np.float32)
-    qkv = np.concatenate([q, k[1], v[1]])[None]
-    kv = np.stack([k, v])[:, None]  # (2, 1 kv head, 2 positions, 4)
-    direct, _, _ = attention(kernels, qkv, kv, 1, 1, 64, 1, 1, 4)
-    w = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
-    np.testing.assert_allclose(direct[0], w @ v, rtol=1e-6)
+def decode_reference(rope, qkv, kv, n_past, window=0, softcap=0.0):
+    q, k, v = rope.apply(qkv, np.array([n_past]))
+    want_kv = kv.copy()
+    want_kv[0][:, n_past], want_kv[1][:, n_past] = k[0], v[0]
+    end = n_past + 1
+    out = ref.attention(q, want_kv[0][:, :end], want_kv[1][:, :end], np.array([n_past]), rope.hd ** -0.5, window,
+                        softcap)
+    return out.reshape(-1), want_kv
 
 
-def rope_inputs(rng, n_head, n_kv, hd, n_ctx, style, qk_norm, bias, rope_dim):
-    """Layer words (Q/K norm weights, then Q/K/V biases), the angle table, rope.wgsl's params."""
-    n_q, n_k = n_head * hd, n_kv * hd
-    norms = rng.uniform(0.5, 1.5, 2 * hd).astype(np.float32)
-    biases = rng.standard_normal(n_q + 2 * n_k).astype(np.float32)
-    words = np.concatenate([norms, biases]).view(np.uint32)
-    theta = ref.rope_angles(np.arange(n_ctx), rope_dim, 10000.0)
-    table = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
-    params = pl.pack_params("rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=rope_dim,
-                           neox=int(style == "neox"), qk_norm=int(qk_norm), q_norm_w=0, k_norm_w=hd, eps=1e-6,
-                           qkv_stride=n_q + 2 * n_k, n_ctx=n_ctx, table=0, qkv_bias=int(bias), q_bias=2 * hd,
-                           k_bias=2 * hd + n_q, v_bias=2 * hd + n_q + n_k)
-    return words, table, params
+@pytest.mark.parametrize("shape", [SMOLLM2, QWEN, LLAMA, GEMMA, TINY], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n_past,split_len", [(0, 64), (62, 64), (63, 64), (64, 64), (300, 64), (300, 512),
+                                              (4095, 256)])
+def test_decode_at_every_length(pipes, shape, n_past, split_len):
+    """1, 63, 64, 65, 301 and 4096 positions; 1 to 16 splits; a split of several blocks (512)."""
+    rng = np.random.default_rng(n_past)
+    rope, qkv, kv = decode_case(rng, shape, n_past)
+    got, cache = decode(pipes, qkv, kv, n_past, split_len, rope)
+    want, want_kv = decode_reference(rope, qkv, kv, n_past)
+    np.testing.assert_allclose(cache.reshape(want_kv.shape), want_kv, atol=1e-5)
+    np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max())
 
 
-@pytest.mark.parametrize("n_head,n_kv,hd", SHAPES)
+def test_decode_at_8192_positions(pipes):
+    rng = np.random.default_rng(8)
+    rope, qkv, kv = decode_case(rng, SMOLLM2, 8191)
+    got, _ = decode(pipes, qkv, kv, 8191, 128, rope)  # 64 splits
+    want, _ = decode_reference(rope, qkv, kv, 8191)
+    np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [SMOLLM2, GEMMA], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("style,qk_norm,bias,rope_dim", [
     ("normal", False, False, None),  # Llama
     ("neox", True, False, None),     # Gemma 3, Qwen 3
     ("neox", False, True, 32),       # Qwen 2's biases; RoPE on part of the head (Phi)
 ])
-@pytest.mark.parametrize("n_past,split_len", [(0, 64), (90, 64), (300, 16)])  # 1, 2 and 19 splits
-def test_rope_in_attention_equals_rope_then_attention(kernels, n_head, n_kv, hd, style, qk_norm, bias, rope_dim,
-                                                      n_past, split_len):
+@pytest.mark.parametrize("n_past,split_len,window,softcap", [(0, 64, 0, 0.0), (90, 64, 0, 50.0), (300, 64, 40, 0.0),
+                                                             (300, 512, 128, 0.0)])
+def test_decode_rope_window_and_softcap(pipes, shape, style, qk_norm, bias, rope_dim, n_past, split_len, window,
+                                        softcap):
     rng = np.random.default_rng(12)
-    n_ctx = n_past + 4
-    words, table, rope_params = rope_inputs(rng, n_head, n_kv, hd, n_ctx, style, qk_norm, bias, rope_dim or hd)
-    qkv = rng.standard_normal((1, (n_head + 2 * n_kv) * hd)).astype(np.float32)
-    kv = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float32)
-    kv[:, :, n_past] = 0.0  # the new position, written by either path
-    rotated, want_cache = pl.run_once(kernels, "rope", None, [words, table, qkv, kv, rope_params, pl.pack_step(n_past, 1)],
-                                     (n_head + n_kv, 1, 1))
-    _, want, _ = attention(kernels, rotated, want_cache, n_past, 1, split_len, n_head, n_kv, hd)
-    direct, merged, cache = attention(kernels, qkv, kv, n_past, 1, split_len, n_head, n_kv, hd,
-                                      rope=(words, table, rope_params))
-    got = direct if n_past + 1 <= split_len else merged
-    np.testing.assert_allclose(cache, want_cache, atol=1e-5)
+    rope, qkv, kv = decode_case(rng, shape, n_past, style=style, qk_norm=qk_norm, bias=bias, rope_dim=rope_dim)
+    got, cache = decode(pipes, qkv, kv, n_past, split_len, rope, window, softcap)
+    want, want_kv = decode_reference(rope, qkv, kv, n_past, window, softcap)
+    np.testing.assert_allclose(cache.reshape(want_kv.shape), want_kv, atol=1e-5)
     np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max())
+
+
+def test_decode_fixed_small_case(pipes):
+    """One head of 4 at position 1 with RoPE angles of zero (position 0's table row at both):
+    softmax of the two scores weights the two value rows."""
+    rope = Rope(np.random.default_rng(0), 1, 1, 4, 3)
+    rope.table[:] = [1.0, 0.0]  # cos 1, sin 0: no rotation at any position
+    qkv = np.array([[1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]], np.float32)  # q, k, v
+    kv = np.zeros((2, 1, 3, 4), np.float32)
+    kv[0, 0, 0] = [0.0, 0.0, 0.0, 0.0]
+    kv[1, 0, 0] = [-1.0, 0.0, 1.0, 0.0]
+    got, cache = decode(pipes, qkv, kv, 1, 64, rope)
+    w = np.exp(np.array([0.0, 2.0 * 0.5]))  # scores q.k * 1/sqrt(4)
+    w /= w.sum()
+    np.testing.assert_allclose(got, w[0] * kv[1, 0, 0] + w[1] * np.array([1, 2, 3, 4]), rtol=1e-6)
+    np.testing.assert_array_equal(cache.reshape(2, 1, 3, 4)[:, 0, 1], [[2, 0, 0, 0], [1, 2, 3, 4]])
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+def prefill(pipes, q_rotated, kv, n_past, shape, window=0, softcap=0.0):
+    n_head, n_kv, hd = shape
+    tokens = q_rotated.shape[0]
+    qkv = np.zeros((tokens, (n_head + 2 * n_kv) * hd), np.float32)
+    qkv[:, :n_head * hd] = q_rotated.reshape(tokens, -1)
+    out = np.full((tokens, n_head * hd), 7.0, np.float32)
+    _, prefill_shape = shapes(pipes, n_head, n_kv, hd)
+    group = n_head // n_kv
+    (got,) = pl.run_once(pipes, "attention_prefill", None,
+                         [qkv, kv, out, attn_params(n_head, n_kv, hd, kv.shape[2], window, softcap),
+                          pl.pack_step(n_past, tokens)], (pl.ceil_div(tokens * group, 64), n_kv, 1), prefill_shape)
+    return got
+
+
+@pytest.mark.parametrize("shape", [SMOLLM2, QWEN, LLAMA, GEMMA, TINY], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n_past,tokens,window,softcap", [
+    (0, 37, 0, 0.0),      # a first chunk, causal, not a multiple of a row block
+    (0, 2, 0, 0.0),
+    (40, 30, 16, 0.0),    # sliding window over cached positions
+    (100, 77, 0, 30.0),   # soft-capped scores after cached positions
+])
+def test_prefill_chunk(pipes, shape, n_past, tokens, window, softcap):
+    n_head, n_kv, hd = shape
+    rng = np.random.default_rng(tokens)
+    end = n_past + tokens
+    q = rng.standard_normal((tokens, n_head, hd)).astype(np.float32)
+    kv = rng.standard_normal((2, n_kv, end + 5, hd)).astype(np.float32)
+    got = prefill(pipes, q, kv, n_past, shape, window, softcap)
+    want = ref.attention(q, kv[0][:, :end], kv[1][:, :end], np.arange(n_past, end), hd ** -0.5, window, softcap)
+    np.testing.assert_allclose(got.reshape(want.shape), want, atol=TOL * np.abs(want).max())

@@ -1,6 +1,6 @@
 """The non-matmul shaders against their numpy references, one dispatch at a time on fresh buffers
-(lavapipe in CI): RMSNorm, QK-norm + RoPE + K/V write, attention, the embedding lookup. The matmuls
-are in test_gpu_matmul.py.
+(lavapipe in CI): RMSNorm, QK-norm + RoPE + K/V write, the embedding lookup. The matmuls are in
+test_gpu_matmul.py, attention in test_gpu_attention.py.
 
 Tolerances are stated per test (float32 sums in a different order: ~1e-5 relative).
 """
@@ -77,39 +77,6 @@ def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
     close(cache[0][:, pos].transpose(1, 0, 2), ref.rope(k, pos, hd, base, style))
     np.testing.assert_array_equal(cache[1][:, pos].transpose(1, 0, 2), v)
     assert not cache[:, :, :n_past].any() and not cache[:, :, n_past + tokens:].any()
-
-
-@pytest.mark.parametrize("n_past,tokens,window,split_len", [
-    (0, 1, 0, 256),       # first decode step
-    (300, 1, 0, 64),      # decode over 5 splits, the last one partial
-    (0, 37, 0, 256),      # prefill chunk, causal
-    (40, 30, 16, 64),     # sliding window crossing split borders
-    (700, 2, 0, 8),       # 88 splits: more than the merge's invocations
-])
-@pytest.mark.parametrize("n_head,n_kv,hd", [(9, 3, 64), (8, 2, 128), (4, 1, 256)])  # SmolLM2, Llama 3 8B, Gemma 3
-def test_attention_splits_and_merge(kernels, n_past, tokens, window, split_len, n_head, n_kv, hd):
-    rng = np.random.default_rng(5)
-    n_ctx = n_past + tokens + 3
-    stride = (n_head + 2 * n_kv) * hd
-    qkv = rng.standard_normal((tokens, stride)).astype(np.float32)
-    kv = rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float32)
-    n_splits = pl.ceil_div(n_past + tokens, split_len)
-    part = np.zeros(tokens * n_head * n_splits * (hd + 2), np.float32)
-    step = pl.pack_step(n_past, tokens, 0, split_len)
-    params = pl.pack_params("attention_decode", n_head=n_head, n_head_kv=n_kv, head_dim=hd, n_ctx=n_ctx,
-                           window=window, scale=hd ** -0.5, qkv_stride=stride, softcap=0.0)
-    out = np.zeros((tokens, n_head * hd), np.float32)  # written by attention_decode only with one split
-    unused = np.zeros(4, np.float32)  # layer weights, RoPE table and params: ATTN_ROPE only
-    _, part, _ = pl.run_once(kernels, "attention_decode", None,
-                            [qkv, unused, unused, kv, part, out, params, bytes(64), step], (n_splits, n_kv, tokens),
-                            {**pl.attention_defines(n_head, n_kv, hd), "ATTN_ROPE": 0})
-    merge = pl.pack_params("attention_merge", n_head=n_head, head_dim=hd)
-    out = np.zeros((tokens, n_head * hd), np.float32)
-    (got,) = pl.run_once(kernels, "attention_merge", None, [part, out, merge, step], (n_head, tokens, 1))
-    end = n_past + tokens
-    q = qkv[:, :n_head * hd].reshape(tokens, n_head, hd)
-    want = ref.attention(q, kv[0][:, :end], kv[1][:, :end], np.arange(n_past, end), hd ** -0.5, window)
-    close(got.reshape(tokens, n_head, hd), want, 1e-5)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.BF16], ids=lambda q: q.name)

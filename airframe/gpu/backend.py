@@ -37,9 +37,9 @@ from .layer import LayerOps, build_globals, build_layer
 log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
 PREFILL_CHUNK = 512
-MAX_SPLITS = 64          # attention splits of one query (flash-decoding); attention_merge.wgsl takes 256
-MIN_SPLIT_LEN = 64       # K/V positions per split at least: one block of attention_decode.wgsl
-PART_BYTES = 64 << 20    # attention partials of a prefill chunk: fewer, longer splits beyond this
+MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.wgsl's MAX_SPLITS
+SPLIT_WORKGROUPS = 128   # splits x K/V heads that keep a large GPU busy
+MIN_SPLIT_LEN = 64       # K/V positions per split at least
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
 
 
@@ -84,6 +84,8 @@ class WebGPUBackend:
         self.output = self.token_embd if config.tied_embeddings else pack_rows(ctx, gf, "output.weight", max_binding)
         self.globals = pack_tensors(ctx, gf, ["output_norm.weight"], "globals")
         self.rope_table, self.table_offsets = self._rope_table()
+        self.attention_shapes = pl.attention_shapes(config.n_head, config.n_head_kv, config.head_dim,
+                                                    int(ctx.limits["max-compute-workgroup-storage-size"]))
         bar.update(1)
         self.scratch = self._scratch()
         self.layers: list[LayerPack] = []
@@ -149,9 +151,7 @@ class WebGPUBackend:
     def _scratch(self) -> Scratch:
         c = self.config
         t = min(self.prefill_chunk, self.n_ctx)
-        part_row = c.n_head * (c.head_dim + 2) * 4
-        part_bytes = max(MAX_SPLITS * part_row, t * part_row,
-                         min(PART_BYTES, self.ctx.max_binding) // part_row * part_row)
+        part_bytes = MAX_SPLITS * c.n_head * (c.head_dim + 2) * 4
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)
@@ -239,11 +239,12 @@ class WebGPUBackend:
 
     # ---- one chunk ----------------------------------------------------------------------------
     def split_len(self, n_tokens: int) -> int:
+        """K/V positions per attention split of a decode token: enough splits to keep SPLIT_WORKGROUPS
+        workgroups busy, each of at least MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
         kv_total = self.n_past + n_tokens
-        c = self.config
-        fit = self.scratch.part_bytes // (n_tokens * c.n_head * (c.head_dim + 2) * 4)
-        per_split = -(-kv_total // max(1, min(MAX_SPLITS, fit)))
-        return max(MIN_SPLIT_LEN, -(-per_split // 64) * 64)
+        wanted = -(-SPLIT_WORKGROUPS // self.config.n_head_kv)
+        per_split = max(-(-kv_total // wanted), -(-kv_total // MAX_SPLITS), MIN_SPLIT_LEN)
+        return -(-per_split // 64) * 64
 
     def layer_dispatches(self, n_tokens: int) -> list[pl.Dispatch]:
         """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""
@@ -271,7 +272,9 @@ class WebGPUBackend:
         self.ctx.device.queue.write_buffer(self.scratch.head_step, 0, pl.pack_step(self.n_past, n_tokens, first))
 
     def n_splits(self, n_tokens: int) -> int:
-        """Attention splits of a forward over n_tokens positions from n_past."""
+        """Attention splits of a forward over n_tokens positions from n_past (a prefill chunk: one)."""
+        if n_tokens > 1:
+            return 1
         return -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
 
     def drop_prerecorded(self) -> None:
@@ -388,11 +391,10 @@ def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
     if c.head_dim_v != c.head_dim:
         raise UnsupportedError(f"{gf.path}: value head size {c.head_dim_v} differs from key head size "
                                f"{c.head_dim}; the WebGPU runtime expects them equal")
-    if c.head_dim > 512 or c.head_dim % 4:
-        raise UnsupportedError(f"{gf.path}: head_dim {c.head_dim}, expected a multiple of 4 up to 512")
+    if c.head_dim > 256 or c.head_dim % 4:
+        raise UnsupportedError(f"{gf.path}: head_dim {c.head_dim}, expected a multiple of 4 up to 256")
     group = c.n_head // c.n_head_kv
-    if group > 16 or group * c.head_dim > 2048 or group * -(-c.head_dim // 64) > 16:
-        raise UnsupportedError(f"{gf.path}: {group} query heads of {c.head_dim} per K/V head; attention_decode.wgsl "
-                               f"expects at most 16 heads, 2048 query values and 16 accumulators per invocation")
+    if group > 16:
+        raise UnsupportedError(f"{gf.path}: {group} query heads per K/V head; the attention programs expect at most 16")
     if c.n_embd % 4 or c.n_ff % 4:
         raise UnsupportedError(f"{gf.path}: n_embd {c.n_embd} / n_ff {c.n_ff}, expected multiples of 4")

@@ -25,7 +25,7 @@ class Op:
     rows: int = 0
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
-    shape: dict | None = None        # the program's model-shape placeholders (pl.attention_defines)
+    shape: dict | None = None        # the program's model-shape placeholders (pl.attention_shapes)
     # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, rope.wgsl 2+ tokens
     when: Callable[[int, int], bool] | None = None
     gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
@@ -139,20 +139,24 @@ def build_layer(be, i: int) -> LayerOps:
                   output=(s.qkv, n_qkv), when=lambda t, n: t > 1))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
-    attn = pl.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
-                         n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
-                         softcap=c.attn_logit_softcap)
-    group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv[i], s.part, s.attn, k.uniform(attn),
-                                        rope_params, s.step])
-    shape = pl.attention_defines(c.n_head, c.n_head_kv, c.head_dim)
-    for rope_here, when in ((0, lambda t, n: t > 1), (1, lambda t, n: t == 1)):
-        ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, t),
-                      shape={**shape, "ATTN_ROPE": rope_here}, when=when))
+    attn = k.uniform(pl.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
+                                    n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
+                                    softcap=c.attn_logit_softcap))
+    decode_shape, prefill_shape = be.attention_shapes
+    # a decode token: QK-norm, RoPE and the K/V write inside its attention, split along the cache
+    group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv[i], s.part, s.attn, attn, rope_params, s.step])
+    ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, 1),
+                  shape=decode_shape, when=lambda t, n: t == 1))
+    group = k.bind("attention_prefill", [s.qkv, be.kv[i], s.attn, attn, s.step])
+    rows = c.n_head // c.n_head_kv  # query rows per token and K/V head
+    ops.append(Op(f"blk.{i}.attention", "attention_prefill", None, group,
+                  grid=lambda t, n: (pl.ceil_div(t * rows, 64), c.n_head_kv, 1), shape=prefill_shape,
+                  output=(s.attn, c.n_q), when=lambda t, n: t > 1))
     merge = pl.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
     group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
     # with one split attention_decode.wgsl writes its output itself
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
-                  grid=lambda t, n: (c.n_head, t, 1), output=(s.attn, c.n_q), when=lambda t, n: n > 1))
+                  grid=lambda t, n: (c.n_head, 1, 1), output=(s.attn, c.n_q), when=lambda t, n: t == 1 and n > 1))
 
     if c.post_norms:
         ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd))

@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import wgpu
 
-from ..errors import ParameterError
+from ..errors import ParameterError, UnsupportedError
 from ..quants import QuantType
 from .shaders import load_wgsl
 
@@ -199,12 +199,20 @@ class Pipelines:
         return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
 
 
-def attention_defines(n_head: int, n_head_kv: int, head_dim: int) -> dict:
-    """The attention programs' shape placeholders: query heads per K/V head, head size, and the
-    sizes derived from them."""
-    group, dims = n_head // n_head_kv, ceil_div(head_dim, 64)
-    return {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_DIMS": dims, "ATTN_Q": group * head_dim,
-            "ATTN_ACC": group * dims}
+def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int) -> tuple[dict, dict]:
+    """The placeholders of attention_decode.wgsl and attention_prefill.wgsl for a model shape: the
+    largest blocks whose workgroup memory fits the adapter's (the sizes of their var<workgroup>)."""
+    group = n_head // n_head_kv
+    slices = max(1, 64 // (head_dim // 4))
+    fixed = 4 * (group * head_dim + (group + 1) * (head_dim + 1) + 64 * group + 3 * group + slices * group * head_dim)
+    block = next((b for b in (256, 128, 64) if fixed + 4 * group * b <= workgroup_bytes), None)
+    if block is None:
+        raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 256 * group:,} bytes of "
+                               f"workgroup memory in attention_decode.wgsl; the adapter has {workgroup_bytes:,}")
+    keys = 64 if 4 * (256 + 16 * 64 + 2 * 64 * 64 + 64 * 16) <= workgroup_bytes else 32
+    decode = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_BLOCK": block}
+    prefill = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_KEYS": keys}
+    return decode, prefill
 
 
 def _raw_lib():
