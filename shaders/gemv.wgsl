@@ -1,11 +1,13 @@
 // y = W x for batch-1 decode (wid.y picks the token when a few tokens go through it).
-// W stays quantized. A workgroup of 256 invocations makes ROWS_WG output rows; each subgroup of
-// LANES invocations makes 4 rows at a time (gated: 4 gate rows and their 4 up rows): its lanes
-// stride over the rows' units (UNIT weights each, decoded by gemv/{QUANT}.wgsl), keep 4 partial
-// sums in a vec4 and add them across the subgroup (lanes_{REDUCE}.wgsl), with no workgroup barrier
-// on the subgroup path. The unit's x is loaded once for the 4 rows.
-// P.mode fusions (activation.wgsl): RMSNorm of the input (the subgroup reads all of x anyway, so
-// its sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
+// W stays quantized. A workgroup of 256 invocations makes ROWS_WG output rows, 4 at a time (gated:
+// 4 gate rows and their 4 up rows): the workgroup's subgroups share the row quads, and when there
+// are more subgroups than quads (small matrices, so that the rows spread over many workgroups)
+// several subgroups take one quad and split its units between them. A subgroup's lanes stride over
+// the units (UNIT weights each, decoded by gemv/{GEMV_UNIT}.wgsl), keep 4 partial sums in a vec4
+// and add them across the subgroup (lanes_{REDUCE}.wgsl); the subgroups of a quad then meet once
+// in workgroup memory. The unit's x is loaded once for the 4 rows.
+// P.mode fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
+// so the sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
 // add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
 
 #include "matmul_structs.wgsl"
@@ -16,13 +18,16 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = 256u;
-const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup, a multiple of 4
+const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or 32
+const QUADS: u32 = ROWS_WG / 4u;
 
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
 #include "lanes_{REDUCE}.wgsl"
 // binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file
 #include "gemv/{GEMV_UNIT}.wgsl"
+
+var<workgroup> partial: array<vec4<f32>, 3u * WG>;  // (subgroup, a | b | sq) of each subgroup's sums
 
 // first word of each of the 4 rows from `row` on (rows past the end repeat the last one); with
 // `up`, of the up-projection rows paired with them (MODE_GATED)
@@ -60,22 +65,24 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lid = lid3.x;
     let lanes = lane_count();
     let lane = lid % lanes;
+    let sub = lid / lanes;
     let n_sub = WG / lanes;
+    let split = max(1u, n_sub / QUADS);      // subgroups per quad
+    let per_pass = max(1u, n_sub / split);   // quads made at once
     let token = wid.y;
     let x = x_row(token);
     let gated_mode = (P.mode & MODE_GATED) != 0u;
     let n_units = P.cols / UNIT;
-    let quads = ROWS_WG / 4u;
-    for (var first = 0u; first < quads; first += n_sub) {
-        let quad = first + lid / lanes;
+    for (var first = 0u; first < QUADS; first += per_pass) {
+        let quad = first + sub / split;
         let row = wid.x * ROWS_WG + 4u * quad;
         var acc_a = vec4<f32>(0.0);
         var acc_b = vec4<f32>(0.0);
         var sq = 0.0;
-        if (quad < quads && row < P.rows) {
+        if (sub / split < per_pass && quad < QUADS && row < P.rows) {
             let a = row_words(row, false);
             let b = row_words(row, true);
-            for (var u = lane; u < n_units; u += lanes) {
+            for (var u = (sub % split) * lanes + lane; u < n_units; u += split * lanes) {
                 let xu = unit_x(x, u);
                 sq += xu.sq;
                 acc_a += unit_rows(a, u, xu);
@@ -87,8 +94,26 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let total_a = lanes_sum4(acc_a, lid);
         let total_b = lanes_sum4(acc_b, lid);
         let total_sq = lanes_sum1(sq, lid);
-        if (lane == 0u && quad < quads && row < P.rows) {
-            write_rows(row, token, total_a, total_b, total_sq);
+        workgroupBarrier();
+        if (lane == 0u) {
+            partial[3u * sub] = total_a;
+            partial[3u * sub + 1u] = total_b;
+            partial[3u * sub + 2u] = vec4<f32>(total_sq);
+        }
+        workgroupBarrier();
+        // invocation i < per_pass adds the sums of quad first + i over its subgroups and writes it
+        let q = first + lid;
+        if (lid < per_pass && q < QUADS && wid.x * ROWS_WG + 4u * q < P.rows) {
+            var a = vec4<f32>(0.0);
+            var b = vec4<f32>(0.0);
+            var s = 0.0;
+            for (var k = 0u; k < split; k++) {
+                let at = 3u * (lid * split + k);
+                a += partial[at];
+                b += partial[at + 1u];
+                s += partial[at + 2u].x;
+            }
+            write_rows(wid.x * ROWS_WG + 4u * q, token, a, b, s);
         }
     }
 }

@@ -148,9 +148,10 @@ class Pipelines:
 
     def decode_matmul(self, rows: int, quant: QuantType) -> tuple[int, dict]:
         """gemv.wgsl for a matrix of `rows` rows in `quant`: (output rows per workgroup, its
-        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one, and 16
-        rows per workgroup when 32 would leave a large GPU idle."""
-        rows_wg = 32 if ceil_div(rows, 32) >= FULL_GPU // 2 else 16
+        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one, and the
+        most rows per workgroup that still make FULL_GPU workgroups (fewer rows: the subgroups
+        split each row's units between them)."""
+        rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
         return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": quant.shader if quant.gemv_unit else "generic"}
 
     def gemm_tile(self, rows: int, n_tokens: int, gated: bool) -> tuple[int, int, int]:
