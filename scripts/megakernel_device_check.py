@@ -78,7 +78,7 @@ def make_model(shape: str, out: Path, tokenizer: str) -> Path:
 
 
 def llama1b_runtime(work: Path):
-    """For the measurement scripts (megakernel_spread.py, megakernel_floor.py), on the GPU machine
+    """For the measurement scripts (megakernel_spread.py), on the GPU machine
     with .mkref carried: this GPU's default worker, its probed target, and a runtime of the
     synthetic Llama 3.2 1B package (CTX positions) built in `work`. Returns (runtime, target)."""
     from airframe.megakernel.build import build_worker
@@ -323,28 +323,29 @@ def non_finite(runtime, package) -> dict:
     return outcome
 
 
-# Worker builds timed beside the default one in the bench section (defines of worker.cu), each
-# with the default's arithmetic, so their logits must be bit-identical to it: the tenth session's
-# two switches turned off one at a time (one copy of the FFN sums; the attention's query heads
-# one after another). The older sessions' switches are still in the source and their builds are
-# recorded in docs/BENCHMARKS.md; with today's source some of them spill a few bytes (register
-# allocation), so they are not timed by default (--variants times any). The eleventh session's
-# norm order replaced the old one in the VM, so the old one is no longer a build.
-VARIANTS = (("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"))
-# Builds whose traced token is split into task phases (cuda_bench.phases): with AF_TRACE_MARK=1 a
-# GEMV task's time is its prologue's (the norm of x, the attention merge).
-PHASES = (("AF_TRACE_MARK=1",),)
+# Trace marks (AF_TRACE_MARK, worker_base.cuh) whose builds split a traced token into task phases
+# in the bench section (cuda_bench.phases): with mark 1 a GEMV task's time is its prologue's (the
+# norm of x, the attention merge).
+PHASES = (1,)
 
 
-def parse_variants(text: str) -> tuple[tuple[str, ...], ...]:
-    """'A=1,B=2;C=3' -> (("A=1", "B=2"), ("C=3",)), each checked here, before any GPU time is spent."""
-    from airframe.megakernel.build import check_defines
+def parse_phases(text: str) -> tuple[int, ...]:
+    """'1,7' -> (1, 7), each checked here, before any GPU time is spent."""
+    from airframe.errors import ParameterError
+    from airframe.megakernel.build import check_trace_mark
 
-    return tuple(check_defines(tuple(v.split(","))) for v in text.split(";") if v)
+    marks = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if not word.isdigit():
+            raise ParameterError(f"trace mark {word!r}, expected a number 1..9")
+        marks.append(check_trace_mark(int(word)))
+    return tuple(marks)
 
 
-def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
-               variants=VARIANTS, torch_side: bool = True, split: bool = False, phase_sets=PHASES) -> Report:
+def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, torch_side: bool = True,
+               split: bool = False, phase_marks=PHASES) -> Report:
     from airframe.megakernel import cuda_bench
     from airframe.megakernel.build import build_worker
     from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
@@ -356,7 +357,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
     work.mkdir(parents=True, exist_ok=True)
     report.section("builds", lambda: {a: build_worker(a).summary() for a in ("sm_86", "sm_90")})
     device = Device()
-    worker = Worker(device, build_worker(device.arch, defines=defines) if defines else None)
+    worker = Worker(device)
     report.section("worker", lambda: worker.build.summary())
     target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
     (out / "target.json").write_text(json.dumps(target, indent=1))
@@ -388,7 +389,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
             report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
-                           tuple(tuple(defines) + v for v in variants), tuple(tuple(defines) + v for v in phase_sets))
+                           phase_marks)
         runtime.close()
     return report
 
@@ -402,12 +403,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="smollm2,llama1b")
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
-    parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
-    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_UNROLL=4")
-    parser.add_argument("--variants", help="builds timed beside the default, ';' between builds and ',' between "
-                        "the settings of one, e.g. 'AF_STAGES=0;AF_STAGES=3;AF_UNROLL=1,AF_STAGES=8'")
-    parser.add_argument("--phases", help="builds whose traced token is split into task phases, as --variants "
-                        "(default: AF_TRACE_MARK=1, the prologues); '' for none")
+    parser.add_argument("--phases", help="trace marks (AF_TRACE_MARK) whose builds split a traced token into "
+                        "task phases, e.g. '1,7,8' (default: 1, the prologues); '' for none")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
@@ -419,11 +416,9 @@ def main(argv=None) -> int:
         make_reference(args.reference, args.work, models, split)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    defines = tuple(d for d in args.defines.split(",") if d)
-    variants = VARIANTS if args.variants is None else parse_variants(args.variants)
-    phase_sets = PHASES if args.phases is None else parse_variants(args.phases)
-    report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
-                        () if args.no_variants else variants, not args.no_torch, split, phase_sets)
+    phase_marks = PHASES if args.phases is None else parse_phases(args.phases)
+    report = run_device(args.ref, args.out, args.work, models, not args.no_bench, not args.no_torch, split,
+                        phase_marks)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

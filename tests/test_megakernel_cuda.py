@@ -19,11 +19,11 @@ import pytest
 from airframe.errors import ContextOverflowError, GPUError, ParameterError, UnsupportedError
 from airframe.family import ModelConfig
 from airframe.megakernel import build, cuda_bench, cuda_runtime
-from airframe.megakernel.backend import CudaBackend, check_greedy
+from airframe.megakernel.backend import CudaBackend
 from airframe.megakernel.opcodes import HEADER_PATH, Op
 from airframe.megakernel.planner import make_plan
 from airframe.megakernel.target import NAMED_TARGETS
-from airframe.sampling import SamplingParams
+from airframe.sampling import SamplingParams, greedy_blockers
 from scripts_loader import load_script
 
 NVCC = build.find_nvcc()
@@ -58,7 +58,7 @@ def test_worker_compiles_with_nvcc(arch, tmp_path):
 def test_worker_compiles_with_nvrtc(arch):
     # the build path of a machine without nvcc: NVRTC has no C library headers, so plan_format.h
     # and worker.cu bring their own fixed-width types, offsetof and INFINITY
-    cubin, log = build._compile_nvrtc(arch, ())
+    cubin, log = build._compile_nvrtc(arch)
     report = build.parse_ptxas(log)
     assert 0 < report["registers"] <= 64
     assert report["spill_stores"] == 0
@@ -91,7 +91,7 @@ def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
 
 def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
     # an edit to any file worker.cu includes must not be served a cached cubin of the old source
-    key = build._key("sm_90", "nvcc 13.0", ())
+    key = build._key("sm_90", "nvcc 13.0")
     for path in (build.HEADER_PATH, *build.PART_PATHS):
         edited = tmp_path / path.name
         edited.write_bytes(path.read_bytes() + b"\n// edited\n")
@@ -99,7 +99,7 @@ def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
             monkeypatch.setattr(build, "HEADER_PATH", edited)
         else:
             monkeypatch.setattr(build, "PART_PATHS", tuple(edited if p == path else p for p in build.PART_PATHS))
-        assert build._key("sm_90", "nvcc 13.0", ()) != key, path.name
+        assert build._key("sm_90", "nvcc 13.0") != key, path.name
         monkeypatch.undo()
     included = {line.split('"')[1] for f in (build.SOURCE_PATH, *build.PART_PATHS)
                 for line in f.read_text().splitlines() if line.startswith('#include "')}
@@ -130,13 +130,13 @@ def test_parse_ptxas_names_the_missing_kernel():
         build.parse_ptxas("ptxas info : Compiling entry function 'other' for 'sm_90'")
 
 
-def run_host_program(tmp_path, source: str, defines: tuple[str, ...] = ()) -> list[int]:
+def run_host_program(tmp_path, source: str) -> list[int]:
     """Compile `source` (a main() that includes worker.cu) for the host and return the integers it prints."""
     assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
     src = tmp_path / "main.cu"
     src.write_text(source)
     exe = tmp_path / "main"
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", *(f"-D{d}" for d in defines), "-I", str(build.SOURCE_PATH.parent),
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-I", str(build.SOURCE_PATH.parent),
            "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -162,7 +162,7 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
                      4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
-                     rt.THREADS, rt.FFN_COPIES]  # the default build's thread count and FFN sum copies
+                     rt.THREADS, rt.FFN_COPIES]  # the thread count and FFN sum copies af_layout reports
 
 
 CONTROL_FIELDS_IN_ORDER = ("n_steps", "pos0", "n_forced", "n_eos", "eos", "trace_step", "hold_pos", "tokens_in",
@@ -188,7 +188,7 @@ XS_MAIN = r"""
 #include <cstdio>
 #include "worker.cu"
 int main() {
-    printf("%u %u\n", (unsigned)AF_XS_PLANE, (unsigned)AF_XS_STEP);
+    printf("%u %u\n", (unsigned)AF_XS_PLANE_FLOATS, (unsigned)AF_XS_STEP);
     for (uint32_t i = 0; i < 4096; ++i) printf("%u\n", xs_index(i));
     return 0;
 }
@@ -236,23 +236,19 @@ def test_worker_spans_the_attention_as_the_planner_says(tmp_path):
     assert len(set(want)) > 10  # spans that move with the position, not only the fixed chunks
 
 
-@pytest.mark.parametrize("planes", [1, 0])
-def test_xs_layout_gives_every_lane_its_two_halves(tmp_path, planes):
-    # where the worker keeps element i of the vector a GEMV multiplies (AF_XS_PLANES), compiled for
+def test_xs_layout_gives_every_lane_its_two_halves(tmp_path):
+    # where the worker keeps element i of the vector a GEMV multiplies (two planes), compiled for
     # the host from the worker's own source and checked against the layout dot8 and the norm read
-    out = run_host_program(tmp_path, XS_MAIN, (f"AF_XS_PLANES={planes}",))
+    out = run_host_program(tmp_path, XS_MAIN)
     plane, step, where = out[0], out[1], np.array(out[2:])
     i = np.arange(4096)
     j, e = i // 8, i % 8
     # dot8 reads vector j's elements 0-3 at xs + step * j and 4-7 at xs + plane + step * j
     assert np.array_equal(where, np.where(e < 4, step * j + e, plane + step * j + e - 4))
     assert len(set(where.tolist())) == 4096 and where.max() < 2 * cuda_runtime.XS_PLANE_FLOATS
-    if planes:
-        # lanes l = 0..31 reading vectors l (a warp's float4 loads): 32 consecutive 16-byte words
-        first = where[8 * np.arange(32)]
-        assert plane == cuda_runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
-    else:
-        assert (plane, step) == (4, 8) and np.array_equal(where, i)
+    # lanes l = 0..31 reading vectors l (a warp's float4 loads): 32 consecutive 16-byte words
+    first = where[8 * np.arange(32)]
+    assert plane == cuda_runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
 
 
 def test_vectors_longer_than_xs_are_refused():
@@ -286,21 +282,19 @@ def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, tmp_path):
 
 
 def test_sampling_options_the_kernel_cannot_honour():
-    check_greedy(SamplingParams(temperature=0.0))
+    # the engine hands the in-kernel greedy loop only requests greedy_blockers finds nothing against
+    assert greedy_blockers(SamplingParams(temperature=0.0)) == []
     assert CudaBackend.supports_sampling is False
-    with pytest.raises(ParameterError, match="temperature"):
-        check_greedy(SamplingParams(temperature=0.7))
-    with pytest.raises(ParameterError, match="repeat_penalty"):
-        check_greedy(SamplingParams(temperature=0.0, repeat_penalty=1.1))
-    with pytest.raises(ParameterError, match="logit_bias"):
-        check_greedy(SamplingParams(temperature=0.0, logit_bias={3: 1.0}))
+    assert any("temperature" in b for b in greedy_blockers(SamplingParams(temperature=0.7)))
+    assert any("repeat_penalty" in b for b in greedy_blockers(SamplingParams(temperature=0.0, repeat_penalty=1.1)))
+    assert any("logit_bias" in b for b in greedy_blockers(SamplingParams(temperature=0.0, logit_bias={3: 1.0})))
 
 
 # ---- host logic -----------------------------------------------------------------------------------
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
-    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, ffn_copies=2,
+    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024,
                            blocks_per_sm=lambda shared: 1)
 
 
@@ -361,66 +355,30 @@ def test_unsupported_shapes_are_named():
         cuda_runtime.check_model_limits(dict(k, head_dim=80))
     with pytest.raises(UnsupportedError, match="query heads per K/V head"):
         cuda_runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
-    # the FFN's 64-bit sums fill two slots a copy (AF_FFN_COPIES, 2 by default), and 512 partials
-    # below 2^22 cannot overflow them
+    # the FFN's 64-bit sums fill two slots a copy (AF_FFN_COPIES, 2), and 512 partials below 2^22
+    # cannot overflow them
     assert cuda_runtime.FFN_COPIES == 2
     for parts in (1, 3, 513):
         with pytest.raises(UnsupportedError, match="ffn_parts"):
             cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
+    with pytest.raises(UnsupportedError, match="ffn_parts = 3, expected 4..512"):
+        cuda_runtime.check_model_limits(dict(k, ffn_parts=3))
     cuda_runtime.check_model_limits(dict(k, ffn_parts=4))
-    cuda_runtime.check_model_limits(dict(k, ffn_parts=2), ffn_copies=1)
-    with pytest.raises(UnsupportedError, match="ffn_parts = 7, expected 8..512"):
-        cuda_runtime.check_model_limits(dict(k, ffn_parts=7), ffn_copies=4)
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"),
-                                     ("AF_FFN_ATOMIC=0",), ("AF_TRACE_MARK=1",), ("AF_LEAN_NORM=0",),
-                                     ("AF_STREAM_ONLY=1",),
-                                     ("AF_STREAM_ONLY=1", "AF_SO_ATOMIC=1", "AF_SO_PROLOGUE=1", "AF_SO_ATTN=1")])
-def test_measurement_builds_compile(defines):
-    # builds the device check times or traces beside the default: the tenth session's switches
-    # (VARIANTS), the prologues' stamps (PHASES); the FFN partials through slots and the
-    # reduce wave, the norm with x through shared memory (any n_embd), for --variants; and the
-    # first and last steps of scripts/megakernel_floor.py
-    cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
+@pytest.mark.parametrize("mark", [1, 9])
+def test_trace_mark_builds_compile(mark):
+    # the diagnostic builds the device check traces beside the worker (--phases): 1 stamps the
+    # prologues, 9 waits for the FFN's atomics (a fence and a block barrier more)
+    cubin, log = build._compile_nvcc(NVCC, "sm_90", mark)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
-
-
-def test_stream_only_switches_change_the_worker():
-    # each build of scripts/megakernel_floor.py is a binary of its own, its last step is the
-    # default worker, and the measurement switches leave the default build alone
-    floor = load_script("megakernel_floor")
-    default, _ = build._compile_nvcc(NVCC, "sm_90", ())
-    assert build._compile_nvcc(NVCC, "sm_90", ("AF_STREAM_ONLY=0", "AF_SO_ATTN=1"))[0] == default
-    cubins = [build._compile_nvcc(NVCC, "sm_90", defines)[0] for _, defines in floor.STEPS + floor.EXTRA]
-    assert cubins[len(floor.STEPS) - 1] == default and len(set(cubins)) == len(cubins)
-
-
-@pytest.mark.parametrize("threads", [512, 768])
-def test_thread_count_is_a_build_setting(threads):
-    # fewer threads per block leave more registers per thread (__launch_bounds__(threads, 1))
-    cubin, log = build._compile_nvcc(NVCC, "sm_90", (f"AF_THREADS={threads}",))
-    report = build.parse_ptxas(log)
-    assert 64 < report["registers"] <= 65536 // threads and report["spill_stores"] == 0
-    # the host sizes shared memory and checks the model for the compiled count (Worker.threads)
-    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], threads_per_worker=threads), ctx=4160)
-    k = plan.consts
-    rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
-    # the FFN's down partials: threads / (n_embd / 8) row groups of n_embd floats
-    fewer = cuda_runtime.shared_floats(k, rows) - cuda_runtime.shared_floats(k, rows, threads)
-    assert fewer == (1024 // 256 - threads // 256) * 2048
-    cuda_runtime.check_model_limits(k, threads)
-    # eight query heads per K/V head of 64: their RoPE needs (8 + 1) * 64 + 64 = 640 threads
-    eight = dict(k, n_head=64)
-    cuda_runtime.check_model_limits(eight, 1024)
-    if threads < 640:
-        with pytest.raises(UnsupportedError, match="query heads per K/V head"):
-            cuda_runtime.check_model_limits(eight, threads)
+    with pytest.raises(ParameterError, match="trace mark 10"):
+        build.build_worker("sm_90", trace_mark=10)
 
 
 @pytest.mark.parametrize("target,workers,limit", [("h200", 132, 227 * 1024), ("rtx3050", 20, 99 * 1024)])
 def test_staged_merge_room_fits_both_gpus(target, workers, limit):
-    # AF_STAGED_MERGE: every chunk's (m, l, o) records of all query heads, their scales and sums
+    # merge_staged: every chunk's (m, l, o) records of all query heads, their scales and sums
     plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS[target], workers=workers), ctx=4160)
     k = plan.consts
     rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
@@ -428,11 +386,6 @@ def test_staged_merge_room_fits_both_gpus(target, workers, limit):
     plain, staged = (4 * cuda_runtime.shared_floats(k, rows, stage=s) for s in (False, True))
     assert staged >= 4 * (2 * cuda_runtime.XS_PLANE_FLOATS + 64 + records + k["n_head"] * (k["attn_chunks"] + 2))
     assert plain <= staged <= limit  # 16 chunks of 260 positions on the H200: 135 KiB of records
-
-
-def test_only_1024_threads_build_the_ffn_reduce_wave():
-    with pytest.raises(GPUError, match="FFN reduce wave"):
-        build._compile_nvcc(NVCC, "sm_90", ("AF_THREADS=512", "AF_FFN_ATOMIC=0"))
 
 
 def test_floor_of_llama_1b_bf16():
@@ -607,11 +560,10 @@ def test_task_phases_per_opcode():
     assert phases["LM_HEAD"]["max_us"] == pytest.approx(5.0) and phases["LM_HEAD"]["median_us"] == pytest.approx(1.0)
 
 
-def test_device_check_variants_are_checked_before_the_gpu_run():
+def test_device_check_phases_are_checked_before_the_gpu_run():
     module = load_script("megakernel_device_check")
-    assert module.parse_variants("AF_UNROLL=2,AF_UNROLL_SHORT=2;AF_DOWN_UNROLL=8") == (
-        ("AF_UNROLL=2", "AF_UNROLL_SHORT=2"), ("AF_DOWN_UNROLL=8",))
-    assert module.parse_variants("AF_L1_MODE=1") == (("AF_L1_MODE=1",),)  # digits in a name are fine
-    for bad in ("AF_UNROLL", "AF_UNROLL=2 -Xptxas", "XF_UNROLL=2", "AF_UNROLL=2;;-O0=1"):
-        with pytest.raises(ParameterError, match="AF_NAME=number"):
-            module.parse_variants(bad)
+    assert module.parse_phases("1,7, 9") == (1, 7, 9)
+    assert module.parse_phases("") == ()
+    for bad in ("1;7", "AF_TRACE_MARK=1", "10", "-1", "1 -Xptxas"):
+        with pytest.raises(ParameterError, match="trace mark"):
+            module.parse_phases(bad)

@@ -9,8 +9,8 @@ import pytest
 from airframe.errors import ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.pictures import (TRACE_FORMAT, draw_context_curves, draw_cost_steps, draw_package,
-                                          ideal_ns, read_trace, timeline_summary)
+from airframe.megakernel.pictures import (TRACE_FORMAT, draw_context_curves, draw_package, ideal_ns, read_trace,
+                                          timeline_summary)
 from airframe.megakernel.planner import make_plan, wave_bytes
 from airframe.megakernel.target import load_target
 
@@ -118,25 +118,6 @@ def test_the_saved_spread_run_redraws(tmp_path):
     data = redraw_saved_run("megakernel_spread.py", "h200_spread_session12.json", tmp_path)
     at_512 = {name: np.median(rounds["512"]) for name, rounds in data["times"].items()}
     assert at_512["spread"] < at_512["fixed"]  # what the docs say the run measured
-
-
-def test_cost_steps_are_drawn_and_empty_input_is_refused(tmp_path):
-    steps = {1: [("floor", 0.72), ("+ a", 0.74), ("+ b", 0.73)], 512: [("floor", 0.72), ("+ a", 0.95)]}
-    path = draw_cost_steps(steps, tmp_path / "steps.png", "title", {1: {"bar 0.80 ms": 0.8}})
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-    with pytest.raises(ParameterError, match="no steps"):
-        draw_cost_steps({1: []}, tmp_path / "empty.png", "title")
-
-
-def test_the_saved_floor_run_redraws(tmp_path):
-    """The thirteenth session's floor of the design (scripts/megakernel_floor.py)."""
-    from scripts_loader import load_script
-
-    data = redraw_saved_run("megakernel_floor.py", "h200_floor_session13.json", tmp_path)
-    at_1 = [ms for _, ms in load_script("megakernel_floor").step_times(data)[1]]
-    # what the docs say the run measured: the floor below the bar, the worker above it, and every
-    # chain put back adding time
-    assert at_1[0] < 0.80 < at_1[-1] and all(b > a for a, b in zip(at_1, at_1[1:]))
 
 
 def test_the_saved_wide_spread_run_redraws(tmp_path):

@@ -217,7 +217,7 @@ def test_split_plan_is_order_free_inside_a_wave(smollm2_split_package):
 
 
 def test_fixed_point_sum_is_exact_and_order_free():
-    # the FFN reduce (worker.cu AF_FFN_ATOMIC adds the same integers with atomics, in any order)
+    # the FFN reduce (the worker's op_ffn adds the same integers with atomics, in any order)
     rng = np.random.default_rng(5)
     parts = (rng.standard_normal((132, 2048)) * rng.choice([1e-4, 1.0, 300.0], (132, 1))).astype(np.float32)
     total = fixed_point_sum(parts)

@@ -5,8 +5,8 @@ reads back the logits: the prompt goes through the same kernel as decoding (no s
 path). Because the logits come back to the host, the engine's sampler works unchanged, at the
 price of one launch and one logits copy per token. `generate_greedy` is the fast path: up to 64
 tokens per launch with the argmax and the end-of-generation test inside the kernel. It is greedy
-only, which `supports_sampling = False` tells the engine; `check_greedy(params)` raises
-ParameterError naming the option it cannot honour.
+only, which `supports_sampling = False` tells the engine (the engine takes it only for requests
+that `sampling.greedy_blockers` finds nothing against).
 
 A GGUF path is planned for this GPU's probed worker and packed once into the package cache
 (~/.cache/airframe/megakernel/packages); a package folder is loaded as it is.
@@ -22,7 +22,6 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ParameterError
 from ..family import ModelConfig
-from ..sampling import greedy_blockers
 from .build import cache_dir
 from .cuda_runtime import MAX_STEPS, Device, Runtime, Worker
 from .opcodes import PLAN_VERSION
@@ -38,14 +37,6 @@ def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Pat
     key = hashlib.sha256(f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{binary_sha256}|{ctx}|"
                          f"v{PLAN_VERSION}|split={SPLIT_DEFAULT}".encode())
     return cache_dir() / "packages" / f"{model_path.stem}-{key.hexdigest()[:16]}"
-
-
-def check_greedy(params) -> None:
-    """ParameterError unless `params` (a SamplingParams) asks for plain greedy decoding."""
-    blockers = greedy_blockers(params)
-    if blockers:
-        raise ParameterError(f"{', '.join(blockers)}: the cuda backend's in-kernel loop is greedy only, expected "
-                             "temperature 0 with no penalties or logit bias (or use forward() and the host sampler)")
 
 
 class CudaBackend:

@@ -3,8 +3,11 @@
 nvcc when it is on PATH (or under $CUDA_HOME), NVRTC through cuda-bindings otherwise. The cache
 key is the hash of worker.cu, the files it includes (plan_format.h, worker_base.cuh,
 worker_ops.cuh), the flags, the compiler's version and the architecture, so an edited source or
-another compiler never reuses a stale binary. Each build
-reports what ptxas says about the worker: registers, spills, stack frame and static shared memory.
+another compiler never reuses a stale binary. Each build reports what ptxas says about the
+worker: registers, spills, stack frame and static shared memory.
+
+The one build setting is the diagnostic `trace_mark` (AF_TRACE_MARK in worker_base.cuh: where a
+traced task's end stamp is taken; 0, the shipped build, stamps the task's end).
 
     python -m airframe.megakernel.build --arch sm_90
 """
@@ -32,6 +35,7 @@ PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "
 KERNEL = "af_worker"
 FLAGS = ("-O3", "-std=c++17")
 ARCH_PATTERN = re.compile(r"^sm_\d{2,3}a?$")
+TRACE_MARKS = range(10)  # AF_TRACE_MARK: 0 (the shipped build) .. 9
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,22 @@ def nvcc_version(nvcc: str) -> str:
     return f"nvcc {match.group(1) if match else 'unknown'}"
 
 
+def check_trace_mark(mark: int) -> int:
+    if mark not in TRACE_MARKS:
+        raise ParameterError(f"trace mark {mark!r}, expected 0..9 (AF_TRACE_MARK in worker_base.cuh)")
+    return mark
+
+
+def defines(trace_mark: int = 0) -> tuple[str, ...]:
+    """The -D settings of a build: none for the shipped worker."""
+    return (f"AF_TRACE_MARK={check_trace_mark(trace_mark)}",) if trace_mark else ()
+
+
 def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cubin",
-                 defines: tuple[str, ...] = ()) -> list[str]:
+                 trace_mark: int = 0) -> list[str]:
     """The nvcc command line; `kind` is -cubin (what the runtime loads) or -c (an object file)."""
-    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, *(f"-D{d}" for d in defines), "-Xptxas", "-v",
-            "-I", str(HEADER_PATH.parent), str(source), "-o", str(out)]
+    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, *(f"-D{d}" for d in defines(trace_mark)),
+            "-Xptxas", "-v", "-I", str(HEADER_PATH.parent), str(source), "-o", str(out)]
 
 
 def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
@@ -113,36 +128,28 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     return report
 
 
-def _key(arch: str, compiler: str, defines: tuple[str, ...]) -> str:
+def _key(arch: str, compiler: str, trace_mark: int = 0) -> str:
     h = hashlib.sha256()
     sources = [path.read_bytes() for path in (SOURCE_PATH, HEADER_PATH, *PART_PATHS)]
-    for part in (*sources, " ".join(FLAGS + defines).encode(), compiler.encode(), arch.encode()):
+    for part in (*sources, " ".join(FLAGS + defines(trace_mark)).encode(), compiler.encode(), arch.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
 
 
-def check_defines(defines: tuple[str, ...]) -> tuple[str, ...]:
-    """Compile-time settings of worker.cu as given, or ParameterError naming the first malformed one."""
-    for d in defines:
-        if not re.match(r"^AF_[A-Z][A-Z0-9_]*=\d+$", d):
-            raise ParameterError(f"define {d!r}, expected the form AF_NAME=number")
-    return tuple(defines)
-
-
-def build_worker(arch: str, force: bool = False, defines: tuple[str, ...] = ()) -> Build:
-    """The compiled worker for `arch`, from the cache when the same source was built before.
-    `defines` (e.g. "AF_UNROLL=4") build a variant for measurements."""
+def build_worker(arch: str, force: bool = False, trace_mark: int = 0) -> Build:
+    """The compiled worker for `arch`, from the cache when the same source was built before;
+    `trace_mark` > 0 builds the diagnostic form whose traces stamp a phase of a task."""
     check_arch(arch)
-    check_defines(defines)
+    check_trace_mark(trace_mark)
     nvcc = find_nvcc()
     compiler = nvcc_version(nvcc) if nvcc else _nvrtc_version()
     folder = cache_dir()
-    stem = folder / f"worker-{_key(arch, compiler, tuple(defines))}-{arch}"
+    stem = folder / f"worker-{_key(arch, compiler, trace_mark)}-{arch}"
     report_path = stem.with_suffix(".json")
     if report_path.is_file() and stem.with_suffix(".cubin").is_file() and not force:
         return Build(**json.loads(report_path.read_text()))
     folder.mkdir(parents=True, exist_ok=True)
-    cubin, log = _compile_nvcc(nvcc, arch, defines) if nvcc else _compile_nvrtc(arch, defines)
+    cubin, log = _compile_nvcc(nvcc, arch, trace_mark) if nvcc else _compile_nvrtc(arch, trace_mark)
     stem.with_suffix(".cubin").write_bytes(cubin)
     build = Build(arch=arch, compiler=compiler, sha256=hashlib.sha256(cubin).hexdigest(),
                   path=str(stem.with_suffix(".cubin")), **parse_ptxas(log))
@@ -150,10 +157,11 @@ def build_worker(arch: str, force: bool = False, defines: tuple[str, ...] = ()) 
     return build
 
 
-def _compile_nvcc(nvcc: str, arch: str, defines: tuple[str, ...]) -> tuple[bytes, str]:
+def _compile_nvcc(nvcc: str, arch: str, trace_mark: int = 0) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "worker.cubin"
-        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out, defines=defines), capture_output=True, text=True)
+        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out, trace_mark=trace_mark),
+                              capture_output=True, text=True)
         if done.returncode != 0:
             raise GPUError(f"nvcc failed to compile {SOURCE_PATH.name} for {arch} "
                            f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -175,13 +183,13 @@ def _nvrtc_version() -> str:
     return f"nvrtc {major}.{minor}"
 
 
-def _compile_nvrtc(arch: str, defines: tuple[str, ...]) -> tuple[bytes, str]:
+def _compile_nvrtc(arch: str, trace_mark: int = 0) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
     headers = (HEADER_PATH, *PART_PATHS)
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"worker.cu", len(headers),
                                          [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
     options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v",
-               *(f"-D{d}".encode() for d in defines)]
+               *(f"-D{d}".encode() for d in defines(trace_mark))]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size

@@ -64,7 +64,8 @@ def time_context(runtime, context: int, steps: int = STEPS, repeats: int = REPEA
     """ms per token at `context`: one launch of `steps` forced tokens all at position context - 1
     (the kernel's hold_pos), timed by CUDA events and divided by `steps`, the median of `repeats`
     launches. Beside it the same launch with the position advancing (contexts context ..
-    context + steps - 1, the measure of sessions 1-10) and a 1-step launch, which adds the launch."""
+    context + steps - 1: at context 1 the mean over contexts 1..64) and a 1-step launch, which adds
+    the launch."""
     pos0 = context - 1
     tokens = [(17 + 31 * i) % runtime.k["vocab"] for i in range(steps)]
     runtime.launch(tokens, pos0, hold_pos=True)  # warm-up
@@ -94,38 +95,10 @@ def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 
             "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
 
 
-def same_bits(first, second, context: int = 385, steps: int = 4) -> bool:
-    """Whether two runtimes of one model give bit-identical logits for `steps` tokens from
-    `context` (the K/V cache filled alike): worker builds that keep every reduction order must."""
-    out = []
-    for runtime in (first, second):
-        random_kv(runtime, context, seed=7)
-        runtime.launch([17], context - 1, n_steps=steps, all_logits=True)
-        out.append(runtime.all_logits(steps).copy())
-    return bool(np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32)))
-
-
-def variant_times(runtime, variants=(("AF_UNROLL=8",),), contexts=CONTEXTS, work: Path | None = None) -> list:
-    """The same package on worker binaries built with other compile-time settings: each gets its
-    own plan (the fingerprint names the binary) over the same weights.bin, and is checked bit for
-    bit against `runtime`. A variant that fails is reported and the others still run."""
-    out = []
-    for defines in variants:
-        try:
-            row = variant_time(runtime, tuple(defines), contexts, work)
-            print(f"variant {' '.join(defines)}: "
-                  + ", ".join(f"ctx {r['context']} {r['ms_per_token']:.4f}" for r in row["contexts"])
-                  + f" ms/token, same bits {row['same_bits_as_default']}", flush=True)
-        except Exception as e:
-            row = {"defines": list(defines), "error": f"{type(e).__name__}: {e}"[:1000]}
-            print(f"variant {' '.join(defines)}: {row['error']}", flush=True)
-        out.append(row)
-    return out
-
-
-def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None):
-    """`runtime`'s package on a worker built with `defines`: its own plan (the fingerprint names
-    the binary) beside a link to the same weights.bin. The caller closes it."""
+def marked_runtime(runtime, trace_mark: int, work: Path | None = None):
+    """`runtime`'s package on the worker built with `trace_mark` (AF_TRACE_MARK: where a traced
+    task's end stamp is taken): its own plan (the fingerprint names the binary) beside a link to
+    the same weights.bin. The caller closes it."""
     import os
     import tempfile
     from dataclasses import replace
@@ -135,9 +108,8 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
     from .package import Package, write_plan
     from .planner import make_plan
 
-    worker = Worker(runtime.device, build_worker(runtime.device.arch, defines=defines))
-    target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, threads_per_worker=worker.threads,
-                     registers_per_thread=worker.registers)
+    worker = Worker(runtime.device, build_worker(runtime.device.arch, trace_mark=trace_mark))
+    target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, registers_per_thread=worker.registers)
     plan = make_plan(runtime.plan.config, target, runtime.k["ctx"], runtime.k["attn_chunk"],
                      split=plan_is_split(runtime.plan), attn_spread=runtime.k["attn_spread"],
                      attn_wide=runtime.k["attn_wide"], attn_wide_min=runtime.k["attn_wide_min"])
@@ -145,18 +117,6 @@ def variant_runtime(runtime, defines: tuple[str, ...], work: Path | None = None)
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")
     return Runtime(Package.load(folder), worker, progress=False)
-
-
-def variant_time(runtime, defines: tuple[str, ...], contexts=CONTEXTS, work: Path | None = None) -> dict:
-    other = variant_runtime(runtime, defines, work)
-    try:
-        random_kv(other, min(max(contexts) + STEPS - 1, other.k["ctx"]))
-        rows = [time_context(other, c, repeats=3) for c in contexts]
-        same = same_bits(runtime, other)
-    finally:
-        other.close()
-    return {"defines": list(defines), "build": other.worker.build.summary(), "same_bits_as_default": same,
-            "contexts": rows}
 
 
 # ---- trace ----------------------------------------------------------------------------------------
@@ -205,7 +165,7 @@ def breakdown(trace: dict, plan, gbs: float) -> dict:
 def task_phases(trace: dict, plan) -> dict:
     """Per opcode, over the tasks of one traced token: the median and largest task time and the
     median start after its wave opened (the latest release of the wave before), in us. With a
-    worker built with AF_TRACE_MARK=1, a GEMV task's time is its prologue's (norm, merge)."""
+    worker built with trace mark 1, a GEMV task's time is its prologue's (norm, merge)."""
     release = np.array(trace["wave_release_ns"], dtype=np.float64)
     opened = np.concatenate([[0.0], release.max(axis=1)[:-1]])
     tasks = np.array(trace["tasks"], dtype=np.float64).reshape(-1, 3)
@@ -266,22 +226,21 @@ def dependency_model(trace: dict, plan, signal_ns: float, partial: bool = True) 
     return float(done.max()) / 1e3
 
 
-def phases(runtime, sets: tuple[tuple[str, ...], ...], gbs: float, context: int = 1,
-           work: Path | None = None) -> list:
-    """For each build in `sets` (worker.cu defines; AF_TRACE_MARK=1 times the prologues): its
+def phases(runtime, marks: tuple[int, ...], gbs: float, context: int = 1, work: Path | None = None) -> list:
+    """For each trace mark in `marks` (AF_TRACE_MARK; 1 times the prologues): its build's
     ms/token at `context`, and one traced token's task_phases and breakdown."""
     out = []
-    for defines in sets:
-        other = variant_runtime(runtime, tuple(defines), work)
+    for mark in marks:
+        other = marked_runtime(runtime, mark, work)
         try:
             random_kv(other, min(context + STEPS - 1, other.k["ctx"]))
             trace = trace_token(other, context)
-            row = {"defines": list(defines), "build": other.worker.build.summary(),
+            row = {"trace_mark": mark, "build": other.worker.build.summary(),
                    "ms_per_token": time_context(other, context, repeats=3)["ms_per_token"],
                    "tasks": task_phases(trace, other.plan), "breakdown": breakdown(trace, other.plan, gbs)}
         finally:
             other.close()
-        print(f"phases {' '.join(defines) or '(default)'}: {row['ms_per_token']:.4f} ms/token; "
+        print(f"phases, trace mark {mark}: {row['ms_per_token']:.4f} ms/token; "
               + "; ".join(f"{op} {t['median_us']:.2f} us (max {t['max_us']:.2f})" for op, t in row["tasks"].items()),
               flush=True)
         out.append(row)
@@ -397,7 +356,7 @@ def torch_baselines(config, contexts=CONTEXTS) -> dict:
 
 # ---- everything -----------------------------------------------------------------------------------
 def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch_side: bool = True,
-              variants=(), phase_sets=()) -> dict:
+              phase_marks=()) -> dict:
     plan = runtime.plan
     gbs = worker.stream_read_gbs()
     result = {"device": worker.device.name, "stream_read_gbs": gbs, "weights_bytes": weight_bytes_per_token(plan),
@@ -419,10 +378,8 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
         if out is not None:
             write_trace(trace, plan, out, f"trace_ctx{c}")
     result["generation"] = generation_rate(runtime)
-    if variants:
-        result["variants"] = variant_times(runtime, variants)
-    if phase_sets:
-        result["phases"] = phases(runtime, phase_sets, gbs)
+    if phase_marks:
+        result["phases"] = phases(runtime, phase_marks, gbs)
     if torch_side:
         result["torch"] = torch_baselines(plan.config, contexts)
     return result
@@ -442,7 +399,7 @@ def run(model_path, contexts=CONTEXTS, out: Path | None = None, torch_side: bool
 
 # ---- measurement scripts -------------------------------------------------------------------------
 def measurement_main(doc: str, name: str, measure, draw, argv=None) -> int:
-    """The command line of a measurement script (scripts/megakernel_spread.py, megakernel_floor.py):
+    """The command line of a measurement script (scripts/megakernel_spread.py):
     `--out DIR [--rounds N]` runs `measure(rounds)` on the GPU and writes DIR/NAME.json and its
     picture DIR/NAME.png (`draw(result, path)`); `--draw JSON [-o PNG]` redraws a saved run anywhere."""
     import argparse

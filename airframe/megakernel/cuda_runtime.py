@@ -26,12 +26,13 @@ from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from .package import Package
 from .validator import PlanError
 
-THREADS = 1024  # AF_THREADS in worker_base.cuh, the default build; Worker.threads is the compiled one
+# constants of worker_base.cuh (af_layout reports the first and the last to the host)
+THREADS = 1024  # AF_THREADS
 MAX_STEPS = 64  # AF_MAX_STEPS
 MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
-FFN_COPIES = 2  # AF_FFN_COPIES in worker_base.cuh, the default build; Worker.ffn_copies is the compiled one
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
+FFN_COPIES = 2  # AF_FFN_COPIES
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -47,7 +48,7 @@ CONTROL_FIELDS = {"n_steps": 0, "pos0": 1, "n_forced": 2, "n_eos": 3, "eos": 4, 
                   "tokens_in": 16, "steps_done": 80, "error": 81, "stopped": 82, "error_step": 83, "tokens_out": 84}
 CONTROL_WORDS = 84 + MAX_STEPS
 ERROR_NON_FINITE = 1
-ERROR_FFN_RANGE = 2  # worker.cu, AF_FFN_ATOMIC: an FFN partial not finite or |v| >= 2^22
+ERROR_FFN_RANGE = 2  # op_ffn: an FFN partial not finite or |v| >= 2^22 (its fixed-point sum's range)
 
 
 class NonFiniteLogitError(AirframeError):
@@ -195,13 +196,11 @@ class Worker:
             dev.free(out)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
-                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"]]
-        self.threads = found[7]  # AF_THREADS of this build
-        self.ffn_copies = found[8]  # AF_FFN_COPIES
-        if (found[:7] != expected or self.threads % 32 or not 32 <= self.threads <= 1024
-                or self.ffn_copies not in (1, 2, 4)):
+                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS, FFN_COPIES]
+        if found != expected:
             raise GPUError(f"worker argument layout {found}, expected {expected} "
                            "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads, FFN copies)")
+        self.threads = THREADS
 
     def stream_read_gbs(self, nbytes: int = 4 << 30, repeats: int = 10) -> float:
         """Streaming-read bandwidth in GB/s: the median of `repeats` reads of `nbytes`."""
@@ -263,7 +262,7 @@ class LaunchResult:
     trace: dict | None = None
 
 
-def check_model_limits(k: dict, threads: int = THREADS, ffn_copies: int = FFN_COPIES) -> None:
+def check_model_limits(k: dict) -> None:
     """What worker.cu assumes about the shape; UnsupportedError naming the value otherwise."""
     g = k["n_head"] // max(1, k["n_head_kv"])
     lanes = k["head_dim"] // 8
@@ -275,37 +274,37 @@ def check_model_limits(k: dict, threads: int = THREADS, ffn_copies: int = FFN_CO
         problems.append(f"n_head * head_dim_v = {k['n_head'] * k['head_dim_v']} is not a multiple of 8")
     if k["head_dim"] % 8 or lanes < 1 or lanes > 32 or lanes & (lanes - 1):
         problems.append(f"head_dim = {k['head_dim']}, expected 8 times a power of two up to 256")
-    if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > threads:
+    if g > MAX_GROUP or (g + 1) * k["head_dim"] + k["head_dim_v"] > THREADS:
         problems.append(f"{g} query heads per K/V head of {k['head_dim']}, expected at most {MAX_GROUP} "
-                        f"and (group + 1) * head_dim + head_dim_v <= {threads}")
+                        f"and (group + 1) * head_dim + head_dim_v <= {THREADS}")
     x_len = max(k["n_embd"], k["n_head"] * k["head_dim_v"])
     if x_len > 2 * XS_PLANE_FLOATS:
         problems.append(f"vectors of {x_len} (n_embd, n_head * head_dim_v), expected at most {2 * XS_PLANE_FLOATS}")
-    if k["head_dim_v"] > threads:
-        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {threads}")
+    if k["head_dim_v"] > THREADS:
+        problems.append(f"head_dim_v = {k['head_dim_v']}, expected at most {THREADS}")
     # the FFN sums' 64-bit accumulators fill two slots a copy; 512 * 2^22 * 2^32 < 2^63
-    if not 2 * ffn_copies <= k["ffn_parts"] <= 512:
-        problems.append(f"ffn_parts = {k['ffn_parts']}, expected {2 * ffn_copies}..512 (the FFN sums' "
-                        f"{ffn_copies} copies fill {2 * ffn_copies} slots; at most 512 partials)")
+    if not 2 * FFN_COPIES <= k["ffn_parts"] <= 512:
+        problems.append(f"ffn_parts = {k['ffn_parts']}, expected {2 * FFN_COPIES}..512 (the FFN sums' "
+                        f"{FFN_COPIES} copies fill {2 * FFN_COPIES} slots; at most 512 partials)")
     if problems:
         raise UnsupportedError("the CUDA worker cannot run this plan: " + "; ".join(problems))
 
 
-def shared_floats(k: dict, ffn_max_rows: int, threads: int = THREADS, stage: bool = False) -> int:
+def shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
     """Dynamic shared memory of the worker in floats before its task table; af_worker's layout.
-    stage: room for every attention chunk's records, staged for the WO merge (AF_STAGED_MERGE)."""
+    stage: room for every attention chunk's records, staged for the WO merge (merge_staged)."""
     x_len = 2 * XS_PLANE_FLOATS  # xs: two planes
     cols = k["n_embd"] // 8
-    ffn_groups = 1 if cols >= threads else threads // cols
+    ffn_groups = 1 if cols >= THREADS else THREADS // cols
     g = k["n_head"] // k["n_head_kv"]
-    v_groups = threads // k["head_dim_v"]
+    v_groups = THREADS // k["head_dim_v"]
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
     reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     chunks, heads = k["attn_chunks"], k["n_head"]
     staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
-    return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (threads // 32))) // 4) * 4
+    return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (THREADS // 32))) // 4) * 4
 
 
 def side_bits(tasks: np.ndarray) -> int:
@@ -336,16 +335,16 @@ class Runtime:
         self.package, self.worker, self.device = package, worker, worker.device
         self.plan, self.k = package.plan, package.plan.consts
         self.check_target()
-        check_model_limits(self.k, worker.threads, worker.ffn_copies)
+        check_model_limits(self.k)
         self.workers = self.plan.target.workers
         ffn = self.plan.tasks[self.plan.tasks["opcode"] == 5]
         self.ffn_max_rows = int(ffn["row_count"].max()) if len(ffn) else 0
         table, self.table_tasks = table_floats(self.plan.tasks, self.k["n_waves"], self.plan.target.workers)
         # room for the staged attention merge where the GPU has it (the worker checks it and
         # merges four chunks at a time without)
-        self.staged = (4 * (shared_floats(self.k, self.ffn_max_rows, worker.threads, True) + table)
+        self.staged = (4 * (shared_floats(self.k, self.ffn_max_rows, True) + table)
                        + worker.static_shared <= self.device.shared_optin)
-        self.table_offset = shared_floats(self.k, self.ffn_max_rows, worker.threads, self.staged)
+        self.table_offset = shared_floats(self.k, self.ffn_max_rows, self.staged)
         self.shared_floats = self.table_offset + table
         self.shared_bytes = 4 * self.shared_floats
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:

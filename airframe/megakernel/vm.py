@@ -87,7 +87,7 @@ class FixedPointRangeError(ParameterError):
 
 def fixed_point_sum(parts: np.ndarray) -> np.ndarray:
     """Sum over axis 0, exactly: each float32 partial as round(v * 2^32) in int64, the integers
-    added, the total rounded once to float32 and times 2^-32 (worker.cu's AF_FFN_ATOMIC)."""
+    added, the total rounded once to float32 and times 2^-32 (the worker's op_ffn atomics)."""
     parts = np.asarray(parts, dtype=np.float32)
     if not np.all(np.abs(parts) < FIX_LIMIT):
         raise FixedPointRangeError(f"an FFN partial of {float(np.max(np.abs(parts)))}, expected finite values "

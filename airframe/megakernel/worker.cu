@@ -63,7 +63,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
             }
         }
         if (lane == 0) {
-            const uint32_t error = AF_STREAM_ONLY ? 0u : ld_relaxed(&ctl->error);
+            const uint32_t error = ld_relaxed(&ctl->error);
             bool eos = false;
             for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= id == ctl->eos[i];
             eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request
@@ -86,7 +86,8 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
-// with AF_SKIP_WAVE set on a wave no block runs (AF_FFN_ATOMIC: the FFN reduce waves).
+// with AF_SKIP_WAVE set on a wave no block runs (the FFN reduce waves: op_ffn's atomics make
+// their sums).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -135,7 +136,7 @@ __device__ af_table load_table(const af_args& a, float* base) {
         }
         const uint32_t workers = grid_blocks();
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        if (AF_FFN_ATOMIC && first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
+        if (first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
             tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
@@ -162,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     __shared__ uint32_t bcast[2];
     float* xs = reinterpret_cast<float*>(smem4);
     const af_plan_consts& c = a.c;
-    float* red = xs + AF_RED_OFFSET;  // xs: two planes (AF_XS_PLANES)
+    float* red = xs + AF_RED_OFFSET;  // xs: two planes (AF_XS_PLANE_FLOATS)
     float* sm = xs + AF_SM_OFFSET;
     const af_table tb = load_table(a, xs + a.table_offset);
     af_control* ctl = a.ctl;

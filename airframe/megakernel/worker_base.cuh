@@ -1,5 +1,5 @@
 // worker_base.cuh: what every opcode of the megakernel worker (worker.cu) stands on: its
-// compile-time settings, the launch structs the host mirrors (af_control, af_args), memory
+// constants, the launch structs the host mirrors (af_control, af_args), memory
 // access, the grid barrier, the arithmetic in the VM's order, the GEMV over a row list and
 // RMSNorm.
 #pragma once
@@ -9,153 +9,50 @@
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
-#ifndef AF_THREADS
-// threads per worker block (one block per SM); the host reads it from af_layout and the planner's
-// target carries it (the VM's attention and FFN-down orders depend on it)
+// Threads per worker block, one block per SM. The host reads it from af_layout and the planner's
+// target carries it: the VM's attention and FFN-down orders depend on it.
 #define AF_THREADS 1024
-#endif
 #define AF_WARPS (AF_THREADS / 32)
 #define AF_MAX_STEPS 64
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
-#ifndef AF_UNROLL
-// 16-byte weight vectors per lane per chunk of a GEMV row of the FFN and the LM head (a chunk is
-// 32 * AF_UNROLL vectors of one row, one warp's unit of work). Every register counts: a
-// 1024-thread block has 64 per thread, and whatever holds more weight data in flight spills in
-// the hot loops (measured on the H200, ms/token at context 1: 2 -> 1.10, 4 -> 1.15, 8 -> 1.31).
+// 16-byte weight vectors per lane per chunk of a GEMV row (a chunk is 32 * AF_UNROLL vectors of
+// one row, one warp's unit of work). A 1024-thread block has 64 registers per thread, and whatever
+// holds more weight data in flight spills in the hot loops; a QKV or WO wave gives each warp at
+// most one row, so there the number of round trips per row sets the time.
 #define AF_UNROLL 4
-#endif
-#ifndef AF_UNROLL_SHORT
-// The same for the QKV and WO rows: those waves hold at most a row per warp, so the number of
-// round trips to memory per row, not the bytes in flight, sets their time.
-#define AF_UNROLL_SHORT 4
-#endif
-#ifndef AF_DOWN_UNROLL
-// ffn_down rows each thread loads at once (16 bytes of each)
-#define AF_DOWN_UNROLL 4
-#endif
-#ifndef AF_LEAN_NORM
-// 1: RMSNorm's x (and side) and weights move as 16-byte vectors, a quad per thread held in
-// registers across the sum, and the VM's sequential sum reads shared memory four vectors ahead.
-#define AF_LEAN_NORM 1
-#endif
-#ifndef AF_LEAN_MERGE
-// 1: with one active attention chunk the merge is o / l per element (the VM's sums reduce to it
-// exactly), two elements per thread.
-#define AF_LEAN_MERGE 1
-#endif
-#ifndef AF_WEIGHT_EVICT_FIRST
-// 1: weight loads carry the L2 policy evict_first, so the weight stream (gigabytes a token,
-// read once) does not push out of L2 what the chains read: activations, norm weights, RoPE
-// tables, the K/V cache.
-#define AF_WEIGHT_EVICT_FIRST 1
-#endif
-#ifndef AF_SIDE_SKIP
-// 1: a plan without split-K pieces never writes the side vectors (qkv_side, h_side): their reads
-// (zeros, from DRAM every time) are replaced by adding 0.0f, which gives the same bits.
-#define AF_SIDE_SKIP 1
-#endif
-#ifndef AF_LEAN_REDUCE
-// 1: the FFN reduce folds the 32 warps' sums of a row with one warp's shuffles (three block
-// barriers for 32 rows instead of seven); the same additions in the same order.
-#define AF_LEAN_REDUCE 1
-#endif
-#ifndef AF_FFN_ATOMIC
-// 1: an FFN task adds its partial sums to 64-bit fixed-point accumulators (units of 2^-32) with
-// red.global.add.u64 instead of writing them to its slot: integer sums do not depend on their
-// order, so the total is as reproducible as the FFN reduce wave's, and that wave and its barrier
-// are skipped; the next layer's QKV and WO tasks (and the final norm) read x as (h + h_side) +
-// total * 2^-32, the VM's FFN_REDUCE. A partial that is not finite or has |v| >= 2^22 (it could
-// overflow the accumulator) sets bit 1 of the error word. 0: the slots and the reduce wave.
-#define AF_FFN_ATOMIC 1
-#endif
-#ifndef AF_FFN_COPIES
-// AF_FFN_ATOMIC: the layer's accumulators in this many copies (1, 2 or 4), n_embd words apart;
-// block b adds to copy b % AF_FFN_COPIES and the readers add the copies' integers (wrapping
-// 64-bit adds: exact, so the same bits). Atomics to one address are done one after another in
-// L2; two copies halve the 132 that queue on each accumulator of the H200, at the price of a
-// second 16 KiB read in every norm of x (measured in three runs on the H200: 2 to 8 us a token
-// less at contexts 512 and 4096, within +-5 us at context 1; four copies cost more in the reads
-// than they saved). The host reads the count from af_layout: the copies fill 2 x AF_FFN_COPIES
-// FFN slots.
+#define AF_DOWN_UNROLL 4  // ffn_down rows each thread loads at once (16 bytes of each)
+// The FFN's 64-bit fixed-point sums (op_ffn) in this many copies, n_embd words apart: block b adds
+// to copy b % AF_FFN_COPIES and the readers add the copies' integers (wrapping 64-bit adds: exact,
+// so the same bits). L2 performs the atomics to one address one after another; two copies halve
+// the 132 that queue on each accumulator of the H200 for a second 16 KiB read in every norm of x.
+// The host reads the count from af_layout: the copies fill 2 x AF_FFN_COPIES FFN slots.
 #define AF_FFN_COPIES 2
-#endif
-#if AF_FFN_COPIES != 1 && AF_FFN_COPIES != 2 && AF_FFN_COPIES != 4
-#error "AF_FFN_COPIES: 1, 2 or 4"
-#endif
-#if AF_THREADS != 1024 && !AF_FFN_ATOMIC
-#error "the FFN reduce wave (AF_FFN_ATOMIC=0) plays 32 lanes with 32 warps: it needs 1024 threads"
-#endif
-#ifndef AF_XS_PLANES
-// 1: the vector a GEMV multiplies (xs, shared memory) is kept as two planes: elements 8j..8j+3
-// of 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1 (AF_XS_PLANE
-// floats further on). Lane l of a warp reads vectors l, l + 32, ...: 32 consecutive 16-byte
-// words per plane, where the element order (vector j at float 8j) put them 32 bytes apart, two
-// lanes on every bank, and every GEMV's reads of xs took twice the shared-memory cycles.
-// 0: element order. The same values in the same arithmetic either way.
-#define AF_XS_PLANES 1
-#endif
-#ifndef AF_STAGED_MERGE
-// 1: a WO task merging two or more attention chunks first copies all their records into shared
-// memory at once (merge_staged) instead of loading them four chunks at a time per element
-// (merge_attention); the same arithmetic. 0: merge_attention always.
-#define AF_STAGED_MERGE 1
-#endif
-#ifndef AF_FEW_MERGE
-// 1: a WO task merging two to four attention chunks does it as merge_few (one round trip, a
-// chunk's scale once per head and thread) instead of merge_attention; the same arithmetic.
-#define AF_FEW_MERGE 1
-#endif
-#ifndef AF_HEADS_APART
-// 1: an attention task with few positions computes its query heads' scores in different warps
-// (op_attn); 0: every warp loops over all of them. The same arithmetic.
-#define AF_HEADS_APART 1
-#endif
-#ifndef AF_FEW_GROUPS
-// 1: an attention task with fewer positions than value groups skips the empty groups (op_attn);
-// the same bits.
-#define AF_FEW_GROUPS 1
-#endif
-// Floats from plane 0 to plane 1: a constant, so that no register holds it in the GEMV loops (a
-// variable one left the worker 12 B of spills). It bounds the vectors xs holds to 4,096 floats
-// (n_embd and n_head * head_dim_v; check_model_limits).
+// The vector a GEMV multiplies (xs, shared memory) is kept as two planes: elements 8j..8j+3 of
+// 8-element vector j at float 4j of plane 0, elements 8j+4..8j+7 at 4j of plane 1,
+// AF_XS_PLANE_FLOATS floats further on. Lane l of a warp reads vectors l, l + 32, ...: 32
+// consecutive 16-byte words per plane (in element order two lanes would share every bank).
+// The plane offset is a constant so that no register holds it in the GEMV loops (a variable one
+// spilled). It bounds the vectors xs holds to 4,096 floats (n_embd and n_head * head_dim_v;
+// check_model_limits).
 #define AF_XS_PLANE_FLOATS 2048
+#define AF_XS_STEP 4  // floats from vector j to vector j + 1 in a plane
 // Dynamic shared memory from its start: xs (two planes), red (64 floats), then sm, the scratch the
-// opcodes share, up to the task table (af_args.table_offset); cuda_runtime.shared_floats.
+// opcodes share, up to the task table (af_args.table_offset); runtime.shared_floats.
 #define AF_RED_OFFSET (2 * AF_XS_PLANE_FLOATS)
 #define AF_SM_OFFSET (AF_RED_OFFSET + 64)
-#define AF_XS_STEP (AF_XS_PLANES ? 4 : 8)  // floats from vector j to vector j + 1 in a plane
-#define AF_XS_PLANE (AF_XS_PLANES ? AF_XS_PLANE_FLOATS : 4)  // floats from a vector's first half to its second
 #define AF_FIX_LIMIT 4194304.0f          // 2^22: |partial| below this, so 512 slots cannot overflow
 #define AF_FIX_SCALE 4294967296.0f       // 2^32
 #define AF_FIX_UNIT 2.3283064365386963e-10f  // 2^-32
 #ifndef AF_TRACE_MARK
-// Measurements only (the device check's --phases): 1 makes a GEMV task's end stamp in the trace
-// the moment its prologue (the norm, the merge, the copy of x) is done instead of its end; 2, 3,
-// 4, 5 make an attention task's end stamp the end of its RoPE, scores, softmax, weighted values,
-// 6 the moment it begins its work (what starting a task costs); 7, 8, 9 an FFN task's the end of
-// its gate and up rows, of its down rows, of its fixed-point sums' atomics.
+// The one diagnostic build setting (the device check's --phases; it changes what a trace records,
+// never the results): 1 makes a GEMV task's end stamp in the trace the moment its prologue (the
+// norm, the merge, the copy of x) is done instead of its end; 2, 3, 4, 5 make an attention task's
+// end stamp the end of its RoPE, scores, softmax, weighted values, 6 the moment it begins its work
+// (what starting a task costs); 7, 8, 9 an FFN task's the end of its gate and up rows, of its down
+// rows, of its fixed-point sums' atomics.
 #define AF_TRACE_MARK 0
 #endif
-#ifndef AF_STREAM_ONLY
-// Measurements only (scripts/megakernel_floor.py); the results are not the model's. 1: a token
-// keeps only what the design cannot do without, its waves, the grid barrier after each and every
-// weight byte read by the same loads (QKV, WO, FFN gate/up and down, LM head), and skips the norms
-// and merges before the GEMVs (AF_SO_PROLOGUE=1 puts them back), the attention (AF_SO_ATTN=1), the
-// FFN's fixed-point atomics (AF_SO_ATOMIC=1) and the WO residual; no error bit is set or read.
-// Its time is the floor of the grid-barrier design on the GPU; each switch prices one chain.
-#define AF_STREAM_ONLY 0
-#endif
-#ifndef AF_SO_PROLOGUE
-#define AF_SO_PROLOGUE 0
-#endif
-#ifndef AF_SO_ATTN
-#define AF_SO_ATTN 0
-#endif
-#ifndef AF_SO_ATOMIC
-#define AF_SO_ATOMIC 0
-#endif
-#define AF_SKIP_PROLOGUE (AF_STREAM_ONLY && !AF_SO_PROLOGUE)
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
 
 // What the host sets before a launch and reads after it; all 32-bit words.
@@ -206,19 +103,16 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Weights never change during a launch: read-only path, not kept in L1, and (AF_WEIGHT_EVICT_FIRST)
-// the first to leave L2. The policy lives in a uniform register, not in the threads' registers.
+// Weights never change during a launch: read-only path, not kept in L1, and the first to leave
+// L2 (evict_first), so that the weight stream, gigabytes a token read once, does not push out of
+// L2 what the chains read: activations, norm weights, RoPE tables, the K/V cache. The policy
+// lives in a uniform register, not in the threads' registers.
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
     uint4 v;
-    if (AF_WEIGHT_EVICT_FIRST) {
-        uint64_t policy;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-    } else {
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    }
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
     return v;
 }
 
@@ -232,7 +126,7 @@ __device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinte
 // compiler does not hold the answer in a register for the whole kernel.)
 __shared__ uint32_t af_sides;
 __device__ __forceinline__ bool side_live(uint32_t bit) {
-    return !AF_SIDE_SKIP || (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
+    return (*static_cast<volatile uint32_t*>(&af_sides) & bit) != 0;
 }
 __device__ __forceinline__ float ld_side(const float* p, bool live) { return live ? ld_act(p) : 0.0f; }
 
@@ -285,19 +179,16 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
 
 // a / b and a % b for the plan's shapes, whose divisors are nearly always powers of two: a shift
 // or a mask instead of the ~20-instruction division, which every one of a block's 32 warps would
-// otherwise pay at the start of a task (AF_FAST_DIV=0: plain division, for measurements).
-#ifndef AF_FAST_DIV
-#define AF_FAST_DIV 1
-#endif
+// otherwise pay at the start of a task.
 __host__ __device__ __forceinline__ uint32_t udiv(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
-    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a >> (__ffs(b) - 1) : a / b;
+    return (b & (b - 1)) == 0 ? a >> (__ffs(b) - 1) : a / b;
 #else
     return a / b;  // (host code: the tests that compile the worker's arithmetic for the CPU)
 #endif
 }
 __device__ __forceinline__ uint32_t umod(uint32_t a, uint32_t b) {
-    return AF_FAST_DIV && (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
+    return (b & (b - 1)) == 0 ? a & (b - 1) : a % b;
 }
 
 // Positions per attention chunk at pos (opcodes.attn_span, the plan's attn_spread): chunk c holds
@@ -325,10 +216,10 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
     return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
 }
 
-// ---- xs, the vector a GEMV multiplies (AF_XS_PLANES) --------------------------------------
+// ---- xs, the vector a GEMV multiplies (two planes: AF_XS_PLANE_FLOATS) --------------------
 // Where element i of the vector lives in xs.
 __host__ __device__ __forceinline__ constexpr uint32_t xs_index(uint32_t i) {
-    return AF_XS_PLANES ? ((i >> 2) & 1) * AF_XS_PLANE + ((i >> 3) << 2) + (i & 3) : i;
+    return ((i >> 2) & 1) * AF_XS_PLANE_FLOATS + ((i >> 3) << 2) + (i & 3);
 }
 
 // acc += w . x over 8 consecutive elements, in element order; x0 and x1 are the vector's two
@@ -400,7 +291,7 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
-                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE + AF_XS_STEP * j, acc);
+                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
             }
         }
         acc = warp_fold(acc);
@@ -435,7 +326,7 @@ __device__ __forceinline__ float norm_scale(const float* red, uint32_t n, float 
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n), eps)));
 }
 
-// The FFN sum of `acc` (AF_FFN_ATOMIC) as a float: the accumulator rounded once, times 2^-32.
+// An FFN sum (op_ffn's fixed-point atomics) as a float: the accumulator rounded once, times 2^-32.
 __device__ __forceinline__ float fix_value(unsigned long long v) {
     return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);
 }
@@ -471,7 +362,7 @@ struct af_x {
 // barrier. `red` is shared scratch of 32 floats.
 template <bool Defer>
 __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32_t n, float eps, float* red) {
-    if (AF_LEAN_NORM && n % 8 == 0 && n <= 4 * AF_THREADS) {
+    if (n % 8 == 0 && n <= 4 * AF_THREADS) {
         // quad q = threadIdx.x: x[4q, 4q + 4) (+ side, + the FFN sums) and its weights, in registers
         const uint32_t q = threadIdx.x;
         const bool mine = q < n / 4;
@@ -483,9 +374,8 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
             if (in.acc) {
                 a0 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q);
                 a1 = __ldcg(reinterpret_cast<const ulonglong2*>(in.acc) + 2 * q + 1);
-                // (acc_total's sum, for two accumulators at once; a shared helper, with the copy
-                // offset named in ffn_acc, gave the same bits but a kernel laid out slower at long
-                // contexts: tenth session, runs 12-13)
+                // (acc_total's sum for two accumulators at once, written out: a shared helper gave
+                // the same bits but a kernel that ptxas laid out slower at long contexts)
 #pragma unroll
                 for (int k = 1; k < AF_FFN_COPIES; ++k) {
                     const ulonglong2* cp = reinterpret_cast<const ulonglong2*>(in.acc + k * n);
@@ -522,7 +412,8 @@ __device__ void rmsnorm_shared(float* xs, const af_x& in, const float* w, uint32
         __syncthreads();
         return;
     }
-    // any n (a multiple of 8, at most 4,096): x into xs first, then the chunk sums from there
+    // a width the quad form does not take (none that check_model_limits lets through): x into
+    // xs first, then the chunk sums from there
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) xs[xs_index(i)] = in.at(i, n);
     __syncthreads();
     const uint32_t lane = threadIdx.x % 32;
@@ -555,15 +446,15 @@ __device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_
     return a.act + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
 }
 
-// AF_FFN_ATOMIC: layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
+// Layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
 // (the slots, unused then; the arena's regions are 256-byte aligned).
 __device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
     return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
-// readers see it: with AF_FFN_ATOMIC, past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
+// readers see it: past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
 __device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
-    if (!AF_FFN_ATOMIC || l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
+    if (l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
     return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
 }

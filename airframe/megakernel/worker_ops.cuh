@@ -44,9 +44,9 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     const af_plan_consts& c = a.c;
     float* out = layer_at(a, t.layer, t.side ? c.lay_qkv_side : c.lay_qkv);
     auto norm = [&] {
-        if (!xs_ready && !AF_SKIP_PROLOGUE) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+        if (!xs_ready) rmsnorm_shared<true>(xs, x_in(a, t.layer), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), norm, [&](uint32_t i, float v) {
         out[t.row_start + i] = __fmul_rn(v, norm_scale(red, c.n_embd, c.rms_eps));  // the norm's scale
     });
 }
@@ -83,7 +83,6 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
 __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
     const af_plan_consts& c = a.c;
     const uint32_t span = af_span(), first = t.slot * span;
-    if (AF_STREAM_ONLY && !AF_SO_ATTN) return;
     if (first > pos) {  // chunk not active at this position
         if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
         return;
@@ -130,10 +129,10 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
     if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
 
-    // Few positions (AF_HEADS_APART; n <= 32 at head_dim 64, g = 4): warp w takes query head w % g
-    // of the positions from (w / g) * per_warp on, so that the g heads' scores are computed side by
-    // side rather than one after another in the same warps; the same arithmetic either way.
-    const bool apart = AF_HEADS_APART && n <= per_warp * udiv(AF_WARPS, g);
+    // Few positions (n <= 32 at head_dim 64, g = 4): warp w takes query head w % g of the positions
+    // from (w / g) * per_warp on, so that the g heads' scores are computed side by side rather than
+    // one after another in the same warps; the same arithmetic either way.
+    const bool apart = n <= per_warp * udiv(AF_WARPS, g);
     const uint32_t j0 = apart ? umod(warp, g) : 0, j1 = apart ? j0 + 1 : g;
     for (uint32_t p0 = apart ? udiv(warp, g) * per_warp : warp * per_warp; p0 < n;
          p0 += apart ? n : AF_WARPS * per_warp) {
@@ -180,9 +179,9 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     __syncthreads();
     trace_mark(4);
     // weighted values; pos, the largest position of its group, is added after the cached ones.
-    // With fewer positions than groups (AF_FEW_GROUPS) the groups past n hold none: they are
-    // neither written nor read, and the sum below adds the +0 they would have added once.
-    const uint32_t used = AF_FEW_GROUPS ? min(groups, n) : groups;
+    // With fewer positions than groups the groups past n hold none: they are neither written nor
+    // read, and the sum below adds the +0 they would have added once.
+    const uint32_t used = min(groups, n);
     if (grp < used) {
         float acc[AF_MAX_GROUP];
 #pragma unroll
@@ -304,7 +303,7 @@ __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer
     __syncthreads();
 }
 
-// The merge of several chunks with every partial in shared memory (AF_STAGED_MERGE): the active
+// The merge of several chunks with every partial in shared memory: the active
 // chunks' records are copied at once (cp.async, one round trip to L2 where merge_attention makes
 // two per batch of four chunks and element), then per head its max m over the chunks, each
 // chunk's scale expf(m_c - m) once (merge_attention computes the same value for every element),
@@ -353,7 +352,7 @@ __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, u
     return true;
 }
 
-// The merge of two to four active chunks (AF_FEW_MERGE): like merge_one_chunk, two elements of
+// The merge of two to four active chunks: like merge_one_chunk, two elements of
 // one head per thread, every chunk's (m, l) and o pair requested at once (one round trip to L2),
 // each chunk's scale computed once for both; merge_attention's arithmetic, the same bits.
 __device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint32_t active, float* xs) {
@@ -397,8 +396,8 @@ __device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint
 // registers per thread (ptxas -v); as one call, neither it nor the worker spills (sm_90, sm_86).
 __device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
     const uint32_t active = active_chunks(pos);
-    if (AF_FEW_MERGE && active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs);
-    else if (!(AF_STAGED_MERGE && active > 4 && merge_staged(a, layer, pos, xs))) merge_attention(a, layer, pos, xs);
+    if (active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs);
+    else if (!(active > 4 && merge_staged(a, layer, pos, xs))) merge_attention(a, layer, pos, xs);
 }
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
@@ -407,23 +406,18 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     const af_plan_consts& c = a.c;
     float* h = layer_at(a, t.layer, t.side ? c.lay_h_side : c.lay_h);
     auto merge = [&] {
-        if (xs_ready || AF_SKIP_PROLOGUE) return;
-        if (AF_LEAN_MERGE && pos < af_span() && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
+        if (xs_ready) return;
+        if (pos < af_span() && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
         else merge_chunks(a, t.layer, pos, xs);
     };
-    gemv_list<AF_UNROLL_SHORT>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
+    gemv_list<AF_UNROLL>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
                   const uint32_t r = t.row_start + i;
                   // (x and the accumulators found here, not held in registers across the GEMV)
-                  if (AF_STREAM_ONLY) {
-                      h[r] = v;
-                      return;
-                  }
                   h[r] = t.side ? v : __fadd_rn(x_in(a, t.layer).at(r, c.n_embd), v);
-                  if (AF_FFN_ATOMIC) {  // a wave before this layer's FFN adds to it
+                  // (a wave before this layer's FFN adds to the sums)
 #pragma unroll
-                      for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
-                  }
+                  for (int k = 0; k < AF_FFN_COPIES; ++k) ffn_acc(a, t.layer)[k * c.n_embd + r] = 0ull;
               });
 }
 
@@ -440,7 +434,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     const uint32_t n = t.row_count;
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
-                  if (!xs_ready && !AF_SKIP_PROLOGUE)
+                  if (!xs_ready)
                       rmsnorm_shared<true>(xs,
                                      af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
                                           !side_live(2), nullptr},
@@ -503,38 +497,34 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     }
     __syncthreads();
     trace_mark(8);
-    if (AF_STREAM_ONLY && !AF_SO_ATOMIC) return;
-    if (AF_FFN_ATOMIC) {  // the partials into the layer's fixed-point sums (see AF_FFN_ATOMIC)
-        unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
-        bool bad = false;
-        for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
-            float v = part[i];
-            for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
-            bad |= !(fabsf(v) < AF_FIX_LIMIT);  // NaN included
-            const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
-            asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
-        }
-        if (bad && !AF_STREAM_ONLY) atomicOr(&a.ctl->error, 2u);
-        if (AF_TRACE_MARK == 9) {  // (the atomics' completion, as the barrier's release waits for it)
-            __threadfence();
-            __syncthreads();
-            trace_mark(9);
-        }
-        return;
-    }
-    float* out = layer_at(a, t.layer, c.lay_ffn) + (size_t)t.slot * e;
+    // The partials into the layer's fixed-point sums: each output row's value as round(v * 2^32),
+    // added to its 64-bit accumulator with red.global.add.u64 instead of being written to a slot.
+    // Integer sums do not depend on their order, so the total is the VM's exact FFN_REDUCE on
+    // every run, and the plan's FFN reduce waves and their barriers are skipped (load_table). A
+    // partial that is not finite or has |v| >= 2^22 (it could overflow the accumulator) sets bit 1
+    // of the error word.
+    unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
+    bool bad = false;
     for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];
         for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
-        out[i] = v;
+        bad |= !(fabsf(v) < AF_FIX_LIMIT);  // NaN included
+        const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
+    }
+    if (bad) atomicOr(&a.ctl->error, 2u);
+    if (AF_TRACE_MARK == 9) {  // (the atomics' completion, as the barrier's release waits for it)
+        __threadfence();
+        __syncthreads();
+        trace_mark(9);
     }
 }
 
-// x[layer + 1][rows] = (h + h_side)[rows] + the FFN partials. The sum of a row is the VM's: lane
-// l of a warp sums slots l, l + 32, ... in increasing order, and the 32 lane sums are folded in
-// halves (l + 16, + 8, + 4, + 2, + 1). Here warp w plays lane w for 32 rows at once (one row per
-// lane, so each load of a slot reads 32 consecutive floats), and the halving runs across warps
-// in shared memory: the same additions in the same order.
+// Not reached: load_table skips every wave that starts with an FFN reduce, op_ffn's fixed-point
+// atomics having made its sums. It computes x[layer + 1][rows] = (h + h_side)[rows] + a float sum
+// of the FFN slots (lane l of a warp sums slots l, l + 32, ..., the 32 lane sums folded in halves;
+// warp w plays lane w for 32 rows at once), not the VM's exact sum. It stays because taking it out
+// changes the binary every package's fingerprint names.
 __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
     const af_plan_consts& c = a.c;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -542,13 +532,9 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
     const float* h = layer_at(a, t.layer, c.lay_h);
     const float* h_side = layer_at(a, t.layer, c.lay_h_side);
     float* x = x_at(a, t.layer + 1);
-#if AF_WARPS != 32
-    __trap();  // (unreachable: AF_FFN_ATOMIC skips this wave; worker_base.cuh)
-#else
-    // (32 warps, 32 rows; AF_LEAN_REDUCE: rows padded to 33), then h + h_side of the 32 rows, then
-    // (AF_LEAN_REDUCE) the 32 folded sums
+    // (32 warps, 32 rows padded to 33), then h + h_side of the 32 rows, then the 32 folded sums
     float* sums = sm;
-    const uint32_t pitch = AF_LEAN_REDUCE ? 33 : 32;
+    const uint32_t pitch = 33;
     float* resid = sm + 32 * pitch;
     float* total = resid + 32;
     for (uint32_t base = 0; base < t.row_count; base += 32) {
@@ -571,29 +557,18 @@ __device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
         }
         sums[warp * pitch + lane] = acc;
         __syncthreads();
-        if (AF_LEAN_REDUCE) {
-            // warp w folds row base + w, lane l holding warp l's sum: warp_fold's xor halving
-            // adds the same pairs in the same order as the halving across warps below
-            const float v = warp_fold(sums[lane * pitch + warp]);
-            if (lane == 0) total[warp] = v;
-            __syncthreads();
-            if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], total[lane]);
-        } else {
-#pragma unroll
-            for (uint32_t off = 16; off > 0; off >>= 1) {
-                if (warp < off) sums[warp * 32 + lane] = __fadd_rn(sums[warp * 32 + lane], sums[(warp + off) * 32 + lane]);
-                __syncthreads();
-            }
-            if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], sums[lane]);
-        }
+        // warp w folds row base + w, lane l holding warp l's sum
+        const float v = warp_fold(sums[lane * pitch + warp]);
+        if (lane == 0) total[warp] = v;
+        __syncthreads();
+        if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], total[lane]);
         __syncthreads();
     }
-#endif
 }
 
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
-    if (!AF_SKIP_PROLOGUE) rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
+    rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS)
         a.act[c.act_xn + r] = xs[xs_index(r)];
 }
@@ -623,7 +598,7 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
             bi = r;
         }
     });
-    if (bad && !AF_STREAM_ONLY) atomicOr(&a.ctl->error, 1u);
+    if (bad) atomicOr(&a.ctl->error, 1u);
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
         best_v[warp] = bv;
