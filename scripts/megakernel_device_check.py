@@ -81,10 +81,10 @@ def llama1b_runtime(work: Path):
     """For the measurement scripts (megakernel_spread.py), on the GPU machine
     with .mkref carried: this GPU's default worker, its probed target, and a runtime of the
     synthetic Llama 3.2 1B package (CTX positions) built in `work`. Returns (runtime, target)."""
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.probe import probe
+    from airframe.megakernel.cuda.build import build_worker
+    from airframe.megakernel.cuda.runtime import Device, Runtime, Worker
+    from airframe.megakernel.plan.package import write_package
+    from airframe.megakernel.cuda.probe import probe
 
     work.mkdir(exist_ok=True)
     device = Device()
@@ -96,7 +96,7 @@ def llama1b_runtime(work: Path):
 
 
 def vm_reference(package, contexts=CONTEXTS, steps: int = STEPS) -> dict:
-    from airframe.megakernel.vm import VM
+    from airframe.megakernel.plan.vm import VM
 
     out = {}
     for c in contexts:
@@ -130,8 +130,8 @@ def write_tokenizer_gguf(out: Path) -> Path:
 
 
 def make_reference(ref: Path, work: Path, models: list[str], split: bool) -> None:
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.target import NAMED_TARGETS
+    from airframe.megakernel.plan.package import write_package
+    from airframe.megakernel.plan.target import NAMED_TARGETS
 
     ref.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -230,12 +230,12 @@ def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
 
 
 def twenty_workers(worker, runtime, package, folder: Path) -> dict:
-    from airframe.megakernel.cuda_runtime import Runtime
-    from airframe.megakernel.package import Package, write_plan
-    from airframe.megakernel.planner import make_plan
-    from airframe.megakernel.probe import with_workers
+    from airframe.megakernel.cuda.runtime import Runtime
+    from airframe.megakernel.plan.package import Package, write_plan
+    from airframe.megakernel.plan.planner import make_plan
+    from airframe.megakernel.cuda.probe import with_workers
 
-    from airframe.megakernel.planner import plan_is_split
+    from airframe.megakernel.plan.planner import plan_is_split
 
     plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
                      split=plan_is_split(package.plan))
@@ -259,10 +259,10 @@ def corrupted(worker, package, work: Path) -> dict:
     """Each corruption must raise before any launch."""
     from dataclasses import replace
 
-    from airframe.megakernel.cuda_runtime import Runtime
-    from airframe.megakernel.opcodes import TASK_BYTES, TASK_DTYPE
-    from airframe.megakernel.package import Package, write_plan
-    from airframe.megakernel.planner import make_plan
+    from airframe.megakernel.cuda.runtime import Runtime
+    from airframe.megakernel.plan.opcodes import TASK_BYTES, TASK_DTYPE
+    from airframe.megakernel.plan.package import Package, write_plan
+    from airframe.megakernel.plan.planner import make_plan
 
     out = {}
 
@@ -304,7 +304,7 @@ def _refused(fn) -> dict:
 
 
 def non_finite(runtime, package) -> dict:
-    from airframe.megakernel.cuda_runtime import NonFiniteLogitError
+    from airframe.megakernel.cuda.runtime import NonFiniteLogitError
 
     plan = package.plan
     name = "output.weight" if "output.weight" in plan.tensors else "token_embd.weight"
@@ -332,7 +332,7 @@ PHASES = (1,)
 def parse_phases(text: str) -> tuple[int, ...]:
     """'1,7' -> (1, 7), each checked here, before any GPU time is spent."""
     from airframe.errors import ParameterError
-    from airframe.megakernel.build import check_trace_mark
+    from airframe.megakernel.cuda.build import check_trace_mark
 
     marks = []
     for word in (w.strip() for w in text.split(",")):
@@ -346,12 +346,12 @@ def parse_phases(text: str) -> tuple[int, ...]:
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, torch_side: bool = True,
                split: bool = False, phase_marks=PHASES) -> Report:
-    from airframe.megakernel import cuda_bench
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.probe import probe
-    from airframe.megakernel.target import target_to_dict
+    from airframe.megakernel.cuda import bench as cuda_bench
+    from airframe.megakernel.cuda.build import build_worker
+    from airframe.megakernel.cuda.runtime import Device, Runtime, Worker
+    from airframe.megakernel.plan.package import write_package
+    from airframe.megakernel.cuda.probe import probe
+    from airframe.megakernel.plan.target import target_to_dict
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
@@ -361,7 +361,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
     report.section("worker", lambda: worker.build.summary())
     target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
     (out / "target.json").write_text(json.dumps(target, indent=1))
-    from airframe.megakernel.target import target_from_dict
+    from airframe.megakernel.plan.target import target_from_dict
 
     target = target_from_dict(target)
     tok = str(ref / "tokenizer.gguf")
@@ -409,7 +409,7 @@ def main(argv=None) -> int:
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
     models = args.models.split(",")
-    from airframe.megakernel.planner import SPLIT_DEFAULT
+    from airframe.megakernel.plan.planner import SPLIT_DEFAULT
 
     split = SPLIT_DEFAULT if args.split is None else args.split
     if args.reference:

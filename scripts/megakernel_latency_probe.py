@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from airframe.megakernel.build import find_nvcc  # noqa: E402
-from airframe.megakernel.cuda_runtime import Device, check  # noqa: E402
+from airframe.megakernel.cuda.build import find_nvcc  # noqa: E402
+from airframe.megakernel.cuda.runtime import Device, check  # noqa: E402
 
 PARTS = ("barrier", "vectors", "pages", "icache", "sums", "clusters", "tags")
 PAGES = 1024  # 2 MiB pages of the buffer the pages part touches

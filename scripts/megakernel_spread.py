@@ -37,8 +37,8 @@ def measure(rounds: int) -> dict:
 
     from airframe.family import load_config
     from airframe.gguf_file import GGUFFile
-    from airframe.megakernel import cuda_bench
-    from airframe.megakernel.planner import make_plan
+    from airframe.megakernel.cuda import bench as cuda_bench
+    from airframe.megakernel.plan.planner import make_plan
     from megakernel_device_check import CTX, llama1b_runtime
 
     work = Path("/tmp/mk_spread")
@@ -79,7 +79,7 @@ def measure(rounds: int) -> dict:
 
 
 def draw(result: dict, path: Path) -> Path:
-    from airframe.megakernel.pictures import draw_context_curves
+    from airframe.megakernel.plan.pictures import draw_context_curves
 
     names = NAMES if "rules" in result else NAMES_SESSION12
     times = {names.get(n, n): {int(c): v for c, v in d.items()} for n, d in result["times"].items()}
@@ -89,7 +89,7 @@ def draw(result: dict, path: Path) -> Path:
 
 
 def main() -> int:
-    from airframe.megakernel.cuda_bench import measurement_main
+    from airframe.megakernel.cuda.bench import measurement_main
 
     return measurement_main(__doc__, "spread", measure, draw)
 

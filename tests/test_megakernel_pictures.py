@@ -9,10 +9,10 @@ import pytest
 from airframe.errors import ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.pictures import (TRACE_FORMAT, draw_context_curves, draw_package, ideal_ns, read_trace,
+from airframe.megakernel.plan.pictures import (TRACE_FORMAT, draw_context_curves, draw_package, ideal_ns, read_trace,
                                           timeline_summary)
-from airframe.megakernel.planner import make_plan, wave_bytes
-from airframe.megakernel.target import load_target
+from airframe.megakernel.plan.planner import make_plan, wave_bytes
+from airframe.megakernel.plan.target import load_target
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def synthetic_trace(plan, position, slow_worker=None):
 
 
 def wave_bytes_of(plan, i, position):
-    from airframe.megakernel.planner import task_bytes
+    from airframe.megakernel.plan.planner import task_bytes
 
     return task_bytes(plan.tasks[i], plan.consts, position)
 

@@ -9,11 +9,11 @@ import pytest
 from airframe.errors import ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import Op, attn_span
-from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
+from airframe.megakernel.plan.opcodes import Op, attn_span
+from airframe.megakernel.plan.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
                                          plan_stats, split_rows, wave_bytes)
-from airframe.megakernel.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
-from airframe.megakernel.validator import validate
+from airframe.megakernel.plan.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
+from airframe.megakernel.plan.validator import validate
 
 
 @pytest.fixture(scope="module")

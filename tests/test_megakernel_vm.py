@@ -12,10 +12,10 @@ import pytest
 
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import attn_span
-from airframe.megakernel.package import write_package
-from airframe.megakernel.target import load_target
-from airframe.megakernel.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
+from airframe.megakernel.plan.opcodes import attn_span
+from airframe.megakernel.plan.package import write_package
+from airframe.megakernel.plan.target import load_target
+from airframe.megakernel.plan.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
                                     group_sum, lane_sum, norm_sum, rmsnorm, rmsnorm_deferred, sequential_sum)
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.tokenizer import build_hf_tokenizer, read_vocab

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..errors import AirframeError
+from ...errors import AirframeError
 from .opcodes import CONST_NAMES, TASK_DTYPE, Op
 from .target import Target, fingerprint
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .opcodes import Op
-from .pictures import TRACE_FORMAT
-from .planner import plan_is_split, wave_bytes
-from .validator import head_qkv_rows
+from ..plan.opcodes import Op
+from ..plan.pictures import TRACE_FORMAT
+from ..plan.planner import plan_is_split, wave_bytes
+from ..plan.validator import head_qkv_rows
 
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
@@ -103,10 +103,10 @@ def marked_runtime(runtime, trace_mark: int, work: Path | None = None):
     import tempfile
     from dataclasses import replace
 
+    from ..plan.package import Package, write_plan
+    from ..plan.planner import make_plan
     from .build import build_worker
-    from .cuda_runtime import Runtime, Worker
-    from .package import Package, write_plan
-    from .planner import make_plan
+    from .runtime import Runtime, Worker
 
     worker = Worker(runtime.device, build_worker(runtime.device.arch, trace_mark=trace_mark))
     target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, registers_per_thread=worker.registers)
@@ -249,7 +249,7 @@ def phases(runtime, marks: tuple[int, ...], gbs: float, context: int = 1, work: 
 
 def write_trace(trace: dict, plan, out: Path, name: str) -> list[Path]:
     """The trace JSON and part 1's timeline picture of it."""
-    from .pictures import draw_timeline, read_trace
+    from ..plan.pictures import draw_timeline, read_trace
 
     path = out / f"{name}.json"
     path.write_text(json.dumps(trace))

@@ -6,7 +6,7 @@ streaming-read bandwidth with the worker module's own read kernel, and writes th
 target JSON that the planner takes (`--target FILE.json`). The JSON carries the sha256 of the
 worker binary: the fingerprint of every plan made from it, which the runtime checks.
 
-    python -m airframe.megakernel.probe -o target.json
+    python -m airframe.megakernel.cuda.probe -o target.json
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import json
 import sys
 from dataclasses import replace
 
-from ..errors import AirframeError, GPUError
-from .cuda_runtime import Device, Worker
-from .target import Target, target_to_dict
+from ...errors import AirframeError, GPUError
+from ..plan.target import Target, target_to_dict
+from .runtime import Device, Worker
 
 
 def probe(device: Device | None = None, worker: Worker | None = None, bandwidth: bool = True) -> Target:

@@ -9,7 +9,7 @@ worker: registers, spills, stack frame and static shared memory.
 The one build setting is the diagnostic `trace_mark` (AF_TRACE_MARK in worker_base.cuh: where a
 traced task's end stamp is taken; 0, the shipped build, stamps the task's end).
 
-    python -m airframe.megakernel.build --arch sm_90
+    python -m airframe.megakernel.cuda.build --arch sm_90
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import GPUError, ParameterError
-from .opcodes import HEADER_PATH
+from ...errors import GPUError, ParameterError
+from ..plan.opcodes import HEADER_PATH
 
 SOURCE_PATH = Path(__file__).with_name("worker.cu")
 # the files worker.cu includes besides plan_format.h, in the order NVRTC is handed them

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ParameterError
+from ...errors import ParameterError
 from .opcodes import Op
 from .planner import Plan, wave_bytes
 

@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ParameterError
+from ...errors import ContextOverflowError, ParameterError
 from .opcodes import Op, attn_chunk_positions, attn_span
 from .validator import act, attn_record, head_qkv_rows
 

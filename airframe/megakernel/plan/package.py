@@ -21,10 +21,10 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
-from ..errors import AirframeError, GGUFError
-from ..family import load_config
-from ..gguf_file import GGUFFile, dequantize_rows
-from ..rope_scaling import cos_sin
+from ...errors import AirframeError, GGUFError
+from ...family import load_config
+from ...gguf_file import GGUFFile, dequantize_rows
+from ...rope_scaling import cos_sin
 from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE
 from .planner import SPLIT_DEFAULT, Plan, TensorSlot, make_plan
 from .target import Target, target_from_dict, target_to_dict

@@ -2,7 +2,7 @@
 // wave by wave, with a grid barrier after every wave, for up to AF_MAX_STEPS tokens per
 // cooperative launch. It makes no scheduling decision: the plan (tasks.bin, sorted by wave and
 // worker) says what each block does. Layout and opcodes come from plan_format.h, which
-// airframe/megakernel/opcodes.py generates.
+// airframe/megakernel/plan/opcodes.py generates.
 //
 // Reduction orders are fixed, so every launch gives the same bits:
 //  - weight dot products follow the numpy VM exactly (lane l of a warp owns the 8-element

@@ -20,11 +20,11 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import AirframeError, GPUError, UnsupportedError
+from ...errors import AirframeError, GPUError, UnsupportedError
+from ..plan.opcodes import PLAN_CONSTS, TASK_WORDS, Op
+from ..plan.package import Package
+from ..plan.validator import PlanError
 from .build import Build, build_worker
-from .opcodes import PLAN_CONSTS, TASK_WORDS, Op
-from .package import Package
-from .validator import PlanError
 
 # constants of worker_base.cuh (af_layout reports the first and the last to the host)
 THREADS = 1024  # AF_THREADS

@@ -20,22 +20,23 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ParameterError
-from ..family import ModelConfig
+from ...errors import ContextOverflowError, ParameterError
+from ...family import ModelConfig
+from ..plan.opcodes import PLAN_VERSION, header_sha256
+from ..plan.package import Package, write_package
+from ..plan.planner import SPLIT_DEFAULT
 from .build import cache_dir
-from .cuda_runtime import MAX_STEPS, Device, Runtime, Worker
-from .opcodes import PLAN_VERSION
-from .package import Package, write_package
-from .planner import SPLIT_DEFAULT
 from .probe import probe
+from .runtime import MAX_STEPS, Device, Runtime, Worker
 
 
 def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Path:
     """Where the package of `model_path` for one worker binary and context lives in the cache (also
-    keyed by the plan format version and whether plans are split, so a new default replans)."""
+    keyed by the plan format version, plan_format.h, which the fingerprint names, and whether plans
+    are split, so a new default replans)."""
     stat = model_path.stat()
     key = hashlib.sha256(f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{binary_sha256}|{ctx}|"
-                         f"v{PLAN_VERSION}|split={SPLIT_DEFAULT}".encode())
+                         f"v{PLAN_VERSION}|{header_sha256()}|split={SPLIT_DEFAULT}".encode())
     return cache_dir() / "packages" / f"{model_path.stem}-{key.hexdigest()[:16]}"
 
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..errors import ParameterError
+from ...errors import ParameterError
 from .opcodes import header_sha256
 
 

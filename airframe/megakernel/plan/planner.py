@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from ..errors import UnsupportedError
-from ..family import ModelConfig
-from ..rope_scaling import RopeScaling
+from ...errors import UnsupportedError
+from ...family import ModelConfig
+from ...rope_scaling import RopeScaling
 from .opcodes import CONST_NAMES, PLAN_VERSION, Op, Task, attn_chunk_positions, tasks_to_array
 from .target import Target, fingerprint
 
