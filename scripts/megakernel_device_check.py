@@ -77,24 +77,6 @@ def make_model(shape: str, out: Path, tokenizer: str) -> Path:
     return out
 
 
-def llama1b_runtime(work: Path):
-    """For the measurement scripts (megakernel_spread.py), on the GPU machine
-    with .mkref carried: this GPU's default worker, its probed target, and a runtime of the
-    synthetic Llama 3.2 1B package (CTX positions) built in `work`. Returns (runtime, target)."""
-    from airframe.megakernel.cuda.build import build_worker
-    from airframe.megakernel.cuda.runtime import Device, Runtime, Worker
-    from airframe.megakernel.plan.package import write_package
-    from airframe.megakernel.cuda.probe import probe
-
-    work.mkdir(exist_ok=True)
-    device = Device()
-    worker = Worker(device, build_worker(device.arch))
-    target = probe(device, worker)
-    gguf = make_model(SHAPES["llama1b"], work / "llama1b.gguf", ".mkref/tokenizer.gguf")
-    package = write_package(gguf, target, work / "llama1b.pkg", ctx=CTX, progress=False)
-    return Runtime(package, worker, progress=False), target
-
-
 def vm_reference(package, contexts=CONTEXTS, steps: int = STEPS) -> dict:
     from airframe.megakernel.plan.vm import VM
 

@@ -65,19 +65,6 @@ def test_worker_compiles_with_nvrtc(arch):
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
 
 
-@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
-def test_latency_probe_kernels_compile(arch, tmp_path):
-    probe = load_script("megakernel_latency_probe")
-    src = tmp_path / "probe.cu"
-    src.write_text(probe.SOURCE)
-    done = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-O3", str(src), "-o", str(tmp_path / "probe.cubin")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    cubin = (tmp_path / "probe.cubin").read_bytes()
-    for kernel in (b"probe", b"pages", b"icache", b"clocks", b"sums", b"barriers", b"csums"):  # main()'s names
-        assert b".text." + kernel + b"\0" in cubin
-
-
 def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFRAME_CACHE", str(tmp_path))
     first = build.build_worker("sm_90")
@@ -509,41 +496,6 @@ def test_trace_breakdown_and_timeline(tmp_path):
     written = bench.write_trace(trace, plan, tmp_path, "trace")
     assert json.loads(written[0].read_text())["tasks"][0] == [0, 0, 1000]
     assert written[1].read_bytes()[:4] == b"\x89PNG"
-
-
-def test_dependency_model_of_a_trace():
-    plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
-    trace = fake_trace(plan, 20)
-    t = plan.tasks
-    # with every wave waiting for all of the previous one (the grid barrier's model), a wave ends
-    # its worker's tasks one after another (1 us each) and the next starts `signal` later
-    per_wave = [np.bincount(t["worker"][t["wave"] == w]).max() for w in range(plan.consts["n_waves"])]
-    barrier = sum(per_wave) * 1.0 + (len(per_wave) - 1) * 0.5
-    assert bench.dependency_model(trace, plan, 500, partial=False) == pytest.approx(barrier)
-    # an attention task waits for the QKV tasks holding its heads' q, k and v rows, and only them
-    k, hd = plan.consts, plan.consts["head_dim"]
-    qkv = np.flatnonzero((t["opcode"] == Op.QKV) & (t["layer"] == 0))
-    for i in np.flatnonzero((t["opcode"] == Op.ATTN) & (t["layer"] == 0)):
-        h, g = int(t["head"][i]), k["n_head"] // k["n_head_kv"]
-        rows = set()
-        for j in bench.attention_producers(plan, i, qkv):
-            rows |= set(range(int(t["row_start"][j]), int(t["row_start"][j] + t["row_count"][j])))
-        need = (set(range(h * g * hd, (h + 1) * g * hd)) | set(range(k["n_head"] * hd + h * hd, k["n_head"] * hd + (h + 1) * hd))
-                | set(range((k["n_head"] + k["n_head_kv"] + h) * hd, (k["n_head"] + k["n_head_kv"] + h + 1) * hd)))
-        assert need <= rows and len(rows - need) < 2 * int(t["row_count"][qkv].max())
-    # A QKV task is read by some attention tasks, not all. When it ends 1 us late and its readers
-    # take 0.1 us instead of 1, the other attention tasks need not wait for it: the attention wave
-    # ends with the readers, 0.1 us after the others, and the token 0.9 us sooner. (Had its
-    # readers been as long as the others, the WO wave, which waits for all of them, would have
-    # given the time back.)
-    attn = np.flatnonzero((t["opcode"] == Op.ATTN) & (t["layer"] == 0))
-    readers = [i for i in attn if qkv[0] in bench.attention_producers(plan, i, qkv)]
-    assert 0 < len(readers) < len(attn)
-    trace["tasks"][int(qkv[0])][2] += 1000
-    for i in readers:
-        trace["tasks"][i][2] = trace["tasks"][i][1] + 100
-    partial, whole = (bench.dependency_model(trace, plan, 500, partial=p) for p in (True, False))
-    assert whole - partial == pytest.approx(0.9)
 
 
 def test_task_phases_per_opcode():

@@ -26,7 +26,6 @@ import numpy as np
 from ..plan.opcodes import Op
 from ..plan.pictures import TRACE_FORMAT
 from ..plan.planner import plan_is_split, wave_bytes
-from ..plan.validator import head_qkv_rows
 
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
@@ -181,49 +180,6 @@ def task_phases(trace: dict, plan) -> dict:
         out[op.name] = {"tasks": int(mine.sum()), "median_us": float(np.median(took)), "max_us": float(took.max()),
                         "start_median_us": float(np.median(start))}
     return out
-
-
-def attention_producers(plan, index: int, qkv_tasks: np.ndarray) -> np.ndarray:
-    """The QKV tasks (of `qkv_tasks`) whose rows hold the q, k or v rows that ATTN task `index` reads."""
-    t = plan.tasks
-    lo, hi = t["row_start"][qkv_tasks], t["row_start"][qkv_tasks] + t["row_count"][qkv_tasks]
-    hit = np.zeros(len(qkv_tasks), dtype=bool)
-    for start, n in head_qkv_rows(plan.consts, int(t["head"][index])):
-        hit |= (lo < start + n) & (hi > start)
-    return qkv_tasks[hit]
-
-
-def dependency_model(trace: dict, plan, signal_ns: float, partial: bool = True) -> float:
-    """What the traced token would take, in us, with the task times it measured, if a task
-    started as soon as its worker is free and its producers have ended plus `signal_ns` (dependency
-    flags instead of grid barriers; no weights moved). Producers: every task of the previous wave
-    (x, h and the merged attention are whole vectors), except that with `partial` an attention
-    task waits only for the QKV tasks holding its rows. Waves the worker skipped (every task 0 ns
-    in the trace: the FFN reduce) are left out. partial=False with the barrier's latency models the
-    grid barrier itself."""
-    t = plan.tasks
-    tasks = np.array(trace["tasks"], dtype=np.float64).reshape(-1, 3)
-    took = np.zeros(len(t))
-    took[tasks[:, 0].astype(np.int64)] = tasks[:, 2] - tasks[:, 1]
-    done = np.zeros(len(t))
-    free = np.zeros(int(t["worker"].max()) + 1)
-    before = None
-    for wave in np.unique(t["wave"]):
-        mine = np.flatnonzero(t["wave"] == wave)
-        if not took[mine].any():
-            continue
-        for i in mine:  # tasks.bin order: a worker's tasks of a wave run one after another
-            if before is None:
-                ready = 0.0
-            elif partial and t["opcode"][i] == int(Op.ATTN) and t["opcode"][before[0]] == int(Op.QKV):
-                ready = done[attention_producers(plan, i, before)].max() + signal_ns
-            else:
-                ready = done[before].max() + signal_ns
-            w = t["worker"][i]
-            done[i] = max(free[w], ready) + took[i]
-            free[w] = done[i]
-        before = mine
-    return float(done.max()) / 1e3
 
 
 def phases(runtime, marks: tuple[int, ...], gbs: float, context: int = 1, work: Path | None = None) -> list:
@@ -394,30 +350,5 @@ def run(model_path, contexts=CONTEXTS, out: Path | None = None, torch_side: bool
         out.mkdir(parents=True, exist_ok=True)
     result = benchmark(backend.runtime, backend.runtime.worker, out, contexts, torch_side)
     print(json.dumps(result, indent=1, default=str))
-    return 0
-
-
-# ---- measurement scripts -------------------------------------------------------------------------
-def measurement_main(doc: str, name: str, measure, draw, argv=None) -> int:
-    """The command line of a measurement script (scripts/megakernel_spread.py):
-    `--out DIR [--rounds N]` runs `measure(rounds)` on the GPU and writes DIR/NAME.json and its
-    picture DIR/NAME.png (`draw(result, path)`); `--draw JSON [-o PNG]` redraws a saved run anywhere."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help=f"folder for {name}.json and {name}.png (GPU machine)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--draw", type=Path, metavar="JSON", help="redraw the picture of a saved run")
-    ap.add_argument("-o", "--output", type=Path, help="the picture, with --draw")
-    args = ap.parse_args(argv)
-    if args.draw:
-        print(draw(json.loads(args.draw.read_text()), args.output or args.draw.with_suffix(".png")))
-        return 0
-    if not args.out:
-        ap.error("--out DIR (or --draw JSON)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = measure(args.rounds)
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1, default=float))
-    print(draw(result, args.out / f"{name}.png"))
     return 0
 

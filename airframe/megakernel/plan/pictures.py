@@ -141,27 +141,3 @@ def draw_timeline(plan: Plan, trace: Trace, path: Path) -> Path:
     plt.close(fig)
     return path
 
-
-def draw_context_curves(times: dict[str, dict[int, list[float]]], path: Path, title: str) -> Path:
-    """ms/token against the context, one line per plan or build (median of its rounds, the spread of
-    the rounds as a band): `times[name][context]` holds each round's ms/token."""
-    if not times or not all(times.values()):
-        raise ParameterError("no timings to draw: expected {name: {context: [ms per token, ...]}}")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, by_context in times.items():
-        contexts = sorted(by_context)
-        rounds = [np.asarray(by_context[c], dtype=float) for c in contexts]
-        ax.plot(contexts, [np.median(r) for r in rounds], marker="o", markersize=3, label=name)
-        ax.fill_between(contexts, [r.min() for r in rounds], [r.max() for r in rounds], alpha=0.25)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context (positions; the token at position context - 1)")
-    ax.set_ylabel("ms / token")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
