@@ -238,6 +238,18 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x0, const float* x1,
     return acc;
 }
 
+// acc[k] += element k of the 8 BF16 values w times v, k = 0..7 (ffn_down: a row's 8 columns).
+__device__ __forceinline__ void madd8(float* acc, uint4 w, float v) {
+    acc[0] = madd(acc[0], bf16_lo(w.x), v);
+    acc[1] = madd(acc[1], bf16_hi(w.x), v);
+    acc[2] = madd(acc[2], bf16_lo(w.y), v);
+    acc[3] = madd(acc[3], bf16_hi(w.y), v);
+    acc[4] = madd(acc[4], bf16_lo(w.z), v);
+    acc[5] = madd(acc[5], bf16_hi(w.z), v);
+    acc[6] = madd(acc[6], bf16_lo(w.w), v);
+    acc[7] = madd(acc[7], bf16_hi(w.w), v);
+}
+
 // Fold 32 lane values in halves (l + 16, + 8, + 4, + 2, + 1); every lane gets the total.
 __device__ __forceinline__ float warp_fold(float v) {
 #pragma unroll

@@ -467,30 +467,9 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
 #pragma unroll
                 for (int u = 0; u < AF_DOWN_UNROLL; ++u) w[u] = ld_weight16(down + (size_t)(i + u * groups) * cols + col);
 #pragma unroll
-                for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
-                    const float hv = h[i + u * groups];
-                    acc[0] = madd(acc[0], bf16_lo(w[u].x), hv);
-                    acc[1] = madd(acc[1], bf16_hi(w[u].x), hv);
-                    acc[2] = madd(acc[2], bf16_lo(w[u].y), hv);
-                    acc[3] = madd(acc[3], bf16_hi(w[u].y), hv);
-                    acc[4] = madd(acc[4], bf16_lo(w[u].z), hv);
-                    acc[5] = madd(acc[5], bf16_hi(w[u].z), hv);
-                    acc[6] = madd(acc[6], bf16_lo(w[u].w), hv);
-                    acc[7] = madd(acc[7], bf16_hi(w[u].w), hv);
-                }
+                for (int u = 0; u < AF_DOWN_UNROLL; ++u) madd8(acc, w[u], h[i + u * groups]);
             }
-            for (; i < t.row_count; i += groups) {
-                const uint4 w = ld_weight16(down + (size_t)i * cols + col);
-                const float hv = h[i];
-                acc[0] = madd(acc[0], bf16_lo(w.x), hv);
-                acc[1] = madd(acc[1], bf16_hi(w.x), hv);
-                acc[2] = madd(acc[2], bf16_lo(w.y), hv);
-                acc[3] = madd(acc[3], bf16_hi(w.y), hv);
-                acc[4] = madd(acc[4], bf16_lo(w.z), hv);
-                acc[5] = madd(acc[5], bf16_hi(w.z), hv);
-                acc[6] = madd(acc[6], bf16_lo(w.w), hv);
-                acc[7] = madd(acc[7], bf16_hi(w.w), hv);
-            }
+            for (; i < t.row_count; i += groups) madd8(acc, ld_weight16(down + (size_t)i * cols + col), h[i]);
 #pragma unroll
             for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
         }
