@@ -4,8 +4,8 @@
 Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares against: a
 tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
 for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 40, 100, 384, 385,
-1000 and 4096 (the issue's four; 40: one attention chunk of many positions; 100: a short context
-spread over three chunks; 1000: a longer one over seven), with the K/V cache before the context
+1000 and 4096 (40: one attention chunk of many positions; 100: a short context spread over three
+chunks; 1000: a longer one over seven), with the K/V cache before the context
 filled from a seeded generator. The VM is slow in Python, so it runs where time is cheap; the GPU
 run checks that its weights and K/V fill hash the same.
 
@@ -212,12 +212,10 @@ def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
 
 
 def twenty_workers(worker, runtime, package, folder: Path) -> dict:
+    from airframe.megakernel.cuda.probe import with_workers
     from airframe.megakernel.cuda.runtime import Runtime
     from airframe.megakernel.plan.package import Package, write_plan
-    from airframe.megakernel.plan.planner import make_plan
-    from airframe.megakernel.cuda.probe import with_workers
-
-    from airframe.megakernel.plan.planner import plan_is_split
+    from airframe.megakernel.plan.planner import make_plan, plan_is_split
 
     plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
                      split=plan_is_split(package.plan))
@@ -330,10 +328,10 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
                split: bool = False, phase_marks=PHASES) -> Report:
     from airframe.megakernel.cuda import bench as cuda_bench
     from airframe.megakernel.cuda.build import build_worker
+    from airframe.megakernel.cuda.probe import probe
     from airframe.megakernel.cuda.runtime import Device, Runtime, Worker
     from airframe.megakernel.plan.package import write_package
-    from airframe.megakernel.cuda.probe import probe
-    from airframe.megakernel.plan.target import target_to_dict
+    from airframe.megakernel.plan.target import target_from_dict, target_to_dict
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
@@ -343,8 +341,6 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
     report.section("worker", lambda: worker.build.summary())
     target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
     (out / "target.json").write_text(json.dumps(target, indent=1))
-    from airframe.megakernel.plan.target import target_from_dict
-
     target = target_from_dict(target)
     tok = str(ref / "tokenizer.gguf")
     for name in models:

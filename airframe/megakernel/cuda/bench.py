@@ -120,8 +120,8 @@ def marked_runtime(runtime, trace_mark: int, work: Path | None = None):
 
 # ---- trace ----------------------------------------------------------------------------------------
 def trace_token(runtime, context: int) -> dict:
-    """The second step of a launch at `context` (both steps at position context - 1), traced: part
-    1's trace JSON (pictures.py) plus the time each worker left each wave's barrier
+    """The second step of a launch at `context` (both steps at position context - 1), traced: the
+    trace JSON of plan/pictures.py plus the time each worker left each wave's barrier
     ("wave_release_ns"), all ns from the first task start."""
     result = runtime.launch([17, 42], context - 1, trace_step=1, hold_pos=True)
     raw, plan = result.trace, runtime.plan
@@ -204,7 +204,7 @@ def phases(runtime, marks: tuple[int, ...], gbs: float, context: int = 1, work: 
 
 
 def write_trace(trace: dict, plan, out: Path, name: str) -> list[Path]:
-    """The trace JSON and part 1's timeline picture of it."""
+    """The trace JSON and its timeline picture (plan/pictures.py)."""
     from ..plan.pictures import draw_timeline, read_trace
 
     path = out / f"{name}.json"

@@ -169,7 +169,7 @@ __device__ __forceinline__ void grid_sync(uint32_t* counter, uint32_t& target) {
         // The release is cumulative: it publishes this block's writes, which the __syncthreads
         // ordered before it. The acquire that sees the last arrival makes every block's writes
         // visible here, and the __syncthreads below passes that on to the block. (Fences around
-        // relaxed operations, as before, cost ~0.3 us more per barrier on the H200.)
+        // relaxed operations cost ~0.3 us more per barrier on the H200.)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
         while (ld_acquire(counter) < target) {
         }

@@ -136,9 +136,9 @@ def attn_span(k: dict, pos: int) -> int:
     attn_span in worker_base.cuh is the same arithmetic). Chunk c covers [c * span, min((c + 1) *
     span, pos + 1)) and runs when c * span <= pos. A context is spread over three chunks or more,
     never two: measured on the H200, splitting in two costs the WO merge more than it saves in the
-    attention (docs/BENCHMARKS.md, twelfth session). Up to attn_spread chunks of attn_min
-    positions or more; past that, up to attn_wide chunks of attn_wide_min or more, where the
-    attention saved pays for the costlier merge of more than four chunks (thirteenth session)."""
+    attention (docs/MEGAKERNEL.md, "Decisions and their evidence"). Up to attn_spread chunks of
+    attn_min positions or more; past that, up to attn_wide chunks of attn_wide_min or more, where
+    the attention saved pays for the costlier merge of more than four chunks."""
     if k["attn_spread"] == 0:
         return k["attn_chunk"]
     n = pos + 1

@@ -1,6 +1,6 @@
 """Pictures of a plan (matplotlib, PNG): bytes per worker per wave, and a traced token's timeline.
 
-Trace format (written by part 2's traced run; `read_trace` checks it):
+Trace format (written by cuda/bench.trace_token; `read_trace` checks it):
 
     {"format": "airframe-megakernel-trace", "version": 1,
      "fingerprint": "<plan.json fingerprint.fingerprint>",

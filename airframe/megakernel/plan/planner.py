@@ -38,8 +38,8 @@ DOT_VEC = 8
 DEFAULT_CTX = 4096
 SPLIT_LIMIT = 0.01  # a weight wave whose whole rows are more uneven than this (max / mean - 1) is cut finer
 SPLIT_COLS = 8      # split-K pieces start and end on multiples of this many columns (16 bytes)
-# Plans cut finer than whole rows only once the CUDA worker executes split tasks (worker.cu);
-# the VM and the validator know them already.
+# Whole rows by default: the worker runs split plans correctly but slower (it runs a worker's
+# pieces of a wave as separate latency chains; 1.231 against 1.022 ms/token on the H200).
 SPLIT_DEFAULT = False
 # Attention below full context: the positions are spread over up to this many chunks (so that a
 # context of a few hundred positions runs as several short attention tasks, not one long one),
@@ -50,7 +50,7 @@ ATTN_MIN = 32
 # Longer contexts: up to ATTN_WIDE chunks of at least ATTN_WIDE_MIN positions each. Past four
 # chunks the WO merge stages every chunk's records in shared memory (merge_staged, ~2-4 us a
 # layer more), which chunks this long repay in the attention (measured on the H200: never slower,
-# 1,024 to 2,048 positions 4-8% faster a token; docs/BENCHMARKS.md, thirteenth session).
+# 1,024 to 2,048 positions 4-8% faster a token; docs/MEGAKERNEL.md).
 ATTN_WIDE = 16
 ATTN_WIDE_MIN = 128
 

@@ -1,9 +1,9 @@
 """What a plan is made for: the GPU's workers and the worker binary that runs them.
 
-A target is a small JSON description. Two are named (`rtx3050`, `h200`); part 2's probe of the
-compiled worker writes the same JSON with the measured occupancy and the binary's sha256, and
-`--target FILE.json` takes it. The plan's fingerprint binds a package to one target and one
-plan_format.h (and, once it exists, one compiled worker binary).
+A target is a small JSON description. Two are named (`rtx3050`, `h200`); the probe of the
+compiled worker (cuda/probe.py) writes the same JSON with the measured occupancy and the binary's
+sha256, and `--target FILE.json` takes it. The plan's fingerprint binds a package to one
+plan_format.h and one worker binary (a named target without a binary: to the target itself).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ class Target:
 
 
 NAMED_TARGETS = {
-    # TileInfer's card: 20 SMs, one 1024-thread block each at 64 registers, 212.9 GB/s measured.
+    # RTX 3050: 20 SMs, one 1024-thread block each at 64 registers, 212.9 GB/s measured.
     "rtx3050": Target("rtx3050", "sm_86", 20, 1024, 99 * 1024, 64, 212.9),
-    # Our H200 (PEERS.md): 132 SMs, 4.53 TB/s streaming read.
+    # H200: 132 SMs, 4.53 TB/s streaming read.
     "h200": Target("h200", "sm_90", 132, 1024, 227 * 1024, 64, 4530.0),
 }
 
@@ -88,8 +88,8 @@ def load_target(name_or_path: str, workers: int | None = None) -> Target:
 def fingerprint(target: Target, header_text: str | None = None) -> dict:
     """What a package is bound to: the plan_format.h hash plus the worker binary's hash.
 
-    Until a compiled worker exists (part 2), the canonical target description stands in for
-    the binary. The runtime recomputes this and refuses a package whose value differs.
+    A target with no binary (a named one) binds the canonical target description instead. The
+    runtime recomputes this and refuses a package whose value differs.
     """
     header = header_sha256(header_text)
     if target.binary_sha256:
