@@ -60,7 +60,7 @@ def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: 
 
         backend = WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
     elif name == "cuda":
-        from .megakernel.backend import CudaBackend
+        from .megakernel.cuda.backend import CudaBackend
 
         return CudaBackend.load(model_path, n_ctx=n_ctx, **options)  # its context is fixed by its plan
     else:

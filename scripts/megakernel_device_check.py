@@ -4,8 +4,8 @@
 Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares against: a
 tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
 for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 40, 100, 384, 385,
-1000 and 4096 (the issue's four; 40: one attention chunk of many positions; 100: a short context
-spread over three chunks; 1000: a longer one over seven), with the K/V cache before the context
+1000 and 4096 (40: one attention chunk of many positions; 100: a short context spread over three
+chunks; 1000: a longer one over seven), with the K/V cache before the context
 filled from a seeded generator. The VM is slow in Python, so it runs where time is cheap; the GPU
 run checks that its weights and K/V fill hash the same.
 
@@ -77,26 +77,8 @@ def make_model(shape: str, out: Path, tokenizer: str) -> Path:
     return out
 
 
-def llama1b_runtime(work: Path):
-    """For the measurement scripts (megakernel_spread.py, megakernel_floor.py), on the GPU machine
-    with .mkref carried: this GPU's default worker, its probed target, and a runtime of the
-    synthetic Llama 3.2 1B package (CTX positions) built in `work`. Returns (runtime, target)."""
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.probe import probe
-
-    work.mkdir(exist_ok=True)
-    device = Device()
-    worker = Worker(device, build_worker(device.arch))
-    target = probe(device, worker)
-    gguf = make_model(SHAPES["llama1b"], work / "llama1b.gguf", ".mkref/tokenizer.gguf")
-    package = write_package(gguf, target, work / "llama1b.pkg", ctx=CTX, progress=False)
-    return Runtime(package, worker, progress=False), target
-
-
 def vm_reference(package, contexts=CONTEXTS, steps: int = STEPS) -> dict:
-    from airframe.megakernel.vm import VM
+    from airframe.megakernel.plan.vm import VM
 
     out = {}
     for c in contexts:
@@ -130,8 +112,8 @@ def write_tokenizer_gguf(out: Path) -> Path:
 
 
 def make_reference(ref: Path, work: Path, models: list[str], split: bool) -> None:
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.target import NAMED_TARGETS
+    from airframe.megakernel.plan.package import write_package
+    from airframe.megakernel.plan.target import NAMED_TARGETS
 
     ref.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -230,12 +212,10 @@ def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
 
 
 def twenty_workers(worker, runtime, package, folder: Path) -> dict:
-    from airframe.megakernel.cuda_runtime import Runtime
-    from airframe.megakernel.package import Package, write_plan
-    from airframe.megakernel.planner import make_plan
-    from airframe.megakernel.probe import with_workers
-
-    from airframe.megakernel.planner import plan_is_split
+    from airframe.megakernel.cuda.probe import with_workers
+    from airframe.megakernel.cuda.runtime import Runtime
+    from airframe.megakernel.plan.package import Package, write_plan
+    from airframe.megakernel.plan.planner import make_plan, plan_is_split
 
     plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
                      split=plan_is_split(package.plan))
@@ -259,10 +239,10 @@ def corrupted(worker, package, work: Path) -> dict:
     """Each corruption must raise before any launch."""
     from dataclasses import replace
 
-    from airframe.megakernel.cuda_runtime import Runtime
-    from airframe.megakernel.opcodes import TASK_BYTES, TASK_DTYPE
-    from airframe.megakernel.package import Package, write_plan
-    from airframe.megakernel.planner import make_plan
+    from airframe.megakernel.cuda.runtime import Runtime
+    from airframe.megakernel.plan.opcodes import TASK_BYTES, TASK_DTYPE
+    from airframe.megakernel.plan.package import Package, write_plan
+    from airframe.megakernel.plan.planner import make_plan
 
     out = {}
 
@@ -304,7 +284,7 @@ def _refused(fn) -> dict:
 
 
 def non_finite(runtime, package) -> dict:
-    from airframe.megakernel.cuda_runtime import NonFiniteLogitError
+    from airframe.megakernel.cuda.runtime import NonFiniteLogitError
 
     plan = package.plan
     name = "output.weight" if "output.weight" in plan.tensors else "token_embd.weight"
@@ -323,45 +303,44 @@ def non_finite(runtime, package) -> dict:
     return outcome
 
 
-# Worker builds timed beside the default one in the bench section (defines of worker.cu), each
-# with the default's arithmetic, so their logits must be bit-identical to it: the tenth session's
-# two switches turned off one at a time (one copy of the FFN sums; the attention's query heads
-# one after another). The older sessions' switches are still in the source and their builds are
-# recorded in docs/BENCHMARKS.md; with today's source some of them spill a few bytes (register
-# allocation), so they are not timed by default (--variants times any). The eleventh session's
-# norm order replaced the old one in the VM, so the old one is no longer a build.
-VARIANTS = (("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"))
-# Builds whose traced token is split into task phases (cuda_bench.phases): with AF_TRACE_MARK=1 a
-# GEMV task's time is its prologue's (the norm of x, the attention merge).
-PHASES = (("AF_TRACE_MARK=1",),)
+# Trace marks (AF_TRACE_MARK, worker_base.cuh) whose builds split a traced token into task phases
+# in the bench section (cuda_bench.phases): with mark 1 a GEMV task's time is its prologue's (the
+# norm of x, the attention merge).
+PHASES = (1,)
 
 
-def parse_variants(text: str) -> tuple[tuple[str, ...], ...]:
-    """'A=1,B=2;C=3' -> (("A=1", "B=2"), ("C=3",)), each checked here, before any GPU time is spent."""
-    from airframe.megakernel.build import check_defines
+def parse_phases(text: str) -> tuple[int, ...]:
+    """'1,7' -> (1, 7), each checked here, before any GPU time is spent."""
+    from airframe.errors import ParameterError
+    from airframe.megakernel.cuda.build import check_trace_mark
 
-    return tuple(check_defines(tuple(v.split(","))) for v in text.split(";") if v)
+    marks = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if not word.isdigit():
+            raise ParameterError(f"trace mark {word!r}, expected a number 1..9")
+        marks.append(check_trace_mark(int(word)))
+    return tuple(marks)
 
 
-def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, defines: tuple[str, ...] = (),
-               variants=VARIANTS, torch_side: bool = True, split: bool = False, phase_sets=PHASES) -> Report:
-    from airframe.megakernel import cuda_bench
-    from airframe.megakernel.build import build_worker
-    from airframe.megakernel.cuda_runtime import Device, Runtime, Worker
-    from airframe.megakernel.package import write_package
-    from airframe.megakernel.probe import probe
-    from airframe.megakernel.target import target_to_dict
+def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, torch_side: bool = True,
+               split: bool = False, phase_marks=PHASES) -> Report:
+    from airframe.megakernel.cuda import bench as cuda_bench
+    from airframe.megakernel.cuda.build import build_worker
+    from airframe.megakernel.cuda.probe import probe
+    from airframe.megakernel.cuda.runtime import Device, Runtime, Worker
+    from airframe.megakernel.plan.package import write_package
+    from airframe.megakernel.plan.target import target_from_dict, target_to_dict
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
     report.section("builds", lambda: {a: build_worker(a).summary() for a in ("sm_86", "sm_90")})
     device = Device()
-    worker = Worker(device, build_worker(device.arch, defines=defines) if defines else None)
+    worker = Worker(device)
     report.section("worker", lambda: worker.build.summary())
     target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
     (out / "target.json").write_text(json.dumps(target, indent=1))
-    from airframe.megakernel.target import target_from_dict
-
     target = target_from_dict(target)
     tok = str(ref / "tokenizer.gguf")
     for name in models:
@@ -388,7 +367,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
         report.section(f"{name}.non_finite", non_finite, runtime, package)
         if bench and name == "llama1b":
             report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
-                           tuple(tuple(defines) + v for v in variants), tuple(tuple(defines) + v for v in phase_sets))
+                           phase_marks)
         runtime.close()
     return report
 
@@ -402,28 +381,22 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="smollm2,llama1b")
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
-    parser.add_argument("--no-variants", action="store_true", help="bench the default worker build only")
-    parser.add_argument("--defines", default="", help="worker build settings, e.g. AF_UNROLL=4")
-    parser.add_argument("--variants", help="builds timed beside the default, ';' between builds and ',' between "
-                        "the settings of one, e.g. 'AF_STAGES=0;AF_STAGES=3;AF_UNROLL=1,AF_STAGES=8'")
-    parser.add_argument("--phases", help="builds whose traced token is split into task phases, as --variants "
-                        "(default: AF_TRACE_MARK=1, the prologues); '' for none")
+    parser.add_argument("--phases", help="trace marks (AF_TRACE_MARK) whose builds split a traced token into "
+                        "task phases, e.g. '1,7,8' (default: 1, the prologues); '' for none")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
     models = args.models.split(",")
-    from airframe.megakernel.planner import SPLIT_DEFAULT
+    from airframe.megakernel.plan.planner import SPLIT_DEFAULT
 
     split = SPLIT_DEFAULT if args.split is None else args.split
     if args.reference:
         make_reference(args.reference, args.work, models, split)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    defines = tuple(d for d in args.defines.split(",") if d)
-    variants = VARIANTS if args.variants is None else parse_variants(args.variants)
-    phase_sets = PHASES if args.phases is None else parse_variants(args.phases)
-    report = run_device(args.ref, args.out, args.work, models, not args.no_bench, defines,
-                        () if args.no_variants else variants, not args.no_torch, split, phase_sets)
+    phase_marks = PHASES if args.phases is None else parse_phases(args.phases)
+    report = run_device(args.ref, args.out, args.work, models, not args.no_bench, not args.no_torch, split,
+                        phase_marks)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from airframe.cli import main
-from airframe.megakernel.package import Package
+from airframe.megakernel.plan.package import Package
 
 
 def test_plan_then_show(smollm2_path, tmp_path, capsys):

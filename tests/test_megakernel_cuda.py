@@ -18,12 +18,12 @@ import pytest
 
 from airframe.errors import ContextOverflowError, GPUError, ParameterError, UnsupportedError
 from airframe.family import ModelConfig
-from airframe.megakernel import build, cuda_bench, cuda_runtime
-from airframe.megakernel.backend import CudaBackend, check_greedy
-from airframe.megakernel.opcodes import HEADER_PATH, Op
-from airframe.megakernel.planner import make_plan
-from airframe.megakernel.target import NAMED_TARGETS
-from airframe.sampling import SamplingParams
+from airframe.megakernel.cuda import bench, build, runtime
+from airframe.megakernel.cuda.backend import CudaBackend
+from airframe.megakernel.plan.opcodes import HEADER_PATH, Op
+from airframe.megakernel.plan.planner import make_plan
+from airframe.megakernel.plan.target import NAMED_TARGETS
+from airframe.sampling import SamplingParams, greedy_blockers
 from scripts_loader import load_script
 
 NVCC = build.find_nvcc()
@@ -58,24 +58,11 @@ def test_worker_compiles_with_nvcc(arch, tmp_path):
 def test_worker_compiles_with_nvrtc(arch):
     # the build path of a machine without nvcc: NVRTC has no C library headers, so plan_format.h
     # and worker.cu bring their own fixed-width types, offsetof and INFINITY
-    cubin, log = build._compile_nvrtc(arch, ())
+    cubin, log = build._compile_nvrtc(arch)
     report = build.parse_ptxas(log)
     assert 0 < report["registers"] <= 64
     assert report["spill_stores"] == 0
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
-
-
-@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
-def test_latency_probe_kernels_compile(arch, tmp_path):
-    probe = load_script("megakernel_latency_probe")
-    src = tmp_path / "probe.cu"
-    src.write_text(probe.SOURCE)
-    done = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-O3", str(src), "-o", str(tmp_path / "probe.cubin")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    cubin = (tmp_path / "probe.cubin").read_bytes()
-    for kernel in (b"probe", b"pages", b"icache", b"clocks", b"sums", b"barriers", b"csums"):  # main()'s names
-        assert b".text." + kernel + b"\0" in cubin
 
 
 def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
@@ -91,7 +78,7 @@ def test_build_is_cached_by_source_and_arch(tmp_path, monkeypatch):
 
 def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
     # an edit to any file worker.cu includes must not be served a cached cubin of the old source
-    key = build._key("sm_90", "nvcc 13.0", ())
+    key = build._key("sm_90", "nvcc 13.0")
     for path in (build.HEADER_PATH, *build.PART_PATHS):
         edited = tmp_path / path.name
         edited.write_bytes(path.read_bytes() + b"\n// edited\n")
@@ -99,7 +86,7 @@ def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
             monkeypatch.setattr(build, "HEADER_PATH", edited)
         else:
             monkeypatch.setattr(build, "PART_PATHS", tuple(edited if p == path else p for p in build.PART_PATHS))
-        assert build._key("sm_90", "nvcc 13.0", ()) != key, path.name
+        assert build._key("sm_90", "nvcc 13.0") != key, path.name
         monkeypatch.undo()
     included = {line.split('"')[1] for f in (build.SOURCE_PATH, *build.PART_PATHS)
                 for line in f.read_text().splitlines() if line.startswith('#include "')}
@@ -130,13 +117,13 @@ def test_parse_ptxas_names_the_missing_kernel():
         build.parse_ptxas("ptxas info : Compiling entry function 'other' for 'sm_90'")
 
 
-def run_host_program(tmp_path, source: str, defines: tuple[str, ...] = ()) -> list[int]:
+def run_host_program(tmp_path, source: str) -> list[int]:
     """Compile `source` (a main() that includes worker.cu) for the host and return the integers it prints."""
     assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
     src = tmp_path / "main.cu"
     src.write_text(source)
     exe = tmp_path / "main"
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", *(f"-D{d}" for d in defines), "-I", str(build.SOURCE_PATH.parent),
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-I", str(build.SOURCE_PATH.parent),
            "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -158,11 +145,11 @@ int main() {
 
 def test_host_layout_matches_the_compiled_structs(tmp_path):
     found = run_host_program(tmp_path, LAYOUT_MAIN)
-    rt = cuda_runtime
+    rt = runtime
     assert found == [rt.ARGS_DTYPE.itemsize, rt.CONSTS_DTYPE.itemsize, rt.ARGS_DTYPE.fields["tasks"][1],
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
                      4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
-                     rt.THREADS, rt.FFN_COPIES]  # the default build's thread count and FFN sum copies
+                     rt.THREADS, rt.FFN_COPIES]  # the thread count and FFN sum copies af_layout reports
 
 
 CONTROL_FIELDS_IN_ORDER = ("n_steps", "pos0", "n_forced", "n_eos", "eos", "trace_step", "hold_pos", "tokens_in",
@@ -181,14 +168,14 @@ int main() {
 def test_host_control_words_match_the_compiled_struct(tmp_path):
     # every field the host writes or reads in af_control (hold_pos: the benchmarks' fixed position)
     found = run_host_program(tmp_path, CONTROL_MAIN)
-    assert dict(zip(CONTROL_FIELDS_IN_ORDER, (v // 4 for v in found))) == cuda_runtime.CONTROL_FIELDS
+    assert dict(zip(CONTROL_FIELDS_IN_ORDER, (v // 4 for v in found))) == runtime.CONTROL_FIELDS
 
 
 XS_MAIN = r"""
 #include <cstdio>
 #include "worker.cu"
 int main() {
-    printf("%u %u\n", (unsigned)AF_XS_PLANE, (unsigned)AF_XS_STEP);
+    printf("%u %u\n", (unsigned)AF_XS_PLANE_FLOATS, (unsigned)AF_XS_STEP);
     for (uint32_t i = 0; i < 4096; ++i) printf("%u\n", xs_index(i));
     return 0;
 }
@@ -225,7 +212,7 @@ int main() {
 def test_worker_spans_the_attention_as_the_planner_says(tmp_path):
     # the worker's attn_span (compiled for the host from its own source) against opcodes.attn_span,
     # the rule the VM follows, at every position of several plans
-    from airframe.megakernel.opcodes import attn_span
+    from airframe.megakernel.plan.opcodes import attn_span
 
     cases = ", ".join("{" + ", ".join(str(v) for v in case) + "}" for case in SPAN_CASES)
     found = run_host_program(tmp_path, SPAN_MAIN.replace("CASES", cases))
@@ -236,30 +223,26 @@ def test_worker_spans_the_attention_as_the_planner_says(tmp_path):
     assert len(set(want)) > 10  # spans that move with the position, not only the fixed chunks
 
 
-@pytest.mark.parametrize("planes", [1, 0])
-def test_xs_layout_gives_every_lane_its_two_halves(tmp_path, planes):
-    # where the worker keeps element i of the vector a GEMV multiplies (AF_XS_PLANES), compiled for
+def test_xs_layout_gives_every_lane_its_two_halves(tmp_path):
+    # where the worker keeps element i of the vector a GEMV multiplies (two planes), compiled for
     # the host from the worker's own source and checked against the layout dot8 and the norm read
-    out = run_host_program(tmp_path, XS_MAIN, (f"AF_XS_PLANES={planes}",))
+    out = run_host_program(tmp_path, XS_MAIN)
     plane, step, where = out[0], out[1], np.array(out[2:])
     i = np.arange(4096)
     j, e = i // 8, i % 8
     # dot8 reads vector j's elements 0-3 at xs + step * j and 4-7 at xs + plane + step * j
     assert np.array_equal(where, np.where(e < 4, step * j + e, plane + step * j + e - 4))
-    assert len(set(where.tolist())) == 4096 and where.max() < 2 * cuda_runtime.XS_PLANE_FLOATS
-    if planes:
-        # lanes l = 0..31 reading vectors l (a warp's float4 loads): 32 consecutive 16-byte words
-        first = where[8 * np.arange(32)]
-        assert plane == cuda_runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
-    else:
-        assert (plane, step) == (4, 8) and np.array_equal(where, i)
+    assert len(set(where.tolist())) == 4096 and where.max() < 2 * runtime.XS_PLANE_FLOATS
+    # lanes l = 0..31 reading vectors l (a warp's float4 loads): 32 consecutive 16-byte words
+    first = where[8 * np.arange(32)]
+    assert plane == runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
 
 
 def test_vectors_longer_than_xs_are_refused():
     plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
-    cuda_runtime.check_model_limits(dict(plan.consts, n_embd=4096))
+    runtime.check_model_limits(dict(plan.consts, n_embd=4096))
     with pytest.raises(UnsupportedError, match="vectors of 8192"):
-        cuda_runtime.check_model_limits(dict(plan.consts, n_embd=8192))
+        runtime.check_model_limits(dict(plan.consts, n_embd=8192))
 
 
 # ---- no GPU here ----------------------------------------------------------------------------------
@@ -273,7 +256,7 @@ def test_missing_cuda_bindings_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     monkeypatch.setitem(sys.modules, "cuda", None)
     with pytest.raises(GPUError, match="cuda-bindings"):
-        cuda_runtime.driver()
+        runtime.driver()
 
 
 def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, tmp_path):
@@ -286,162 +269,119 @@ def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, tmp_path):
 
 
 def test_sampling_options_the_kernel_cannot_honour():
-    check_greedy(SamplingParams(temperature=0.0))
+    # the engine hands the in-kernel greedy loop only requests greedy_blockers finds nothing against
+    assert greedy_blockers(SamplingParams(temperature=0.0)) == []
     assert CudaBackend.supports_sampling is False
-    with pytest.raises(ParameterError, match="temperature"):
-        check_greedy(SamplingParams(temperature=0.7))
-    with pytest.raises(ParameterError, match="repeat_penalty"):
-        check_greedy(SamplingParams(temperature=0.0, repeat_penalty=1.1))
-    with pytest.raises(ParameterError, match="logit_bias"):
-        check_greedy(SamplingParams(temperature=0.0, logit_bias={3: 1.0}))
+    assert any("temperature" in b for b in greedy_blockers(SamplingParams(temperature=0.7)))
+    assert any("repeat_penalty" in b for b in greedy_blockers(SamplingParams(temperature=0.0, repeat_penalty=1.1)))
+    assert any("logit_bias" in b for b in greedy_blockers(SamplingParams(temperature=0.0, logit_bias={3: 1.0})))
 
 
 # ---- host logic -----------------------------------------------------------------------------------
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
-    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, ffn_copies=2,
+    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024,
                            blocks_per_sm=lambda shared: 1)
 
 
 def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
     plan = make_plan(SMOL, replace(NAMED_TARGETS["h200"], binary_sha256="a" * 64), ctx=256)
     package = SimpleNamespace(plan=plan)
-    with pytest.raises(cuda_runtime.PlanError, match="worker binary a{64}, this GPU runs b{64}"):
-        cuda_runtime.Runtime(package, fake_worker("b" * 64))
-    with pytest.raises(cuda_runtime.PlanError, match="made for sm_90, this GPU is sm_86"):
-        cuda_runtime.Runtime(package, fake_worker("a" * 64, arch="sm_86"))
-    with pytest.raises(cuda_runtime.PlanError, match="132 workers, this GPU holds 20"):
-        cuda_runtime.Runtime(package, fake_worker("a" * 64, sm_count=20))
-    with pytest.raises(cuda_runtime.UnsupportedError, match="shared memory"):
-        cuda_runtime.Runtime(package, fake_worker("a" * 64, shared_optin=16 * 1024))
+    with pytest.raises(runtime.PlanError, match="worker binary a{64}, this GPU runs b{64}"):
+        runtime.Runtime(package, fake_worker("b" * 64))
+    with pytest.raises(runtime.PlanError, match="made for sm_90, this GPU is sm_86"):
+        runtime.Runtime(package, fake_worker("a" * 64, arch="sm_86"))
+    with pytest.raises(runtime.PlanError, match="132 workers, this GPU holds 20"):
+        runtime.Runtime(package, fake_worker("a" * 64, sm_count=20))
+    with pytest.raises(runtime.UnsupportedError, match="shared memory"):
+        runtime.Runtime(package, fake_worker("a" * 64, shared_optin=16 * 1024))
 
 
 
 def test_task_cells_index_every_wave_and_worker():
     plan = make_plan(SMOL, replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=512)
     k, tasks = plan.consts, plan.tasks
-    cells = cuda_runtime.task_cells(tasks, k["n_waves"], 20)
+    cells = runtime.task_cells(tasks, k["n_waves"], 20)
     assert cells[0] == 0 and cells[-1] == len(tasks) and np.all(np.diff(cells.astype(np.int64)) >= 0)
     for w in (0, 2, k["n_waves"] - 1):
         for worker in (0, 7, 19):
             got = tasks[cells[w * 20 + worker]:cells[w * 20 + worker + 1]]
             assert np.all(got["wave"] == w) and np.all(got["worker"] == worker)
-    with pytest.raises(cuda_runtime.PlanError, match="sorted"):
-        cuda_runtime.task_cells(tasks[::-1], k["n_waves"], 20)
+    with pytest.raises(runtime.PlanError, match="sorted"):
+        runtime.task_cells(tasks[::-1], k["n_waves"], 20)
 
 
 @pytest.mark.parametrize("workers", [20, 132])
 def test_shared_memory_fits_both_gpus(workers):
     plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], workers=workers), ctx=4160)
     ffn = plan.tasks[plan.tasks["opcode"] == Op.FFN]
-    need = 4 * cuda_runtime.shared_floats(plan.consts, int(ffn["row_count"].max()))
+    need = 4 * runtime.shared_floats(plan.consts, int(ffn["row_count"].max()))
     scores = 4 * plan.consts["attn_chunk"] * 4  # four query heads' scores over one chunk
     assert 4 * 2048 + scores < need <= 99 * 1024  # RTX 3050 opt-in limit; H200 allows 227 KiB
 
 
 def test_side_bits_name_the_side_vectors_a_plan_writes():
     whole = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=False)
-    assert cuda_runtime.side_bits(whole.tasks) == 0  # the worker then adds 0.0f instead of reading zeros
+    assert runtime.side_bits(whole.tasks) == 0  # the worker then adds 0.0f instead of reading zeros
     tasks = whole.tasks.copy()
     qkv = np.flatnonzero(tasks["opcode"] == Op.QKV)[0]
     tasks["side"][qkv] = 1
-    assert cuda_runtime.side_bits(tasks) == 1
+    assert runtime.side_bits(tasks) == 1
     wo = np.flatnonzero(tasks["opcode"] == Op.WO)[0]
     tasks["side"][wo] = 1
-    assert cuda_runtime.side_bits(tasks) == 3
+    assert runtime.side_bits(tasks) == 3
     split = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160, split=True)
-    assert cuda_runtime.side_bits(split.tasks) == 3  # 3072 QKV and 2048 WO rows over 132 workers both split
+    assert runtime.side_bits(split.tasks) == 3  # 3072 QKV and 2048 WO rows over 132 workers both split
 
 
 def test_unsupported_shapes_are_named():
     k = make_plan(SMOL, NAMED_TARGETS["h200"], ctx=256).consts
-    cuda_runtime.check_model_limits(k)
+    runtime.check_model_limits(k)
     with pytest.raises(UnsupportedError, match="head_dim = 80"):
-        cuda_runtime.check_model_limits(dict(k, head_dim=80))
+        runtime.check_model_limits(dict(k, head_dim=80))
     with pytest.raises(UnsupportedError, match="query heads per K/V head"):
-        cuda_runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
-    # the FFN's 64-bit sums fill two slots a copy (AF_FFN_COPIES, 2 by default), and 512 partials
-    # below 2^22 cannot overflow them
-    assert cuda_runtime.FFN_COPIES == 2
+        runtime.check_model_limits(dict(k, n_head=36, n_head_kv=2))
+    # the FFN's 64-bit sums fill two slots a copy (AF_FFN_COPIES, 2), and 512 partials below 2^22
+    # cannot overflow them
+    assert runtime.FFN_COPIES == 2
     for parts in (1, 3, 513):
         with pytest.raises(UnsupportedError, match="ffn_parts"):
-            cuda_runtime.check_model_limits(dict(k, ffn_parts=parts))
-    cuda_runtime.check_model_limits(dict(k, ffn_parts=4))
-    cuda_runtime.check_model_limits(dict(k, ffn_parts=2), ffn_copies=1)
-    with pytest.raises(UnsupportedError, match="ffn_parts = 7, expected 8..512"):
-        cuda_runtime.check_model_limits(dict(k, ffn_parts=7), ffn_copies=4)
+            runtime.check_model_limits(dict(k, ffn_parts=parts))
+    with pytest.raises(UnsupportedError, match="ffn_parts = 3, expected 4..512"):
+        runtime.check_model_limits(dict(k, ffn_parts=3))
+    runtime.check_model_limits(dict(k, ffn_parts=4))
 
 
-@pytest.mark.parametrize("defines", [("AF_FFN_COPIES=1",), ("AF_HEADS_APART=0", "AF_FEW_GROUPS=0"),
-                                     ("AF_FFN_ATOMIC=0",), ("AF_TRACE_MARK=1",), ("AF_LEAN_NORM=0",),
-                                     ("AF_STREAM_ONLY=1",),
-                                     ("AF_STREAM_ONLY=1", "AF_SO_ATOMIC=1", "AF_SO_PROLOGUE=1", "AF_SO_ATTN=1")])
-def test_measurement_builds_compile(defines):
-    # builds the device check times or traces beside the default: the tenth session's switches
-    # (VARIANTS), the prologues' stamps (PHASES); the FFN partials through slots and the
-    # reduce wave, the norm with x through shared memory (any n_embd), for --variants; and the
-    # first and last steps of scripts/megakernel_floor.py
-    cubin, log = build._compile_nvcc(NVCC, "sm_90", defines)
+@pytest.mark.parametrize("mark", [1, 9])
+def test_trace_mark_builds_compile(mark):
+    # the diagnostic builds the device check traces beside the worker (--phases): 1 stamps the
+    # prologues, 9 waits for the FFN's atomics (a fence and a block barrier more)
+    cubin, log = build._compile_nvcc(NVCC, "sm_90", mark)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
-
-
-def test_stream_only_switches_change_the_worker():
-    # each build of scripts/megakernel_floor.py is a binary of its own, its last step is the
-    # default worker, and the measurement switches leave the default build alone
-    floor = load_script("megakernel_floor")
-    default, _ = build._compile_nvcc(NVCC, "sm_90", ())
-    assert build._compile_nvcc(NVCC, "sm_90", ("AF_STREAM_ONLY=0", "AF_SO_ATTN=1"))[0] == default
-    cubins = [build._compile_nvcc(NVCC, "sm_90", defines)[0] for _, defines in floor.STEPS + floor.EXTRA]
-    assert cubins[len(floor.STEPS) - 1] == default and len(set(cubins)) == len(cubins)
-
-
-@pytest.mark.parametrize("threads", [512, 768])
-def test_thread_count_is_a_build_setting(threads):
-    # fewer threads per block leave more registers per thread (__launch_bounds__(threads, 1))
-    cubin, log = build._compile_nvcc(NVCC, "sm_90", (f"AF_THREADS={threads}",))
-    report = build.parse_ptxas(log)
-    assert 64 < report["registers"] <= 65536 // threads and report["spill_stores"] == 0
-    # the host sizes shared memory and checks the model for the compiled count (Worker.threads)
-    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], threads_per_worker=threads), ctx=4160)
-    k = plan.consts
-    rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
-    # the FFN's down partials: threads / (n_embd / 8) row groups of n_embd floats
-    fewer = cuda_runtime.shared_floats(k, rows) - cuda_runtime.shared_floats(k, rows, threads)
-    assert fewer == (1024 // 256 - threads // 256) * 2048
-    cuda_runtime.check_model_limits(k, threads)
-    # eight query heads per K/V head of 64: their RoPE needs (8 + 1) * 64 + 64 = 640 threads
-    eight = dict(k, n_head=64)
-    cuda_runtime.check_model_limits(eight, 1024)
-    if threads < 640:
-        with pytest.raises(UnsupportedError, match="query heads per K/V head"):
-            cuda_runtime.check_model_limits(eight, threads)
+    with pytest.raises(ParameterError, match="trace mark 10"):
+        build.build_worker("sm_90", trace_mark=10)
 
 
 @pytest.mark.parametrize("target,workers,limit", [("h200", 132, 227 * 1024), ("rtx3050", 20, 99 * 1024)])
 def test_staged_merge_room_fits_both_gpus(target, workers, limit):
-    # AF_STAGED_MERGE: every chunk's (m, l, o) records of all query heads, their scales and sums
+    # merge_staged: every chunk's (m, l, o) records of all query heads, their scales and sums
     plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS[target], workers=workers), ctx=4160)
     k = plan.consts
     rows = int(plan.tasks[plan.tasks["opcode"] == Op.FFN]["row_count"].max())
     records = k["attn_chunks"] * k["n_head"] * (k["head_dim_v"] + 2)
-    plain, staged = (4 * cuda_runtime.shared_floats(k, rows, stage=s) for s in (False, True))
-    assert staged >= 4 * (2 * cuda_runtime.XS_PLANE_FLOATS + 64 + records + k["n_head"] * (k["attn_chunks"] + 2))
+    plain, staged = (4 * runtime.shared_floats(k, rows, stage=s) for s in (False, True))
+    assert staged >= 4 * (2 * runtime.XS_PLANE_FLOATS + 64 + records + k["n_head"] * (k["attn_chunks"] + 2))
     assert plain <= staged <= limit  # 16 chunks of 260 positions on the H200: 135 KiB of records
-
-
-def test_only_1024_threads_build_the_ffn_reduce_wave():
-    with pytest.raises(GPUError, match="FFN reduce wave"):
-        build._compile_nvcc(NVCC, "sm_90", ("AF_THREADS=512", "AF_FFN_ATOMIC=0"))
 
 
 def test_floor_of_llama_1b_bf16():
     plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
     norms = 33 * 2048  # 2 per layer and the output norm: BF16 in the checkpoint, F32 in the package
-    assert cuda_bench.weight_bytes_per_token(plan) == 2_471_628_800 + 2 * norms  # Llama 3.2 1B in BF16
-    assert cuda_bench.kv_bytes(plan.consts, 4096) == 268_435_456  # F32 K/V, 64 KiB per position
-    assert cuda_bench.floor_ms(plan, 1, 4530.0) == pytest.approx(0.5456, abs=1e-3)
-    ideal = cuda_bench.wave_ideal_ns(plan, 0, 4530.0)  # ns per wave, from the planner's bytes per task
+    assert bench.weight_bytes_per_token(plan) == 2_471_628_800 + 2 * norms  # Llama 3.2 1B in BF16
+    assert bench.kv_bytes(plan.consts, 4096) == 268_435_456  # F32 K/V, 64 KiB per position
+    assert bench.floor_ms(plan, 1, 4530.0) == pytest.approx(0.5456, abs=1e-3)
+    ideal = bench.wave_ideal_ns(plan, 0, 4530.0)  # ns per wave, from the planner's bytes per task
     assert ideal.sum() * 4530.0 == pytest.approx(2_471_628_800, rel=0.02)
     assert ideal[-1] * 4530.0 == pytest.approx(128256 * 2048 * 2, rel=1e-6)  # lm_head streams the embedding
 
@@ -467,9 +407,9 @@ class ScriptedRuntime:
             out.append(self.successor(token))
             self.last = out[-1]
             if step + 1 >= len(tokens) and out[-1] in eos:
-                return cuda_runtime.LaunchResult(step + 1, out, True)
+                return runtime.LaunchResult(step + 1, out, True)
         self.rows = np.eye(self.k["vocab"], dtype=np.float32)[out]
-        return cuda_runtime.LaunchResult(n_steps, out, False)
+        return runtime.LaunchResult(n_steps, out, False)
 
     def logits(self):
         return np.eye(self.k["vocab"], dtype=np.float32)[self.last]
@@ -546,58 +486,23 @@ def fake_trace(plan, workers: int) -> dict:
 def test_trace_breakdown_and_timeline(tmp_path):
     plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
     trace = fake_trace(plan, 20)
-    parts = cuda_bench.breakdown(trace, plan, 200.0)
+    parts = bench.breakdown(trace, plan, 200.0)
     n_waves = plan.consts["n_waves"]
     assert parts["token_us"] == pytest.approx(n_waves * 1.6 - 0.1)
     assert sum(d["waves"] for d in parts["by_kind"].values()) == n_waves
     assert parts["barrier_after_last_task_us"] == pytest.approx(n_waves * 0.5)
     assert set(parts["by_kind"]) == {"embed", "qkv", "attn", "wo", "ffn", "ffn_reduce", "final_norm", "lm_head"}
-    assert parts["ideal_us"] == pytest.approx(cuda_bench.wave_ideal_ns(plan, 1, 200.0).sum() / 1e3)
-    written = cuda_bench.write_trace(trace, plan, tmp_path, "trace")
+    assert parts["ideal_us"] == pytest.approx(bench.wave_ideal_ns(plan, 1, 200.0).sum() / 1e3)
+    written = bench.write_trace(trace, plan, tmp_path, "trace")
     assert json.loads(written[0].read_text())["tasks"][0] == [0, 0, 1000]
     assert written[1].read_bytes()[:4] == b"\x89PNG"
-
-
-def test_dependency_model_of_a_trace():
-    plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
-    trace = fake_trace(plan, 20)
-    t = plan.tasks
-    # with every wave waiting for all of the previous one (the grid barrier's model), a wave ends
-    # its worker's tasks one after another (1 us each) and the next starts `signal` later
-    per_wave = [np.bincount(t["worker"][t["wave"] == w]).max() for w in range(plan.consts["n_waves"])]
-    barrier = sum(per_wave) * 1.0 + (len(per_wave) - 1) * 0.5
-    assert cuda_bench.dependency_model(trace, plan, 500, partial=False) == pytest.approx(barrier)
-    # an attention task waits for the QKV tasks holding its heads' q, k and v rows, and only them
-    k, hd = plan.consts, plan.consts["head_dim"]
-    qkv = np.flatnonzero((t["opcode"] == Op.QKV) & (t["layer"] == 0))
-    for i in np.flatnonzero((t["opcode"] == Op.ATTN) & (t["layer"] == 0)):
-        h, g = int(t["head"][i]), k["n_head"] // k["n_head_kv"]
-        rows = set()
-        for j in cuda_bench.attention_producers(plan, i, qkv):
-            rows |= set(range(int(t["row_start"][j]), int(t["row_start"][j] + t["row_count"][j])))
-        need = (set(range(h * g * hd, (h + 1) * g * hd)) | set(range(k["n_head"] * hd + h * hd, k["n_head"] * hd + (h + 1) * hd))
-                | set(range((k["n_head"] + k["n_head_kv"] + h) * hd, (k["n_head"] + k["n_head_kv"] + h + 1) * hd)))
-        assert need <= rows and len(rows - need) < 2 * int(t["row_count"][qkv].max())
-    # A QKV task is read by some attention tasks, not all. When it ends 1 us late and its readers
-    # take 0.1 us instead of 1, the other attention tasks need not wait for it: the attention wave
-    # ends with the readers, 0.1 us after the others, and the token 0.9 us sooner. (Had its
-    # readers been as long as the others, the WO wave, which waits for all of them, would have
-    # given the time back.)
-    attn = np.flatnonzero((t["opcode"] == Op.ATTN) & (t["layer"] == 0))
-    readers = [i for i in attn if qkv[0] in cuda_bench.attention_producers(plan, i, qkv)]
-    assert 0 < len(readers) < len(attn)
-    trace["tasks"][int(qkv[0])][2] += 1000
-    for i in readers:
-        trace["tasks"][i][2] = trace["tasks"][i][1] + 100
-    partial, whole = (cuda_bench.dependency_model(trace, plan, 500, partial=p) for p in (True, False))
-    assert whole - partial == pytest.approx(0.9)
 
 
 def test_task_phases_per_opcode():
     plan = make_plan(replace(SMOL, n_layers=2), replace(NAMED_TARGETS["rtx3050"], workers=20), ctx=256)
     trace = fake_trace(plan, 20)
     trace["tasks"][-1][2] += 4000  # the last LM-head task takes 5 us
-    phases = cuda_bench.task_phases(trace, plan)
+    phases = bench.task_phases(trace, plan)
     ops = {Op(int(o)).name for o in plan.tasks["opcode"]}
     assert set(phases) == ops
     assert phases["QKV"]["tasks"] == int(np.sum(plan.tasks["opcode"] == Op.QKV))
@@ -607,11 +512,10 @@ def test_task_phases_per_opcode():
     assert phases["LM_HEAD"]["max_us"] == pytest.approx(5.0) and phases["LM_HEAD"]["median_us"] == pytest.approx(1.0)
 
 
-def test_device_check_variants_are_checked_before_the_gpu_run():
+def test_device_check_phases_are_checked_before_the_gpu_run():
     module = load_script("megakernel_device_check")
-    assert module.parse_variants("AF_UNROLL=2,AF_UNROLL_SHORT=2;AF_DOWN_UNROLL=8") == (
-        ("AF_UNROLL=2", "AF_UNROLL_SHORT=2"), ("AF_DOWN_UNROLL=8",))
-    assert module.parse_variants("AF_L1_MODE=1") == (("AF_L1_MODE=1",),)  # digits in a name are fine
-    for bad in ("AF_UNROLL", "AF_UNROLL=2 -Xptxas", "XF_UNROLL=2", "AF_UNROLL=2;;-O0=1"):
-        with pytest.raises(ParameterError, match="AF_NAME=number"):
-            module.parse_variants(bad)
+    assert module.parse_phases("1,7, 9") == (1, 7, 9)
+    assert module.parse_phases("") == ()
+    for bad in ("1;7", "AF_TRACE_MARK=1", "10", "-1", "1 -Xptxas"):
+        with pytest.raises(ParameterError, match="trace mark"):
+            module.parse_phases(bad)

@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType
 from airframe.cli import main
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.package import write_package
-from airframe.megakernel.target import load_target
-from airframe.megakernel.vm import VM, bf16_to_f32
+from airframe.megakernel.plan.package import write_package
+from airframe.megakernel.plan.target import load_target
+from airframe.megakernel.plan.vm import VM, bf16_to_f32
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.synthetic import write_synthetic_gguf
 

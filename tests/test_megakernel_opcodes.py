@@ -1,14 +1,30 @@
 """The plan format's single source of truth and the CUDA header generated from it."""
 
+import ast
+from pathlib import Path
+
 import numpy as np
 
-from airframe.megakernel import opcodes
-from airframe.megakernel.opcodes import OPCODE_DOCS, TASK_DTYPE, TASK_FIELDS, Op, Task, task_from_word, tasks_to_array
+from airframe.megakernel.plan import opcodes
+from airframe.megakernel.plan.opcodes import OPCODE_DOCS, TASK_DTYPE, TASK_FIELDS, Op, Task, task_from_word, tasks_to_array
 
 
 def test_committed_header_is_generated_from_opcodes_py():
     assert opcodes.HEADER_PATH.read_text() == opcodes.render_header(), \
-        "plan_format.h is stale: run `python -m airframe.megakernel.opcodes`"
+        "plan_format.h is stale: run `python -m airframe.megakernel.plan.opcodes`"
+
+
+def test_plan_never_imports_cuda():
+    # the rooms follow the data flow: plan/ is pure CPU, cuda/ builds on it, never the other way
+    plan_dir = Path(opcodes.__file__).parent
+    for path in plan_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or "", *(a.name for a in node.names)] if isinstance(node, ast.ImportFrom)
+                     else [])
+            for name in names:
+                assert "cuda" not in name.split("."), f"{path.name} imports {name}"
+    assert opcodes.HEADER_PATH.parent.name == "cuda"  # the worker includes it: it lives beside worker.cu
 
 
 def test_task_word_is_80_bytes_with_u64_fields_aligned():

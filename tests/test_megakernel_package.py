@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import TASK_DTYPE
-from airframe.megakernel.package import Package, write_package
-from airframe.megakernel.target import load_target
-from airframe.megakernel.validator import PlanError
-from airframe.megakernel.vm import bf16_to_f32, f32_to_bf16
+from airframe.megakernel.plan.opcodes import TASK_DTYPE
+from airframe.megakernel.plan.package import Package, write_package
+from airframe.megakernel.plan.target import load_target
+from airframe.megakernel.plan.validator import PlanError
+from airframe.megakernel.plan.vm import bf16_to_f32, f32_to_bf16
 from airframe.reference import rope_angles
 
 

@@ -9,33 +9,15 @@ import pytest
 from airframe.errors import ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.pictures import (TRACE_FORMAT, draw_context_curves, draw_cost_steps, draw_package,
-                                          ideal_ns, read_trace, timeline_summary)
-from airframe.megakernel.planner import make_plan, wave_bytes
-from airframe.megakernel.target import load_target
+from airframe.megakernel.plan.pictures import TRACE_FORMAT, draw_package, ideal_ns, read_trace, timeline_summary
+from airframe.megakernel.plan.planner import make_plan, wave_bytes
+from airframe.megakernel.plan.target import load_target
 
 
 @pytest.fixture(scope="module")
 def plan(smollm2_path):
     config = dataclasses.replace(load_config(GGUFFile(smollm2_path)), n_layers=3)
     return make_plan(config, load_target("rtx3050"), ctx=64)
-
-
-def redraw_saved_run(script: str, saved_name: str, tmp_path) -> dict:
-    """`scripts/SCRIPT --draw` on a saved H200 run of docs/megakernel (as docs/BENCHMARKS.md cites
-    it): the picture is drawn; the run's JSON is returned for the test to check what the docs say."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    saved = root / "docs" / "megakernel" / saved_name
-    out = tmp_path / "picture.png"
-    done = subprocess.run([sys.executable, str(root / "scripts" / script), "--draw", str(saved), "-o", str(out)],
-                          capture_output=True, text=True, cwd=root)
-    assert done.returncode == 0, done.stderr
-    assert out.read_bytes()[:4] == b"\x89PNG"
-    return json.loads(saved.read_text())
 
 
 def synthetic_trace(plan, position, slow_worker=None):
@@ -61,7 +43,7 @@ def synthetic_trace(plan, position, slow_worker=None):
 
 
 def wave_bytes_of(plan, i, position):
-    from airframe.megakernel.planner import task_bytes
+    from airframe.megakernel.plan.planner import task_bytes
 
     return task_bytes(plan.tasks[i], plan.consts, position)
 
@@ -103,48 +85,3 @@ def test_bad_traces_are_refused(plan, tmp_path):
         path.write_text(json.dumps(data))
         with pytest.raises(ParameterError, match=message):
             read_trace(path, plan)
-
-
-def test_context_curves_are_drawn_from_rounds_and_empty_input_is_refused(tmp_path):
-    times = {"a": {1: [0.84, 0.85], 512: [0.96, 0.97]}, "b": {1: [0.84], 512: [1.05, 1.06, 1.07]}}
-    path = draw_context_curves(times, tmp_path / "curves.png", "title")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-    with pytest.raises(ParameterError, match="no timings"):
-        draw_context_curves({"a": {}}, tmp_path / "empty.png", "title")
-
-
-def test_the_saved_spread_run_redraws(tmp_path):
-    """The twelfth session's run: the spread (up to four chunks) against fixed chunks."""
-    data = redraw_saved_run("megakernel_spread.py", "h200_spread_session12.json", tmp_path)
-    at_512 = {name: np.median(rounds["512"]) for name, rounds in data["times"].items()}
-    assert at_512["spread"] < at_512["fixed"]  # what the docs say the run measured
-
-
-def test_cost_steps_are_drawn_and_empty_input_is_refused(tmp_path):
-    steps = {1: [("floor", 0.72), ("+ a", 0.74), ("+ b", 0.73)], 512: [("floor", 0.72), ("+ a", 0.95)]}
-    path = draw_cost_steps(steps, tmp_path / "steps.png", "title", {1: {"bar 0.80 ms": 0.8}})
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-    with pytest.raises(ParameterError, match="no steps"):
-        draw_cost_steps({1: []}, tmp_path / "empty.png", "title")
-
-
-def test_the_saved_floor_run_redraws(tmp_path):
-    """The thirteenth session's floor of the design (scripts/megakernel_floor.py)."""
-    from scripts_loader import load_script
-
-    data = redraw_saved_run("megakernel_floor.py", "h200_floor_session13.json", tmp_path)
-    at_1 = [ms for _, ms in load_script("megakernel_floor").step_times(data)[1]]
-    # what the docs say the run measured: the floor below the bar, the worker above it, and every
-    # chain put back adding time
-    assert at_1[0] < 0.80 < at_1[-1] and all(b > a for a, b in zip(at_1, at_1[1:]))
-
-
-def test_the_saved_wide_spread_run_redraws(tmp_path):
-    """The thirteenth session's run: three rules of the spread on one runtime."""
-    data = redraw_saved_run("megakernel_spread.py", "h200_spread_session13.json", tmp_path)
-    median = {name: {int(c): np.median(r) for c, r in rounds.items()} for name, rounds in data["times"].items()}
-    # what the docs say the run measured: the default never slower than stopping at four chunks
-    # (within 0.5 us), and 4-8% faster at 1,024-2,048 positions
-    assert all(median["spread"][c] <= median["narrow"][c] + 5e-4 for c in median["spread"])
-    assert all(0.04 < 1 - median["spread"][c] / median["narrow"][c] < 0.08 for c in (1024, 1280, 1536, 2048))
-    assert data["rules"]["spread"]["attn_wide"] == 16 and data["rules"]["narrow"]["attn_wide"] == 0

@@ -9,11 +9,11 @@ import pytest
 from airframe.errors import ParameterError, UnsupportedError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import Op, attn_span
-from airframe.megakernel.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
+from airframe.megakernel.plan.opcodes import Op, attn_span
+from airframe.megakernel.plan.planner import (SPLIT_COLS, _matrix_wave, ffn_sharing, make_plan, plan_is_split,
                                          plan_stats, split_rows, wave_bytes)
-from airframe.megakernel.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
-from airframe.megakernel.validator import validate
+from airframe.megakernel.plan.target import NAMED_TARGETS, fingerprint, load_target, target_to_dict
+from airframe.megakernel.plan.validator import validate
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_attention_spreads_a_shorter_context_over_more_chunks(llama1b_config):
     assert np.count_nonzero(at_511) == 8 * 4 and at_511.max() == 128 * (64 + 64) * 4
     fixed = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_spread=0).consts
     assert {attn_span(fixed, pos) for pos in (0, 511, 1023, 4095)} == {256}
-    narrow = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_wide=0).consts  # the twelfth session's
+    narrow = make_plan(llama1b_config, load_target("h200"), ctx=4096, attn_wide=0).consts  # up to four chunks
     assert [attn_span(narrow, pos) for pos in (511, 1023, 3071)] == [128, 256, 256]
     rtx = make_plan(llama1b_config, load_target("rtx3050"), ctx=4096).consts  # two chunks: never spread
     assert {attn_span(rtx, pos) for pos in (0, 511, 2047, 4095)} == {2048}

@@ -8,10 +8,10 @@ import pytest
 
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import Op
-from airframe.megakernel.planner import make_plan
-from airframe.megakernel.target import load_target
-from airframe.megakernel.validator import PlanError, task_ranges, validate
+from airframe.megakernel.plan.opcodes import Op
+from airframe.megakernel.plan.planner import make_plan
+from airframe.megakernel.plan.target import load_target
+from airframe.megakernel.plan.validator import PlanError, task_ranges, validate
 
 N_CASES = 25  # corruptions per kind and target
 

@@ -12,10 +12,10 @@ import pytest
 
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
-from airframe.megakernel.opcodes import attn_span
-from airframe.megakernel.package import write_package
-from airframe.megakernel.target import load_target
-from airframe.megakernel.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
+from airframe.megakernel.plan.opcodes import attn_span
+from airframe.megakernel.plan.package import write_package
+from airframe.megakernel.plan.target import load_target
+from airframe.megakernel.plan.vm import (VM, FixedPointRangeError, bf16_to_f32, dot_rows, f32_to_bf16, fixed_point_sum,
                                     group_sum, lane_sum, norm_sum, rmsnorm, rmsnorm_deferred, sequential_sum)
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.tokenizer import build_hf_tokenizer, read_vocab
@@ -217,7 +217,7 @@ def test_split_plan_is_order_free_inside_a_wave(smollm2_split_package):
 
 
 def test_fixed_point_sum_is_exact_and_order_free():
-    # the FFN reduce (worker.cu AF_FFN_ATOMIC adds the same integers with atomics, in any order)
+    # the FFN reduce (the worker's op_ffn adds the same integers with atomics, in any order)
     rng = np.random.default_rng(5)
     parts = (rng.standard_normal((132, 2048)) * rng.choice([1e-4, 1.0, 300.0], (132, 1))).astype(np.float32)
     total = fixed_point_sum(parts)

@@ -281,7 +281,7 @@ def test_longrope_uses_the_short_factors_within_the_original_context(folder):
 def test_the_megakernel_refuses_declared_scaling(folder):
     """The CUDA plan builds its RoPE from rope_freqs.weight only: a declared scaling is refused by name."""
     from airframe.errors import UnsupportedError
-    from airframe.megakernel.planner import check_supported
+    from airframe.megakernel.plan.planner import check_supported
 
     check_supported(load_config(GGUFFile(scaled_model(folder, "llama", "llama3"))))  # rope_freqs.weight: fine
     with pytest.raises(UnsupportedError, match="rope scaling yarn"):

@@ -28,7 +28,7 @@ def run(args) -> int:
     if args.steps < 1:
         raise ParameterError(f"--steps {args.steps}, expected a positive number")
     if args.backend == "cuda":
-        from ..megakernel.cuda_bench import run as bench_cuda
+        from ..megakernel.cuda.bench import run as bench_cuda
 
         return bench_cuda(resolve_model(args.model), _contexts(args.ctx_list))
     from ..gpu.bench import bench_webgpu, format_result

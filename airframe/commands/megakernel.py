@@ -56,7 +56,7 @@ def _check_positive(args) -> None:
 
 
 def _split(args) -> bool:
-    from ..megakernel.planner import SPLIT_DEFAULT
+    from ..megakernel.plan.planner import SPLIT_DEFAULT
 
     return SPLIT_DEFAULT if args.split is None else args.split
 
@@ -67,9 +67,9 @@ def run(args) -> int:
 
 def _plan(args) -> int:
     from ..models import resolve_model
-    from ..megakernel.package import write_package
-    from ..megakernel.planner import plan_stats
-    from ..megakernel.target import load_target
+    from ..megakernel.plan.package import write_package
+    from ..megakernel.plan.planner import plan_stats
+    from ..megakernel.plan.target import load_target
 
     _check_positive(args)
     target = load_target(args.target, args.workers)
@@ -87,8 +87,8 @@ def _stats(args) -> int:
     from ..family import load_config
     from ..gguf_file import GGUFFile
     from ..models import resolve_model
-    from ..megakernel.planner import make_plan, plan_stats
-    from ..megakernel.target import load_target
+    from ..megakernel.plan.planner import make_plan, plan_stats
+    from ..megakernel.plan.target import load_target
 
     _check_positive(args)
     target = load_target(args.target, args.workers)
@@ -103,7 +103,7 @@ def _stats(args) -> int:
 
 
 def format_stats(plan, stats: dict) -> str:
-    from ..megakernel.planner import plan_is_split
+    from ..megakernel.plan.planner import plan_is_split
 
     k = plan.consts
     spread = f"a shorter context spread over up to {k['attn_spread']}" if k["attn_spread"] else "fixed"
@@ -126,8 +126,8 @@ def format_stats(plan, stats: dict) -> str:
 
 
 def _show(args) -> int:
-    from ..megakernel.package import Package
-    from ..megakernel.pictures import draw_package
+    from ..megakernel.plan.package import Package
+    from ..megakernel.plan.pictures import draw_package
 
     package = Package.load(args.package)
     for path in draw_package(package.plan, Path(args.output), args.trace, args.layer):

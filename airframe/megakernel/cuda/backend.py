@@ -1,0 +1,125 @@
+"""CudaBackend: the megakernel as an airframe backend (`--backend cuda`).
+
+`forward` runs tokens through the persistent worker, one cooperative launch per 64 tokens, and
+reads back the logits: the prompt goes through the same kernel as decoding (no separate prefill
+path). Because the logits come back to the host, the engine's sampler works unchanged, at the
+price of one launch and one logits copy per token. `generate_greedy` is the fast path: up to 64
+tokens per launch with the argmax and the end-of-generation test inside the kernel. It is greedy
+only, which `supports_sampling = False` tells the engine (the engine takes it only for requests
+that `sampling.greedy_blockers` finds nothing against).
+
+A GGUF path is planned for this GPU's probed worker and packed once into the package cache
+(~/.cache/airframe/megakernel/packages); a package folder is loaded as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ...errors import ContextOverflowError, ParameterError
+from ...family import ModelConfig
+from ..plan.opcodes import PLAN_VERSION, header_sha256
+from ..plan.package import Package, write_package
+from ..plan.planner import SPLIT_DEFAULT
+from .build import cache_dir
+from .probe import probe
+from .runtime import MAX_STEPS, Device, Runtime, Worker
+
+
+def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Path:
+    """Where the package of `model_path` for one worker binary and context lives in the cache (also
+    keyed by the plan format version, plan_format.h, which the fingerprint names, and whether plans
+    are split, so a new default replans)."""
+    stat = model_path.stat()
+    key = hashlib.sha256(f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{binary_sha256}|{ctx}|"
+                         f"v{PLAN_VERSION}|{header_sha256()}|split={SPLIT_DEFAULT}".encode())
+    return cache_dir() / "packages" / f"{model_path.stem}-{key.hexdigest()[:16]}"
+
+
+class CudaBackend:
+    name = "cuda"
+    supports_sampling = False  # generate_greedy cannot sample; forward() returns full logits
+
+    def __init__(self, runtime: Runtime, config: ModelConfig):
+        self.runtime = runtime
+        self.config = config
+        self.n_ctx = runtime.k["ctx"]
+        self.n_past = 0
+
+    @classmethod
+    def load(cls, path, n_ctx: int | None = None, progress: bool = True, **options) -> "CudaBackend":
+        """Open the GPU, build and probe the worker, plan and pack `path` if needed, upload it."""
+        if options:
+            raise ParameterError(f"unknown cuda backend options {', '.join(sorted(options))}; "
+                                 "expected only progress")
+        device = Device()  # GPUError here when there is no CUDA GPU
+        worker = Worker(device)
+        path = Path(path)
+        if (path / "plan.json").is_file():
+            package = Package.load(path)
+        else:
+            target = probe(device, worker, bandwidth=False)
+            folder = package_folder(path, worker.build.sha256, n_ctx)
+            if (folder / "plan.json").is_file():
+                package = Package.load(folder)
+            else:
+                package = write_package(path, target, folder, ctx=n_ctx, progress=progress)
+        runtime = Runtime(package, worker, progress)
+        return cls(runtime, package.plan.config)
+
+    def reset(self) -> None:
+        self.n_past = 0  # positions >= n_past are never read, so the cache needs no clearing
+
+    def _check_room(self, n: int) -> None:
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(f"{self.n_past} positions used + {n} new, expected at most "
+                                       f"{self.n_ctx} (the package's context)")
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ParameterError("forward() got no tokens, expected at least one")
+        self._check_room(len(tokens))
+        rows = []
+        for start in range(0, len(tokens), MAX_STEPS):
+            chunk = tokens[start:start + MAX_STEPS]
+            self.runtime.launch(chunk, self.n_past, all_logits=all_logits)
+            self.n_past += len(chunk)
+            if all_logits:
+                rows.append(self.runtime.all_logits(len(chunk)))
+        return np.concatenate(rows) if all_logits else self.runtime.logits()
+
+    def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int,
+                        eos: Sequence[int] = ()) -> tuple[list[int], str]:
+        """Greedy tokens after `prompt` (which starts a new request) and the finish reason:
+        "stop" (an `eos` token, not included), "length" (max_new_tokens or the context)."""
+        if max_new_tokens < 0:
+            raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
+        self.reset()
+        pending, out = [int(t) for t in prompt], []
+        if not pending:
+            raise ParameterError("an empty prompt, expected at least one token")
+        self._check_room(len(pending))
+        while True:
+            if len(pending) > MAX_STEPS:  # prompt only: no token of this launch is generated
+                self.runtime.launch(pending[:MAX_STEPS], self.n_past)
+                self.n_past += MAX_STEPS
+                pending = pending[MAX_STEPS:]
+                continue
+            want, room = max_new_tokens - len(out), self.n_ctx - self.n_past
+            if want <= 0 or room < len(pending):
+                return out, "length"
+            steps = min(MAX_STEPS, len(pending) + want - 1, room)
+            result = self.runtime.launch(pending, self.n_past, n_steps=steps, eos=eos)
+            self.n_past += result.steps_done
+            new = result.tokens[len(pending) - 1:]
+            if result.stopped:
+                return out + new[:-1], "stop"
+            out += new
+            if len(out) >= max_new_tokens or self.n_past >= self.n_ctx:
+                return out[:max_new_tokens], "length"
+            pending = [out[-1]]
