@@ -2,12 +2,14 @@
 // (flash-decoding, https://crfm.stanford.edu/2023/10/12/flashdecoding.html). Workgroup (split,
 // kv head) serves every query head of the K/V group, so each K and V row is read once for the group,
 // over positions [split * S.split_len, (split + 1) * S.split_len) that the query sees (pos - j <
-// window on sliding-window layers), in blocks of BLOCK positions with an online softmax. It first
-// does rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and of the new
-// key, and the split holding the new position writes K and V there before reading them.
-// Scores: an invocation per position (a K row as HD / 4 vec4), kept in workgroup memory; the
-// maxima and sums of a block go through one exchange each. P V: invocation (slice, dim quad) takes
-// every SLICES-th position of the block, then the slices are added. With one split the workgroup
+// window on sliding-window layers), in blocks of BLOCK positions with an online softmax.
+// It first does rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and
+// of the new key; the split holding the new position writes K and V to the cache and uses them from
+// workgroup memory itself, so no workgroup waits for its own write. Every load that does not depend
+// on another (raw heads, biases, angles) is issued before the first barrier.
+// Scores: an invocation per position (a K row as HD / 4 vec4); the block's maxima and sums go across
+// subgroups (lanes_{REDUCE}.wgsl), then once through workgroup memory. P V: invocation (slice, dim
+// quad) takes every SLICES-th position, then the slices are added. With one split the workgroup
 // writes the normalized output itself and the runtime skips attention_merge.wgsl.
 
 #include "rope_params.wgsl"
@@ -40,24 +42,52 @@ struct Step {
 @group(0) @binding(7) var<uniform> R: RopeParams;
 @group(0) @binding(8) var<uniform> S: Step;
 
-const WG: u32 = 64u;
+const WG: u32 = 128u;
 const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
 const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim, a multiple of 4, at most 256
-const BLOCK: u32 = {ATTN_BLOCK}u;     // positions whose scores are held at once
+const BLOCK: u32 = {ATTN_BLOCK}u;     // positions whose scores are held at once: WG or a multiple
 const HD4: u32 = HD / 4u;
-const SLICES: u32 = max(1u, WG / HD4);  // P V: invocations per dim quad
+const SLICES: u32 = WG / HD4;         // P V: invocations per dim quad
 const FRESH: u32 = GROUP + 1u;        // heads made ready here: the group's queries, then the key
+const PAIRS: u32 = (FRESH * HD / 2u + WG - 1u) / WG;  // rotated pairs per invocation, at most
+const HEADS_PASS: u32 = 4u;           // heads whose P V slices are added at once
 const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
+const MAX_SUBGROUPS: u32 = 32u;       // WG / the narrowest subgroup (4 lanes)
 
-var<workgroup> q: array<vec4<f32>, GROUP * HD4>;           // (head, dim quad), pre-scaled
+#include "lanes_{REDUCE}.wgsl"
+
 var<workgroup> fresh: array<f32, FRESH * HD>;              // (FRESH, HD): heads at the new position
+var<workgroup> fresh_v: array<vec4<f32>, HD4>;             // the new value (split holding pos)
 var<workgroup> row_scale: array<f32, FRESH>;               // 1 / rms of each fresh head (QK-norm)
 var<workgroup> probs: array<f32, GROUP * BLOCK>;           // (head, position of the block)
-var<workgroup> parts: array<f32, WG * GROUP>;              // (invocation, head): maxima, then sums
-var<workgroup> head_m: array<f32, GROUP>;                  // running max per head
-var<workgroup> head_l: array<f32, GROUP>;                  // running sum per head
-var<workgroup> head_c: array<f32, GROUP>;                  // this block's correction of the old sums
-var<workgroup> part_o: array<vec4<f32>, SLICES * GROUP * HD4>;  // (slice, head, dim quad)
+var<workgroup> xchg: array<f32, MAX_SUBGROUPS * GROUP>;    // (subgroup, head): a block's maxima or sums
+var<workgroup> part_o: array<vec4<f32>, SLICES * HEADS_PASS * HD4>;  // (slice, head of the pass, dim quad)
+
+// per head, the maximum (is_max) or the sum of v over the workgroup
+fn heads_total(v: array<f32, GROUP>, lid: u32, is_max: bool) -> array<f32, GROUP> {
+    let lanes = lane_count();
+    let n_sub = WG / lanes;
+    var out: array<f32, GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        out[g] = select(lanes_sum1(v[g], lid), lanes_max1(v[g], lid), is_max);
+    }
+    workgroupBarrier();  // the previous exchange has been read
+    if (lid % lanes == 0u) {
+        for (var g = 0u; g < GROUP; g++) {
+            xchg[(lid / lanes) * GROUP + g] = out[g];
+        }
+    }
+    workgroupBarrier();
+    for (var g = 0u; g < GROUP; g++) {
+        var total = select(0.0, EMPTY, is_max);
+        for (var s = 0u; s < n_sub; s++) {
+            let x = xchg[s * GROUP + g];
+            total = select(total + x, max(total, x), is_max);
+        }
+        out[g] = total;
+    }
+    return out;
+}
 
 // The group's query heads and the K/V head's key at position pos, with bias, QK-norm and RoPE
 // applied as rope.wgsl does, into `fresh`; the split holding pos writes K and V to the cache.
@@ -65,6 +95,16 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     let n_q = R.n_head * HD;
     let q_src = kv_head * GROUP * HD;
     let k_src = n_q + kv_head * HD;
+    let v_src = k_src + R.n_head_kv * HD;
+    let half = R.rope_dim / 2u;
+    var angles: array<vec2<f32>, PAIRS>;   // cos, sin of my pairs, loaded with the heads
+    for (var i = 0u; i < PAIRS; i++) {
+        let e = lid + i * WG;
+        if (e < FRESH * half) {
+            let at = R.table + (pos * half + e % half) * 2u;
+            angles[i] = vec2<f32>(T[at], T[at + 1u]);
+        }
+    }
     for (var e = lid; e < FRESH * HD; e += WG) {
         let is_k = e >= GROUP * HD;
         let d = e % HD;
@@ -73,6 +113,16 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
             v += bitcast<f32>(W[select(R.q_bias + q_src + e, R.k_bias + kv_head * HD + d, is_k)]);
         }
         fresh[e] = v;
+    }
+    if (holds_pos && lid < HD4) {
+        var v = vec4<f32>(QKV[v_src + 4u * lid], QKV[v_src + 4u * lid + 1u], QKV[v_src + 4u * lid + 2u],
+                          QKV[v_src + 4u * lid + 3u]);
+        if (R.qkv_bias == 1u) {
+            let b = R.v_bias + kv_head * HD + 4u * lid;
+            v += vec4<f32>(bitcast<f32>(W[b]), bitcast<f32>(W[b + 1u]), bitcast<f32>(W[b + 2u]), bitcast<f32>(W[b + 3u]));
+        }
+        fresh_v[lid] = v;
+        KV[R.n_head_kv * R.n_ctx * HD4 + (kv_head * R.n_ctx + pos) * HD4 + lid] = v;
     }
     workgroupBarrier();
     if (R.qk_norm == 1u) {
@@ -91,85 +141,44 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
         }
         workgroupBarrier();
     }
-    let half = R.rope_dim / 2u;
-    for (var e = lid; e < FRESH * half; e += WG) {
-        let at = R.table + (pos * half + e % half) * 2u;
-        let c = T[at];
-        let s = T[at + 1u];
-        let p = (e / half) * HD + rope_pair(e % half, R.neox, R.rope_dim);
-        let a = fresh[p.x];
-        let b = fresh[p.y];
-        fresh[p.x] = a * c - b * s;  // every invocation writes only its own pairs
-        fresh[p.y] = a * s + b * c;
+    for (var i = 0u; i < PAIRS; i++) {
+        let e = lid + i * WG;
+        if (e < FRESH * half) {
+            let p = (e / half) * HD + rope_pair(e % half, R.neox, R.rope_dim);
+            let a = fresh[p.x];
+            let b = fresh[p.y];
+            fresh[p.x] = a * angles[i].x - b * angles[i].y;  // every invocation writes only its own pairs
+            fresh[p.y] = a * angles[i].y + b * angles[i].x;
+        }
     }
     workgroupBarrier();
-    if (holds_pos) {
-        let cache = (kv_head * R.n_ctx + pos) * HD4;
-        let v_cache = R.n_head_kv * R.n_ctx * HD4 + cache;
-        let v_src = k_src + R.n_head_kv * HD;
-        for (var i = lid; i < HD4; i += WG) {
-            let k = GROUP * HD + 4u * i;
-            KV[cache + i] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
-            var v = vec4<f32>(QKV[v_src + 4u * i], QKV[v_src + 4u * i + 1u], QKV[v_src + 4u * i + 2u],
-                              QKV[v_src + 4u * i + 3u]);
-            if (R.qkv_bias == 1u) {
-                let b = R.v_bias + kv_head * HD + 4u * i;
-                v += vec4<f32>(bitcast<f32>(W[b]), bitcast<f32>(W[b + 1u]), bitcast<f32>(W[b + 2u]),
-                               bitcast<f32>(W[b + 3u]));
-            }
-            KV[v_cache + i] = v;
-        }
+    if (holds_pos && lid < HD4) {
+        let k = GROUP * HD + 4u * lid;
+        KV[(kv_head * R.n_ctx + pos) * HD4 + lid] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
     }
-    for (var i = lid; i < GROUP * HD4; i += WG) {
-        let at = 4u * i;
-        q[i] = vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]) * P.scale;
-    }
-    storageBarrier();  // the cache rows written above are read below by other invocations
-    workgroupBarrier();
 }
 
-// The scores of positions [b, b + n) for every head into `probs`; returns my maxima per head.
-fn scores(lid: u32, kv_head: u32, b: u32, n: u32) -> array<f32, GROUP> {
-    var top: array<f32, GROUP>;
-    for (var g = 0u; g < GROUP; g++) {
-        top[g] = EMPTY;
-    }
-    let k_base = kv_head * P.n_ctx * HD4;
-    for (var j = lid; j < n; j += WG) {
-        let row = k_base + (b + j) * HD4;
-        var acc: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            acc[g] = 0.0;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
-        }
-        for (var i = 0u; i < HD4; i++) {
-            let k = KV[row + i];
-            for (var g = 0u; g < GROUP; g++) {
-                acc[g] += dot(q[g * HD4 + i], k);
-            }
-        }
-        for (var g = 0u; g < GROUP; g++) {
-            var s = acc[g];
-            if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
-                s = P.softcap * tanh(clamp(s / P.softcap, -20.0, 20.0));
-            }
-            probs[g * BLOCK + j] = s;
-            top[g] = max(top[g], s);
-        }
-    }
-    return top;
+fn query(g: u32, i: u32) -> vec4<f32> {
+    let at = g * HD + 4u * i;
+    return vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]);
 }
 
-// head g's total of parts[.][g] over the workgroup: the max, or the sum
-fn fold(g: u32, is_max: bool) -> f32 {
-    var total = select(0.0, EMPTY, is_max);
-    for (var i = 0u; i < WG; i++) {
-        let v = parts[i * GROUP + g];
-        total = select(total + v, max(total, v), is_max);
+fn key(kv_head: u32, j: u32, pos: u32, i: u32) -> vec4<f32> {
+    if (j == pos) {  // the new key: this workgroup made it
+        let at = GROUP * HD + 4u * i;
+        return vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]);
     }
-    return total;
+    return KV[(kv_head * P.n_ctx + j) * HD4 + i];
 }
 
-@compute @workgroup_size(64)
+fn value(kv_head: u32, j: u32, pos: u32, dq: u32) -> vec4<f32> {
+    if (j == pos) {
+        return fresh_v[dq];
+    }
+    return KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + j * HD4 + dq];
+}
+
+@compute @workgroup_size(128)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let split = wid.x;
@@ -182,84 +191,104 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let begin = max(lo, split * S.split_len);
     let end = min(pos + 1u, (split + 1u) * S.split_len);
     rope_fresh(lid, kv_head, pos, split * S.split_len <= pos && pos < (split + 1u) * S.split_len);
-    if (lid < GROUP) {
-        head_m[lid] = EMPTY;
-        head_l[lid] = 0.0;
-    }
 
     let dq = lid % HD4;          // P V: my dim quad and slice of positions
     let slice = lid / HD4;
-    let v_base = (P.n_head_kv + kv_head) * P.n_ctx * HD4;
+    var m: array<f32, GROUP>;
+    var l: array<f32, GROUP>;
     var acc: array<vec4<f32>, GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        m[g] = EMPTY;
+    }
     for (var b = begin; b < end; b += BLOCK) {
         let n = min(BLOCK, end - b);
-        let top = scores(lid, kv_head, b, n);
+        // scores of my positions, and their maxima per head
+        var top: array<f32, GROUP>;
         for (var g = 0u; g < GROUP; g++) {
-            parts[lid * GROUP + g] = top[g];
+            top[g] = EMPTY;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
         }
-        workgroupBarrier();
-        if (lid < GROUP) {
-            let new_m = max(head_m[lid], fold(lid, true));
-            head_c[lid] = exp(head_m[lid] - new_m);
-            head_m[lid] = new_m;
+        for (var j = lid; j < n; j += WG) {
+            var s: array<f32, GROUP>;
+            for (var g = 0u; g < GROUP; g++) {
+                s[g] = 0.0;
+            }
+            for (var i = 0u; i < HD4; i++) {
+                let k = key(kv_head, b + j, pos, i);
+                for (var g = 0u; g < GROUP; g++) {
+                    s[g] += dot(query(g, i), k);
+                }
+            }
+            for (var g = 0u; g < GROUP; g++) {
+                var v = s[g] * P.scale;
+                if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
+                    v = P.softcap * tanh(clamp(v / P.softcap, -20.0, 20.0));
+                }
+                probs[g * BLOCK + j] = v;
+                top[g] = max(top[g], v);
+            }
         }
-        workgroupBarrier();
+        let block_max = heads_total(top, lid, true);
         var sums: array<f32, GROUP>;
+        var correction: array<f32, GROUP>;
         for (var g = 0u; g < GROUP; g++) {
+            let new_m = max(m[g], block_max[g]);
+            correction[g] = exp(m[g] - new_m);
+            m[g] = new_m;
             sums[g] = 0.0;
         }
         for (var j = lid; j < n; j += WG) {
             for (var g = 0u; g < GROUP; g++) {
-                let p = exp(probs[g * BLOCK + j] - head_m[g]);
+                let p = exp(probs[g * BLOCK + j] - m[g]);
                 probs[g * BLOCK + j] = p;
                 sums[g] += p;
             }
         }
+        let block_sum = heads_total(sums, lid, false);  // its barriers also publish `probs`
         for (var g = 0u; g < GROUP; g++) {
-            parts[lid * GROUP + g] = sums[g];
-        }
-        workgroupBarrier();
-        if (lid < GROUP) {
-            head_l[lid] = head_l[lid] * head_c[lid] + fold(lid, false);
+            l[g] = l[g] * correction[g] + block_sum[g];
+            acc[g] *= correction[g];
         }
         if (slice < SLICES) {
-            for (var g = 0u; g < GROUP; g++) {
-                acc[g] *= head_c[g];
-            }
             for (var j = slice; j < n; j += SLICES) {
-                let v = KV[v_base + (b + j) * HD4 + dq];
+                let v = value(kv_head, b + j, pos, dq);
                 for (var g = 0u; g < GROUP; g++) {
                     acc[g] += probs[g * BLOCK + j] * v;
                 }
             }
         }
-        workgroupBarrier();
+        workgroupBarrier();  // `probs` is overwritten by the next block
     }
-    if (slice < SLICES) {
-        for (var g = 0u; g < GROUP; g++) {
-            part_o[(slice * GROUP + g) * HD4 + dq] = acc[g];
-        }
-    }
-    workgroupBarrier();
+    // add the slices, HEADS_PASS heads at a time, and write
     let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;
-    for (var i = lid; i < GROUP * HD4; i += WG) {
-        let g = i / HD4;
-        var o = vec4<f32>(0.0);
-        for (var s = 0u; s < SLICES; s++) {
-            o += part_o[s * GROUP * HD4 + i];
-        }
-        let h = kv_head * GROUP + g;
-        let out = (h * n_splits + split) * (HD + 2u);
-        let d = 4u * (i % HD4);
-        for (var c = 0u; c < 4u; c++) {
-            PART[out + d + c] = o[c];
-            if (n_splits == 1u) {
-                OUT[h * HD + d + c] = o[c] / head_l[g];
+    for (var g0 = 0u; g0 < GROUP; g0 += HEADS_PASS) {
+        workgroupBarrier();
+        if (slice < SLICES) {
+            for (var g = g0; g < min(GROUP, g0 + HEADS_PASS); g++) {
+                part_o[(slice * HEADS_PASS + g - g0) * HD4 + dq] = acc[g];
             }
         }
-        if (i % HD4 == 0u) {
-            PART[out + HD] = head_m[g];
-            PART[out + HD + 1u] = head_l[g];
+        workgroupBarrier();
+        for (var i = lid; i < HEADS_PASS * HD4; i += WG) {
+            let g = g0 + i / HD4;
+            if (g < GROUP) {
+                var o = vec4<f32>(0.0);
+                for (var s = 0u; s < SLICES; s++) {
+                    o += part_o[s * HEADS_PASS * HD4 + i];
+                }
+                let h = kv_head * GROUP + g;
+                let out = (h * n_splits + split) * (HD + 2u);
+                let d = 4u * (i % HD4);
+                for (var c = 0u; c < 4u; c++) {
+                    PART[out + d + c] = o[c];
+                    if (n_splits == 1u) {
+                        OUT[h * HD + d + c] = o[c] / l[g];
+                    }
+                }
+                if (i % HD4 == 0u) {
+                    PART[out + HD] = m[g];
+                    PART[out + HD + 1u] = l[g];
+                }
+            }
         }
     }
 }

@@ -122,6 +122,18 @@ def test_decode_at_every_length(pipes, shape, n_past, split_len):
     np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max())
 
 
+@pytest.mark.parametrize("shape", [SMOLLM2, GEMMA], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n_past,split_len", [(0, 64), (300, 128)])
+def test_decode_without_subgroups(shape, n_past, split_len):
+    """The block maxima and sums through workgroup memory only (adapters without subgroups)."""
+    shared = pl.Pipelines(get_context(), reduce="shared")
+    rng = np.random.default_rng(n_past + 1)
+    rope, qkv, kv = decode_case(rng, shape, n_past)
+    got, _ = decode(shared, qkv, kv, n_past, split_len, rope)
+    want, _ = decode_reference(rope, qkv, kv, n_past)
+    np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max())
+
+
 def test_decode_at_8192_positions(pipes):
     rng = np.random.default_rng(8)
     rope, qkv, kv = decode_case(rng, SMOLLM2, 8191)

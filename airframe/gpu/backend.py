@@ -38,7 +38,7 @@ log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
 PREFILL_CHUNK = 512
 MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.wgsl's MAX_SPLITS
-SPLIT_WORKGROUPS = 128   # splits x K/V heads that keep a large GPU busy
+SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
 
