@@ -11,9 +11,10 @@ import wgpu
 from airframe.gpu.runtime import WebGPUBackend
 from airframe.gpu import kernels as K
 from airframe.gpu.greedy import chain
-from airframe.models import resolve_model
+from airframe.model import open_model
+from airframe.options import RunOptions
 
-be = WebGPUBackend.load(resolve_model(sys.argv[1]), n_ctx=600, progress=False)
+be = WebGPUBackend.load(open_model(sys.argv[1]), RunOptions(n_ctx=600))
 dev, q = be.ctx.device, be.ctx.device.queue
 
 def med(f, n=100):

@@ -185,15 +185,16 @@ def test_real_model_decode(monkeypatch, model, max_diff):
     binding chunks) against the numpy reference: the same argmax at every position, logits within
     the teacher-forced test's bound."""
     from airframe.gpu.runtime import WebGPUBackend
-    from airframe.models import resolve_model
+    from airframe.model import open_model
+    from airframe.options import RunOptions
     from airframe.reference import ReferenceBackend
 
     monkeypatch.setenv("AIRFRAME_MATMUL", "tiled")
     monkeypatch.setenv("AIRFRAME_GEMV_KIND", "typed")
-    path = resolve_model(model)
+    opened = open_model(model)
     tokens = [2, 651, 6037, 603, 1105, 578] if model == "gemma3-270m" else [504, 2365, 314, 253, 1345, 28]
-    gpu = WebGPUBackend.load(path, n_ctx=16, progress=False)
+    gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=16))
     got = np.stack([gpu.forward([t]) for t in tokens])
-    want = ReferenceBackend.load(path, n_ctx=16).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(opened, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
     np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
     assert np.abs(got - want).max() < max_diff

@@ -9,6 +9,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from ..model import open_model
+from ..options import RunOptions
 from . import kernels as K
 from .device import get_context
 from .greedy import chain
@@ -152,7 +154,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     """All numbers of one run as a dict (see commands/bench.py for the fields)."""
     ctx = get_context()
     n_ctx = max(max(ctx_list) + steps + 1, prefill_tokens)
-    be = WebGPUBackend.load(path, n_ctx=n_ctx, progress=True)
+    be = WebGPUBackend.load(open_model(path), RunOptions.from_env(n_ctx=n_ctx, progress=True))
     bandwidth = streaming_bandwidth(ctx)
     result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "bandwidth_GBps": bandwidth / 1e9,
               "dispatches_per_token": be.dispatch_count(1), "weight_bytes_per_token": weight_bytes_per_token(be),
@@ -222,7 +224,7 @@ def compare_gemv(path, variants: list[tuple[str, int, int]], ctx_list: list[int]
     K.GEMV_KINDS kind (for "typed": the largest workgroup, 0 for the default; rows are always 4),
     the GPU breakdown and median decode ms at each context, and the largest logit difference from
     the first variant over three tokens."""
-    be = WebGPUBackend.load(path, n_ctx=max(ctx_list) + steps + 1, progress=True)
+    be = WebGPUBackend.load(open_model(path), RunOptions.from_env(n_ctx=max(ctx_list) + steps + 1, progress=True))
     out = {"adapter": be.ctx.name, "model": str(path), "variants": []}
     first = None
     for kind, wg, rows in variants:
