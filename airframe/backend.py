@@ -2,28 +2,48 @@
 
 A backend holds one model and one K/V cache. `forward` runs tokens at consecutive positions,
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
+A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
+overrides `greedy_stream`; the engine asks that flag, it never probes for methods.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 
+from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
+from .model import Model
+from .options import RunOptions
 
 BACKENDS = ("webgpu", "reference", "cuda")
 DEFAULT_BACKEND = "webgpu"
 
+GreedyBatches = Generator[tuple[list[int], str | None], None, None]  # (ids, finish reason or None)
 
-class Backend(Protocol):
+
+class Backend:
+    """The base every backend derives from: what it must implement raises NotImplementedError here,
+    and on-device greedy decoding is off unless a backend turns it on."""
+
     name: str
     config: ModelConfig
     n_ctx: int  # capacity of the K/V cache in positions
     n_past: int  # positions already in the cache
+    greedy_on_device = False  # True: greedy_stream picks tokens on the device
+    # False where greedy_stream hands every token over at the end, the prompt run in the same
+    # launches (CUDA): the time to the first token is unknown and the engine reports it as 0.
+    greedy_first_token_timed = True
+
+    @classmethod
+    def load(cls, model: Model, options: RunOptions) -> "Backend":
+        """The backend holding `model`, with the options that concern it (airframe/options.py)."""
+        raise NotImplementedError
 
     def reset(self) -> None:
         """Forget every position: the next forward starts at position 0."""
+        raise NotImplementedError
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions n_past.. and advance n_past.
@@ -31,38 +51,56 @@ class Backend(Protocol):
         Returns float32 logits of the last position, shape (vocab,), or of every position,
         shape (len(tokens), vocab), when all_logits is set.
         """
+        raise NotImplementedError
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
+        """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands
+        them over: (ids, None) ..., then (ids, reason), reason "stop" at an `eos` id (not included)
+        or "length" at max_new_tokens or the full context. Only where greedy_on_device is set."""
+        raise UnsupportedError(f"the {self.name} backend does not pick greedy tokens on the device; "
+                               f"expected a backend with greedy_on_device set")
 
 
-def open_backend(name: str, model_path, n_ctx: int | None = None, rope_scaling: str | None = None,
-                 rope_scale: float | None = None, **options) -> Backend:
-    """Load a model file into the named backend.
+def check_tokens(tokens: Sequence[int], n_past: int, n_ctx: int, vocab_size: int) -> np.ndarray:
+    """`tokens` as an int64 array when they can run at positions n_past..: ParameterError for no ids
+    or ids outside the vocabulary, ContextOverflowError when they do not fit in the context."""
+    try:
+        ids = np.asarray(tokens)
+    except ValueError:  # ragged nesting
+        raise ParameterError("token ids of uneven nesting, expected a non-empty 1-D sequence") from None
+    if ids.ndim != 1 or ids.size == 0:
+        raise ParameterError(f"token ids of shape {ids.shape}, expected a non-empty 1-D sequence")
+    if ids.dtype.kind not in "iu":
+        raise ParameterError(f"token ids of type {ids.dtype}, expected integers")
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if outside.size:
+        raise ParameterError(f"token id {int(outside[0])} is outside the vocabulary 0..{vocab_size - 1}")
+    end = n_past + ids.size
+    if end > n_ctx:
+        raise ContextOverflowError(f"{n_past} cached + {ids.size} new positions = {end} do not fit "
+                                   f"in the context of {n_ctx} tokens")
+    return ids.astype(np.int64)
 
-    rope_scaling ("none", "linear", "yarn", "llama3") and rope_scale (the context extension factor
-    S >= 1) replace the RoPE scaling the file declares; left None, the file's own is used
-    (docs/EXTENDED_CONTEXT.md).
-    """
-    from .errors import ParameterError
-    from .rope_scaling import requested, warn_beyond_training
 
-    override = requested(rope_scaling, rope_scale)
-    if override is not None:
-        if name == "cuda":
-            raise ParameterError("the cuda backend takes no rope scaling override; "
-                                 "expected rope_scaling=None with --backend cuda")
-        options["rope_scaling"] = override
+def open_backend(name: str, model: Model, options: RunOptions) -> Backend:
+    """Load an opened model into the named backend."""
+    from .rope_scaling import warn_beyond_training
 
     if name == "reference":
         from .reference import ReferenceBackend
 
-        backend = ReferenceBackend.load(model_path, n_ctx=n_ctx, **options)
+        backend = ReferenceBackend.load(model, options)
     elif name == "webgpu":
         from .gpu.backend import WebGPUBackend
 
-        backend = WebGPUBackend.load(model_path, n_ctx=n_ctx, **options)
+        backend = WebGPUBackend.load(model, options)
     elif name == "cuda":
+        if model.rope_override is not None:
+            raise ParameterError("the cuda backend takes no rope scaling override; "
+                                 "expected rope_scaling=None with --backend cuda")
         from .megakernel.cuda.backend import CudaBackend
 
-        return CudaBackend.load(model_path, n_ctx=n_ctx, **options)  # its context is fixed by its plan
+        return CudaBackend.load(model, options)  # its context is fixed by its plan
     else:
         raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     warn_beyond_training(backend.config, backend.n_ctx)

@@ -1,7 +1,9 @@
 """From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
 
 The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
-`reset()` (at the start of every request, so K/V never leaks between requests) and `forward()`.
+`reset()` (at the start of every request, so K/V never leaks between requests) and `forward()`,
+or, for a plain greedy request to a backend with `greedy_on_device`, through `greedy_stream()`.
+Either way the tokens go through the same loop below.
 
     engine = Engine.load("smollm2-135m", backend="reference")
     for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
@@ -18,16 +20,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 
 from .backend import DEFAULT_BACKEND, Backend, open_backend
 from .chat_template import ChatTemplate
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
-from .family import ModelConfig, family_for
-from .gguf_file import GGUFFile
-from .models import KNOWN_MODELS, resolve_model
+from .family import ModelConfig
+from .model import Model, open_model
+from .models import KNOWN_MODELS
+from .options import RunOptions
 from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
@@ -69,6 +72,11 @@ class Finish:
     decode_seconds: float  # the other completion_tokens - 1 tokens (llama.cpp's "eval time")
 
 
+# (token, its logits or None), one per token generated; the host path computes each when asked
+_TokenSource = Generator[tuple[int, np.ndarray | None], None, None]
+_UNNAMED_EOG = -1  # an end-of-generation token the device chose without saying which
+
+
 class Engine:
     backend: Backend
     tokenizer: GGUFTokenizer
@@ -86,22 +94,21 @@ class Engine:
         self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
 
     @classmethod
-    def load(cls, model: str, backend: str = DEFAULT_BACKEND, n_ctx: int | None = None,
-             progress: bool = True, **backend_options) -> "Engine":
-        """Open a model (a path or a known name) in the named backend, with its tokenizer and template.
+    def load(cls, model: str | Path, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
+             rope_scaling: str | None = None, rope_scale: float | None = None) -> "Engine":
+        """Open a model (a path or a known name) once and load it in the named backend, with its
+        tokenizer and template read from the same parsed file.
 
-        backend_options go to open_backend (e.g. rope_scaling="yarn", rope_scale=4.0).
+        options default to RunOptions.from_env(); rope_scaling and rope_scale replace the RoPE
+        scaling the file declares (open_model).
         """
-        path = resolve_model(model)
-        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
-            raise ParameterError(f"n_ctx = {n_ctx!r}, expected an integer >= 2")
-        gf = GGUFFile(path)
-        tokenizer = load_tokenizer(gf)
+        opened = open_model(model, rope_scaling, rope_scale)
+        tokenizer = load_tokenizer(opened.gguf)
         template = ChatTemplate.for_model(
-            gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
-            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(path))
-        loaded = _open_backend(backend, path, n_ctx, progress, backend_options)
-        return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else path.stem)
+            opened.gguf.get("tokenizer.chat_template"), opened.config.family,
+            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
+        loaded = _open_backend(backend, opened, options or RunOptions.from_env())
+        return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else opened.path.stem)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -139,99 +146,86 @@ class Engine:
         _check_params(params)
         prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
-        if self._in_kernel_greedy(params):
-            return self._generate_in_kernel(prompt_ids, params, cancel)
-        sampler = Sampler(params.sampling, self.config.vocab_size)
-        return self._generate(prompt_ids, params, sampler, cancel)
+        if self._greedy_on_device(params):
+            source = self._device_tokens(prompt_ids, params)
+            timed = self.backend.greedy_first_token_timed
+        else:
+            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size))
+            timed = True
+        return self._generate(prompt_ids, params, source, timed, cancel)
 
-    def _in_kernel_greedy(self, params: GenerationParams) -> bool:
+    def _greedy_on_device(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
         does so when asking it changes nothing: greedy, no penalties or bias, no logprobs."""
-        return (hasattr(self.backend, "generate_greedy") and params.logprobs is None
+        return (self.backend.greedy_on_device and params.logprobs is None
                 and not greedy_blockers(params.sampling))
 
-    def _generate_in_kernel(self, prompt_ids: list[int], params: GenerationParams,
-                            cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
-        """Greedy tokens chosen on the GPU; stop strings are applied to the text, cancel is asked
-        before every token handed out.
-
-        A backend with `greedy_stream` (WebGPU) hands tokens over in small batches as they are read
-        back, the first token alone, so pieces stream and the time to the first token is measured.
-        One with only `generate_greedy` (CUDA: prompt and generation in the same launches) gives all
-        tokens at the end, and all of the time is reported as decode time (prefill_seconds = 0).
-        """
-        pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), False)
-        started = time.perf_counter()
-        limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
-        eos = sorted(self.eog_ids | set(params.stop_token_ids))
-        streamed = hasattr(self.backend, "greedy_stream")
-        if streamed:
-            batches = self.backend.greedy_stream(prompt_ids, limit, eos)
-        else:
-            batches = iter([self.backend.generate_greedy(prompt_ids, limit, eos)])
-        reason, n_sampled, first_at = "length", 0, started
-        try:
-            for tokens, finish in batches:
-                if streamed and n_sampled == 0:
-                    first_at = time.perf_counter()
-                for token in tokens:
-                    if cancel is not None and cancel():
-                        reason = "cancelled"
-                        break
-                    n_sampled += 1
-                    if piece := pieces.add(token, None):
-                        yield piece
-                    if pieces.assembler.stopped:
-                        reason = "stop"
-                        break
-                if reason in ("cancelled", "stop"):
-                    break
-                if finish is not None:
-                    reason = finish
-                    n_sampled += finish == "stop"  # the end-of-generation token counts, as in _generate
-        finally:
-            if hasattr(batches, "close"):
-                batches.close()
-        if piece := pieces.finish():
-            yield piece
-        yield Finish(reason, len(prompt_ids), n_sampled, first_at - started, time.perf_counter() - first_at)
-
-    def _generate(self, prompt_ids: list[int], params: GenerationParams, sampler: Sampler,
-                  cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
-        pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), params.logprobs is not None)
-        stop_ids = self.eog_ids | set(params.stop_token_ids)
+    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler) -> _TokenSource:
+        """Tokens sampled on the host from the logits forward() reads back, one per request for the next."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
-        started = time.perf_counter()
         self.backend.reset()
         logits = self.backend.forward(prompt_ids)
-        first_token_at = None  # prefill ends when the first token is chosen
-        reason, n_sampled = "length", 0
+        while True:
+            token = sampler.sample(history, logits)
+            history.tokens.append(token)
+            yield token, logits
+            if self.backend.n_past >= self.n_ctx:
+                return  # the context is full: no room to run the last token
+            logits = self.backend.forward([token])
+
+    def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
+        """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
+        limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
+        eos = sorted(self.eog_ids | set(params.stop_token_ids))
+        batches = self.backend.greedy_stream(prompt_ids, limit, eos)
+        try:
+            for tokens, finish in batches:
+                for token in tokens:
+                    yield token, None
+                if finish == "stop":
+                    yield _UNNAMED_EOG, None
+        finally:
+            batches.close()
+
+    def _generate(self, prompt_ids: list[int], params: GenerationParams, source: _TokenSource, timed: bool,
+                  cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
+        """The one generation loop: pieces of the tokens from `source`, then the Finish. Untimed (every
+        token arrives at the end, with the prompt run in the same launches), prefill_seconds is 0."""
+        pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), params.logprobs is not None)
+        started = time.perf_counter()
+        try:
+            reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel)
+        finally:
+            source.close()
+        if piece := pieces.finish():
+            yield piece
+        ended = time.perf_counter()
+        first_token_at = (first_token_at or ended) if timed else started
+        yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at)
+
+    def _consume(self, source: _TokenSource, params: GenerationParams, pieces: _PieceBuilder,
+                 cancel: Callable[[], bool] | None) -> Generator[Piece, None, tuple[str, int, float | None]]:
+        """Pieces until a stop, max_tokens or the end of `source`; returns the finish reason, the
+        number of tokens sampled (the one that stopped included) and when the first came."""
+        stop_ids = self.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
+        n_sampled, first_token_at = 0, None
         while params.max_tokens is None or n_sampled < params.max_tokens:
             if cancel is not None and cancel():
-                reason = "cancelled"
+                return "cancelled", n_sampled, first_token_at
+            step = next(source, None)  # asked only now: the host path runs the next forward here
+            if step is None:
                 break
-            if n_sampled > 0:
-                if self.backend.n_past >= self.n_ctx:
-                    break  # the context is full: no room to run the last token
-                logits = self.backend.forward([history.tokens[-1]])
-            token = sampler.sample(history, logits)
+            token, logits = step
             n_sampled += 1
             first_token_at = first_token_at or time.perf_counter()
-            history.tokens.append(token)
             if token in stop_ids:
-                reason = "stop"
-                break
+                return "stop", n_sampled, first_token_at
             logprob = self._logprob(logits, token, params.logprobs) if params.logprobs is not None else None
             if piece := pieces.add(token, logprob):
                 yield piece
             if pieces.assembler.stopped:
-                reason = "stop"
-                break
-        if piece := pieces.finish():
-            yield piece
-        ended = time.perf_counter()
-        first_token_at = first_token_at or ended
-        yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at)
+                return "stop", n_sampled, first_token_at
+        return "length", n_sampled, first_token_at
 
     def generate(self, prompt: str | list[dict], params: GenerationParams,
                  cancel: Callable[[], bool] | None = None) -> tuple[str, Finish, list[TokenLogprob] | None]:
@@ -294,9 +288,9 @@ def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     return tokenizer.token_text(token_id)
 
 
-def _open_backend(name: str, path: Path, n_ctx: int | None, progress: bool, options: dict) -> Backend:
+def _open_backend(name: str, model: Model, options: RunOptions) -> Backend:
     try:
-        return open_backend(name, path, n_ctx, progress=progress, **options)
+        return open_backend(name, model, options)
     except ImportError as e:
         raise UnsupportedError(f"the {name!r} backend cannot be used here: {e}; "
                                f"try --backend reference (numpy, slow)") from None

@@ -11,15 +11,16 @@ modeling files; the named switches of ModelConfig select the variant, never the 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from .errors import ContextOverflowError
-from .family import ModelConfig, load_config
+from .backend import Backend, check_tokens
+from .family import ModelConfig
 from .gguf_file import GGUFFile
+from .model import Model
+from .options import RunOptions
 from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, cos_sin, freq_factors
 
 DEFAULT_CTX = 4096
@@ -137,7 +138,7 @@ class ReferenceModel:
         return self._layers[i]
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
     """The numpy reference as a Backend: forward() over consecutive positions with a K/V cache."""
 
     name = "reference"
@@ -155,15 +156,11 @@ class ReferenceBackend:
         self.n_past = 0
 
     @classmethod
-    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = False,
-             rope_scaling: RopeScaling | None = None) -> "ReferenceBackend":
-        """`rope_scaling` replaces the RoPE scaling the file declares (airframe/rope_scaling.py)."""
-        gf = GGUFFile(path)
-        config = load_config(gf, rope_scaling)
-        model = ReferenceModel(gf, config)
-        for i in tqdm(range(config.n_layers), desc="dequantizing", disable=not progress, leave=False):
-            model.layer(i)
-        return cls(model, n_ctx or min(config.ctx_train, DEFAULT_CTX))
+    def load(cls, model: Model, options: RunOptions) -> "ReferenceBackend":
+        weights = ReferenceModel(model.gguf, model.config)
+        for i in tqdm(range(model.config.n_layers), desc="dequantizing", disable=not options.progress, leave=False):
+            weights.layer(i)
+        return cls(weights, options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX))
 
     def reset(self) -> None:
         self.n_past = 0
@@ -171,16 +168,9 @@ class ReferenceBackend:
         self.v_cache[:] = 0
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if tokens.ndim != 1 or tokens.size == 0:
-            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
+        tokens = check_tokens(tokens, self.n_past, self.n_ctx, self.model.token_embd.shape[0])
         end = self.n_past + tokens.size
-        if end > self.n_ctx:
-            raise ContextOverflowError(
-                f"{end} positions do not fit in the context of {self.n_ctx} tokens")
         c = self.config
-        if tokens.min() < 0 or tokens.max() >= self.model.token_embd.shape[0]:
-            raise ValueError(f"token id out of range 0..{self.model.token_embd.shape[0] - 1}")
         positions = np.arange(self.n_past, end)
         x = self.model.token_embd[tokens] * np.float32(c.embedding_scale())  # (n, n_embd)
         for i in range(c.n_layers):

@@ -3,7 +3,7 @@
 Every backend rotates pair i of a head at position p by the angle p * inv_freq[i] and multiplies
 the rotated values by `mscale` (1 unless YaRN). This module is the one place that computes both,
 from what the GGUF file declares (`{arch}.rope.scaling.*` keys, the `rope_freqs.weight` tensor)
-or what the user asks for (`open_backend(..., rope_scaling="yarn", rope_scale=4.0)`).
+or what the user asks for (`open_model(..., rope_scaling="yarn", rope_scale=4.0)`).
 
 Types (docs/EXTENDED_CONTEXT.md gives the formulas and their sources):
   none    inv_freq[i] = base^(-2i/d)

@@ -43,7 +43,9 @@ from airframe.backend import BACKENDS, DEFAULT_BACKEND, open_backend
 from airframe.engine import Engine
 from airframe.errors import AirframeError
 from airframe.family import families
+from airframe.model import open_model
 from airframe.models import resolve_model
+from airframe.options import RunOptions
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN_DIR = REPO / "tests" / "data" / "golden"
@@ -153,7 +155,7 @@ def _shown(path: Path) -> str:
 
 def reference_expectation(path: Path, engine: Engine) -> dict:
     """Greedy ids and margins from the numpy reference backend, made now."""
-    reference = open_backend("reference", path, n_ctx=N_CTX, progress=False)
+    reference = open_backend("reference", open_model(path), RunOptions(n_ctx=N_CTX))
     prompt_ids = engine.tokenize_prompt(PROMPT)
     ids, margins = greedy(reference, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
     return {"prompt_ids": prompt_ids, "ids": ids, "margins": margins, "source": "reference backend, now"}
@@ -307,7 +309,7 @@ def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Pa
     holder: dict = {}
 
     def load() -> str:
-        holder["engine"] = Engine.load(str(path), backend=backend, n_ctx=N_CTX, progress=False)
+        holder["engine"] = Engine.load(str(path), backend=backend, options=RunOptions(n_ctx=N_CTX))
         c = holder["engine"].config
         return f"{c.family}, {c.n_layers} layers, n_embd {c.n_embd}, vocab {c.vocab_size}"
 
@@ -331,7 +333,7 @@ def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Pa
 
 def write_golden(name: str, path: Path, golden_dir: Path) -> Path:
     """A model's expected greedy continuation, from the numpy reference backend."""
-    engine = Engine.load(str(path), backend="reference", n_ctx=N_CTX, progress=True)
+    engine = Engine.load(str(path), backend="reference", options=RunOptions(n_ctx=N_CTX, progress=True))
     prompt_ids = engine.tokenize_prompt(PROMPT)
     ids, margins = greedy(engine.backend, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
     golden = {

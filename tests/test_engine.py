@@ -6,12 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airframe.backend import Backend
 from airframe.chat_template import ChatTemplate
 from airframe.engine import Engine, Finish, GenerationParams, Piece
 from airframe.errors import ContextOverflowError, ParameterError, UnsupportedError
-from airframe.family import family_for, load_config
 from airframe.gguf_file import GGUFFile
-from airframe.models import resolve_model
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.sampling import SamplingParams, log_softmax
 from airframe.streaming import TextAssembler
 from airframe.tokenizer import load_tokenizer
@@ -19,7 +20,7 @@ from airframe.tokenizer import load_tokenizer
 GREEDY = SamplingParams(temperature=0.0)
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Returns logits that make `script[i]` the clear favourite at the i-th forward after reset."""
 
     name = "scripted"
@@ -52,13 +53,13 @@ class Model:
     """A real GGUF's tokenizer, config and template, for engines over any backend."""
 
     def __init__(self, name: str):
-        self.path = resolve_model(name)
-        gf = GGUFFile(self.path)
-        self.config = load_config(gf)
-        self.tokenizer = load_tokenizer(gf)
+        opened = open_model(name)
+        self.path = opened.path
+        self.config = opened.config
+        self.tokenizer = load_tokenizer(opened.gguf)
         tok = self.tokenizer
         self.template = ChatTemplate.for_model(
-            gf.get("tokenizer.chat_template"), family_for(gf.architecture).name,
+            opened.gguf.get("tokenizer.chat_template"), opened.config.family,
             tok.token_text(tok.bos_id), tok.token_text(tok.eos_id), name)
 
     def engine(self, script: list[int], n_ctx: int = 512) -> Engine:
@@ -282,7 +283,7 @@ def test_logprobs_report_the_chosen_token_and_its_alternatives(smollm2):
 # ---- end to end on the numpy reference ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_reference():
-    return Engine.load("smollm2-135m", backend="reference", n_ctx=128, progress=False)
+    return Engine.load("smollm2-135m", backend="reference", options=RunOptions(n_ctx=128))
 
 
 def test_greedy_generation_matches_the_reference_argmax_loop(smollm2_reference):
@@ -309,7 +310,7 @@ def test_reference_stream_equals_generate_and_does_not_leak_between_requests(smo
 
 
 def test_gemma3_reference_end_to_end():
-    engine = Engine.load("gemma3-270m", backend="reference", n_ctx=32, progress=False)
+    engine = Engine.load("gemma3-270m", backend="reference", options=RunOptions(n_ctx=32))
     params = GenerationParams(max_tokens=2, sampling=SamplingParams(seed=3))
     text, finish, _ = engine.generate([{"role": "user", "content": "Say hi."}], params)
     streamed = list(engine.stream([{"role": "user", "content": "Say hi."}], params))
@@ -325,12 +326,39 @@ def test_a_backend_that_cannot_be_imported_says_so(monkeypatch):
 
     monkeypatch.setattr(engine_module, "open_backend", missing)
     with pytest.raises(UnsupportedError, match="'webgpu' backend cannot be used here: No module named 'wgpu'.*--backend reference"):
-        Engine.load("smollm2-135m", backend="webgpu", progress=False)
+        Engine.load("smollm2-135m", backend="webgpu")
     assert Engine.load.__defaults__[0] == "webgpu"  # the default backend
 
 
+def test_load_parses_the_gguf_once(monkeypatch):
+    """The tokenizer, the chat template and the backend all read the one parsed file."""
+    parsed = []
+    parse = GGUFFile.__init__
+
+    def counted(self, path):
+        parsed.append(path)
+        parse(self, path)
+
+    monkeypatch.setattr(GGUFFile, "__init__", counted)
+    engine = Engine.load("smollm2-135m", backend="reference", options=RunOptions(n_ctx=16))
+    assert len(parsed) == 1 and engine.backend.config.vocab_size == engine.config.vocab_size
+
+
+def test_a_backend_without_on_device_greedy_is_driven_by_forward(smollm2):
+    engine = smollm2.engine(script_for(smollm2, "a b"))
+    assert engine.backend.greedy_on_device is False
+    with pytest.raises(UnsupportedError, match="scripted backend does not pick greedy tokens on the device"):
+        next(engine.backend.greedy_stream([1], 2))
+    text, _, _ = engine.generate("x", GenerationParams(max_tokens=2, sampling=GREEDY))
+    assert text == smollm2.tokenizer.decode(script_for(smollm2, "a b")[:2])
+
+
 class InKernelGreedyBackend(ScriptedBackend):
-    """A scripted backend that, like the CUDA megakernel, can also pick greedy tokens itself."""
+    """A scripted backend that, like the CUDA megakernel, can also pick greedy tokens itself, and
+    hands them all over at the end."""
+
+    greedy_on_device = True
+    greedy_first_token_timed = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -349,6 +377,9 @@ class InKernelGreedyBackend(ScriptedBackend):
             logits = self.forward([token])
         return out, "length"
 
+    def greedy_stream(self, prompt, max_new_tokens, eos=()):
+        yield self.generate_greedy(prompt, max_new_tokens, eos)
+
 
 @pytest.mark.parametrize("stop", [[], ["lo w"]])
 def test_in_kernel_greedy_gives_what_host_greedy_gives(smollm2, stop):
@@ -365,6 +396,17 @@ def test_in_kernel_greedy_gives_what_host_greedy_gives(smollm2, stop):
     assert (finish_fused.reason, finish_fused.completion_tokens) == (finish_host.reason, finish_host.completion_tokens)
 
 
+def test_tokens_handed_over_at_the_end_count_as_decode_time(smollm2):
+    """A backend that runs the prompt in the launches that generate (CUDA) has no time to the first token."""
+    script = script_for(smollm2, " one two three")
+    engine = Engine(InKernelGreedyBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "fused")
+    _, finish, _ = engine.generate("Count:", GenerationParams(max_tokens=3, sampling=GREEDY))
+    assert finish.prefill_seconds == 0 and finish.decode_seconds > 0
+    engine = Engine(StreamingGreedyBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "fused")
+    _, finish, _ = engine.generate("Count:", GenerationParams(max_tokens=3, sampling=GREEDY))
+    assert finish.prefill_seconds > 0
+
+
 def test_in_kernel_greedy_is_not_used_when_sampling(smollm2):
     backend = InKernelGreedyBackend(smollm2.config, [504, 3575])
     engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
@@ -375,6 +417,8 @@ def test_in_kernel_greedy_is_not_used_when_sampling(smollm2):
 
 class StreamingGreedyBackend(InKernelGreedyBackend):
     """Like WebGPU's argmax chain: greedy tokens in batches (the first alone, then 3 at a time)."""
+
+    greedy_first_token_timed = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -33,6 +33,8 @@ import pytest
 
 from airframe.gguf_file import GGUFFile
 from airframe.gpu.backend import WebGPUBackend
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.rope_scaling import RopeScaling
 from airframe.synthetic import write_synthetic_gguf
@@ -125,16 +127,17 @@ class Compared:
         case = CASES[name]
         self.path = write_synthetic_gguf(folder / f"{name}.gguf", case.family, {"preset": "tiny", **case.shape},
                                          "Q8_0", seed=11, rope_scaling=case.rope_scaling)
-        self.tokens = load_tokenizer(GGUFFile(self.path)).encode(TEXT)[:N_TOKENS]
+        opened = open_model(self.path)
+        self.tokens = load_tokenizer(opened.gguf).encode(TEXT)[:N_TOKENS]
         assert len(self.tokens) == N_TOKENS
-        self.reference = ReferenceBackend.load(self.path, n_ctx=N_TOKENS)
+        self.reference = ReferenceBackend.load(opened, RunOptions(n_ctx=N_TOKENS))
         self.config = self.reference.config
         self.ours = self.reference.forward(self.tokens, all_logits=True)
         torch.set_num_threads(os.cpu_count() or 1)
         model = hf_model(self.path, hf_overrides(name, self.config), as_mistral=name == "mistral")
         self.hf_class = type(model).__name__
         self.theirs = hf_logits(model, self.tokens)
-        gpu = WebGPUBackend.load(self.path, n_ctx=N_TOKENS, progress=False)
+        gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=N_TOKENS))
         prefill = gpu.forward(self.tokens[:PREFILL], all_logits=True)
         decode = [gpu.forward([t]) for t in self.tokens[PREFILL:]]
         self.gpu = np.concatenate([prefill, np.stack(decode)])
@@ -198,7 +201,7 @@ def test_each_switch_matters(folder, case, switch):
     spec = CASES[case]
     path = write_synthetic_gguf(folder / f"switch-{case}.gguf", spec.family, {"preset": "tiny", **spec.shape},
                                 "F32", seed=11)
-    right = ReferenceBackend.load(path, n_ctx=N_TOKENS)
+    right = ReferenceBackend.load(open_model(path), RunOptions(n_ctx=N_TOKENS))
     tokens = load_tokenizer(right.model.gf).encode(TEXT)[:N_TOKENS]
     model = ReferenceModel(right.model.gf, _without(right.config, switch))
     wrong = ReferenceBackend(model, N_TOKENS)
@@ -217,7 +220,8 @@ def test_families_load_in_every_quant_type_on_webgpu(folder):
             preset = "tiny256" if "K" in qtype else "tiny"
             path = write_synthetic_gguf(folder / f"{family}-{qtype}.gguf", family, {"preset": preset, **shape},
                                         qtype, seed=2)
-            want = ReferenceBackend.load(path, n_ctx=16).forward(tokens, all_logits=True)
-            got = WebGPUBackend.load(path, n_ctx=16, progress=False).forward(tokens, all_logits=True)
+            model = open_model(path)
+            want = ReferenceBackend.load(model, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
+            got = WebGPUBackend.load(model, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
             assert np.abs(got - want).max() <= MAX_DIFF, (family, qtype)
             assert (got.argmax(-1) == want.argmax(-1)).all(), (family, qtype)

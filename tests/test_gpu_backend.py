@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from airframe.errors import ContextOverflowError, ParameterError
-from airframe.gguf_file import GGUFFile
 from airframe.gpu.backend import WebGPUBackend
-from airframe.models import resolve_model
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend
 from airframe.synthetic import write_synthetic_gguf
 from airframe.tokenizer import load_tokenizer
@@ -16,10 +16,10 @@ TEACHER_TOKENS = 128
 TEXT = "tests/data/english.txt"
 
 
-def english_tokens(path, n):
+def english_tokens(model, n):
     from pathlib import Path
     text = (Path(__file__).parent / "data" / "english.txt").read_text()
-    ids = load_tokenizer(GGUFFile(path)).encode(text)
+    ids = load_tokenizer(model.gguf).encode(text)
     assert len(ids) >= n
     return ids[:n]
 
@@ -27,11 +27,11 @@ def english_tokens(path, n):
 @pytest.mark.parametrize("model,max_diff", [("smollm2-135m", 0.02), ("gemma3-270m", 0.05)])
 def test_real_model_teacher_forced(model, max_diff):
     """128 tokens of English in one chunk: top-1 agreement >= 99%, logits within max_diff."""
-    path = resolve_model(model)
-    tokens = english_tokens(path, TEACHER_TOKENS)
-    gpu = WebGPUBackend.load(path, n_ctx=TEACHER_TOKENS, progress=False)
+    opened = open_model(model)
+    tokens = english_tokens(opened, TEACHER_TOKENS)
+    gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=TEACHER_TOKENS))
     got = gpu.forward(tokens, all_logits=True)
-    want = ReferenceBackend.load(path, n_ctx=TEACHER_TOKENS).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(opened, RunOptions(n_ctx=TEACHER_TOKENS)).forward(tokens, all_logits=True)
     assert got.shape == want.shape == (TEACHER_TOKENS, gpu.config.vocab_size)
     agreement = (got.argmax(1) == want.argmax(1)).mean()
     assert agreement >= 0.99, f"top-1 agreement {agreement:.3f}"
@@ -40,12 +40,12 @@ def test_real_model_teacher_forced(model, max_diff):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    return write_synthetic_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama", "tiny", "Q8_0")
+    return open_model(write_synthetic_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama", "tiny", "Q8_0"))
 
 
 def test_decode_after_prefill_equals_one_shot(tiny_llama):
     tokens = list(np.random.default_rng(0).integers(0, 512, 14))
-    gpu = WebGPUBackend.load(tiny_llama, n_ctx=64, progress=False)
+    gpu = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=64))
     one_shot = gpu.forward(tokens, all_logits=True)
     gpu.reset()
     gpu.forward(tokens[:9])
@@ -57,11 +57,11 @@ def test_decode_after_prefill_equals_one_shot(tiny_llama):
 def test_chunked_prefill_equals_unchunked(tiny_llama):
     """1,100 tokens in 512-token chunks (3 chunks) against one chunk and against the reference."""
     tokens = list(np.random.default_rng(1).integers(0, 512, 1100))
-    chunked = WebGPUBackend.load(tiny_llama, n_ctx=1100, progress=False, prefill_chunk=512)
-    whole = WebGPUBackend.load(tiny_llama, n_ctx=1100, progress=False, prefill_chunk=1100)
+    chunked = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=1100, prefill_chunk=512))
+    whole = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=1100, prefill_chunk=1100))
     a = chunked.forward(tokens, all_logits=True)
     b = whole.forward(tokens, all_logits=True)
-    want = ReferenceBackend.load(tiny_llama, n_ctx=1100).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(tiny_llama, RunOptions(n_ctx=1100)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(a, b, atol=1e-4)
     np.testing.assert_allclose(a, want, atol=1e-3)
     assert chunked.n_past == 1100
@@ -76,9 +76,10 @@ def test_synthetic_model_every_quant_type(tmp_path, family, qtype):
     shape = "tiny256" if qtype.startswith(("Q4_K", "Q5_K", "Q6_K")) else "tiny"
     path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
     tokens = list(np.random.default_rng(2).integers(0, 512, 7))
-    gpu = WebGPUBackend.load(path, n_ctx=32, progress=False)
+    model = open_model(path)
+    gpu = WebGPUBackend.load(model, RunOptions(n_ctx=32))
     got = np.concatenate([gpu.forward(tokens[:5], all_logits=True), gpu.forward(tokens[5:], all_logits=True)])
-    want = ReferenceBackend.load(path, n_ctx=32).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(model, RunOptions(n_ctx=32)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))
 
 
@@ -87,14 +88,15 @@ def test_sliding_window_beyond_the_window(tmp_path):
     path = write_synthetic_gguf(tmp_path / "g.gguf", "gemma3", {"preset": "tiny", "sliding_window": 8, "n_layers": 6},
                                 "F32")
     tokens = list(np.random.default_rng(3).integers(0, 512, 40))
-    gpu = WebGPUBackend.load(path, n_ctx=48, progress=False, prefill_chunk=16)
+    model = open_model(path)
+    gpu = WebGPUBackend.load(model, RunOptions(n_ctx=48, prefill_chunk=16))
     got = gpu.forward(tokens, all_logits=True)
-    want = ReferenceBackend.load(path, n_ctx=48).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(model, RunOptions(n_ctx=48)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=1e-3 * max(1.0, np.abs(want).max()))
 
 
 def test_context_overflow_names_both_sizes(tiny_llama):
-    gpu = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False)
+    gpu = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=8))
     gpu.forward([1, 2, 3, 4, 5])
     with pytest.raises(ContextOverflowError, match=r"5 cached \+ 4 new.*context of 8"):
         gpu.forward([1, 2, 3, 4])
@@ -104,7 +106,7 @@ def test_context_overflow_names_both_sizes(tiny_llama):
 
 def test_decode_dispatch_count(tiny_llama):
     """Llama decode: at most 8 dispatches per layer per token, counted from what is recorded."""
-    gpu = WebGPUBackend.load(tiny_llama, n_ctx=16, progress=False)
+    gpu = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=16))
     per_layer = len(gpu.layer_ops[0].dispatches(1, 1))
     assert per_layer <= 8
     assert gpu.dispatch_count(1) == gpu.config.n_layers * per_layer + len(gpu.token_embd.chunks) + 1 + len(gpu.output.chunks)
@@ -113,21 +115,16 @@ def test_decode_dispatch_count(tiny_llama):
 def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, caplog):
     """SHIMMY_DEBUG_RAW=1 submits op by op and logs statistics; the logits stay the same."""
     tokens = [5, 9, 200]
-    plain = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False).forward(tokens)
+    plain = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=8)).forward(tokens)
     monkeypatch.setenv("SHIMMY_DEBUG_RAW", "1")
     monkeypatch.setenv("AIRFRAME_TRACE_PREFILL_CHUNKS", "1")
-    debug = WebGPUBackend.load(tiny_llama, n_ctx=8, progress=False)
+    debug = WebGPUBackend.load(tiny_llama, RunOptions.from_env(n_ctx=8))
     with caplog.at_level("WARNING", logger="airframe.gpu"):
         got = debug.forward(tokens)
     np.testing.assert_allclose(got, plain, atol=1e-5)
     text = caplog.text
     assert "blk.1.ffn_down" in text and "absmax" in text and "nan 0" in text
     assert "prefill chunk 0..3 (3 tokens)" in text
-
-
-def test_bad_options_are_named(tiny_llama):
-    with pytest.raises(ParameterError, match="unknown webgpu backend options.*'speed'"):
-        WebGPUBackend.load(tiny_llama, speed=2)
 
 
 @pytest.mark.parametrize("family,qtype", [("llama", "Q4_0"), ("gemma3", "Q4_0"), ("llama", "Q4_K_M"),
@@ -139,10 +136,11 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     shape = "tiny256" if qtype == "Q4_K_M" else "tiny"  # K-quant rows need 256 columns
     path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
     tokens = list(np.random.default_rng(4).integers(0, 512, 70))
-    gpu = WebGPUBackend.load(path, n_ctx=80, progress=False, matmul="tiled", reduce=reduce)
+    model = open_model(path)
+    gpu = WebGPUBackend.load(model, RunOptions(n_ctx=80, matmul="tiled", reduce=reduce))
     assert gpu.pipes.matmul == "tiled"
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
-    want = ReferenceBackend.load(path, n_ctx=80).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(model, RunOptions(n_ctx=80)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))
 
 
@@ -154,12 +152,10 @@ def test_real_model_decode_through_the_gpu_kernels(model, max_diff):
     columns; Gemma 3: Q4_K attn_output and ffn_down, Q6_K ffn_down, Q8_0 attn_v and the 262,144-row
     Q8_0 LM head in two binding chunks) against the numpy reference: the same argmax at every
     position, logits within the teacher-forced test's bound."""
-    from airframe.models import resolve_model
-
-    path = resolve_model(model)
+    opened = open_model(model)
     tokens = [2, 651, 6037, 603, 1105, 578] if model == "gemma3-270m" else [504, 2365, 314, 253, 1345, 28]
-    gpu = WebGPUBackend.load(path, n_ctx=16, progress=False, matmul="tiled")
+    gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=16, matmul="tiled"))
     got = np.stack([gpu.forward([t]) for t in tokens])
-    want = ReferenceBackend.load(path, n_ctx=16).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(opened, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
     np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
     assert np.abs(got - want).max() < max_diff

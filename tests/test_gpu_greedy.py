@@ -9,6 +9,8 @@ import pytest
 from airframe.engine import Engine, GenerationParams, Piece
 from airframe.gpu.greedy import build_argmax
 from airframe.gpu.backend import WebGPUBackend
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.sampling import SamplingParams
 from airframe.synthetic import write_synthetic_gguf
 
@@ -27,12 +29,12 @@ def host_greedy(be: WebGPUBackend, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_engine_greedy_on_the_gpu_equals_the_host_loop(model):
-    engine = Engine.load(model, backend="webgpu", n_ctx=128, progress=False)
+    engine = Engine.load(model, backend="webgpu", options=RunOptions(n_ctx=128))
     params = GenerationParams(max_tokens=16, sampling=GREEDY)
     prompt = "The three primary colours are"
-    assert engine._in_kernel_greedy(params)
+    assert engine._greedy_on_device(params)
     chained = list(engine.stream(prompt, params))
-    engine._in_kernel_greedy = lambda params: False  # the plain loop: logits read back every token
+    engine._greedy_on_device = lambda params: False  # the host path: logits read back every token
     plain = list(engine.stream(prompt, params))
     ids = [[t for p in items[:-1] for t in p.token_ids] for items in (chained, plain)]
     assert len(ids[0]) >= 8 and ids[0] == ids[1]
@@ -46,7 +48,7 @@ def test_engine_greedy_on_the_gpu_equals_the_host_loop(model):
 def tiny(tmp_path_factory):
     """2 layers, a 5,000-token vocabulary (3 argmax workgroups); prefill chunks of 8 tokens."""
     path = write_synthetic_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama", "tiny", "Q8_0", vocab=5000)
-    be = WebGPUBackend.load(path, n_ctx=64, progress=False, prefill_chunk=8)
+    be = WebGPUBackend.load(open_model(path), RunOptions(n_ctx=64, prefill_chunk=8))
     be.argmax = build_argmax(be, batch=4)  # many small batches
     return be
 

@@ -8,7 +8,9 @@ from airframe.gguf_file import GGUFFile
 from airframe.gpu.device import get_context
 from airframe.gpu.pack import TENSOR_ALIGN_WORDS, pack_tensors, plan_row_chunks
 from airframe.gpu.backend import WebGPUBackend
+from airframe.model import open_model
 from airframe.models import resolve_model
+from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend
 
 
@@ -49,14 +51,14 @@ def test_layer_pack_offsets():
 
 def test_gemma_embedding_is_split_on_the_binding_limit():
     """The 178 MB Q8_0 table exceeds lavapipe's 128 MiB binding: tokens on both sides of the cut agree."""
-    path = resolve_model("gemma3-270m")
-    gpu = WebGPUBackend.load(path, n_ctx=8, progress=False)
+    model = open_model("gemma3-270m")
+    gpu = WebGPUBackend.load(model, RunOptions(n_ctx=8))
     chunks = gpu.token_embd.chunks
     assert len(chunks) > 1
     assert all(c.size <= get_context().max_binding for c in chunks)
     cut = chunks[1].first_row
     tokens = [cut - 1, cut, 2, 262143]
     got = gpu.forward(tokens, all_logits=True)
-    want = ReferenceBackend.load(path, n_ctx=8).forward(tokens, all_logits=True)
+    want = ReferenceBackend.load(model, RunOptions(n_ctx=8)).forward(tokens, all_logits=True)
     assert (got.argmax(1) == want.argmax(1)).all()
     np.testing.assert_allclose(got, want, atol=0.02)

@@ -23,6 +23,8 @@ from airframe.megakernel.cuda.backend import CudaBackend
 from airframe.megakernel.plan.opcodes import HEADER_PATH, Op
 from airframe.megakernel.plan.planner import make_plan
 from airframe.megakernel.plan.target import NAMED_TARGETS
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.sampling import SamplingParams, greedy_blockers
 from scripts_loader import load_script
 
@@ -247,9 +249,9 @@ def test_vectors_longer_than_xs_are_refused():
 
 # ---- no GPU here ----------------------------------------------------------------------------------
 @pytest.mark.skipif(gpu_present(), reason="this machine has a CUDA GPU: the no-GPU error cannot happen")
-def test_no_cuda_gpu_is_a_clear_error(tmp_path):
+def test_no_cuda_gpu_is_a_clear_error(smollm2_path):
     with pytest.raises(GPUError, match="CUDA"):
-        CudaBackend.load(tmp_path / "model.gguf")
+        CudaBackend.load(open_model(smollm2_path), RunOptions())
 
 
 def test_missing_cuda_bindings_is_a_clear_error(monkeypatch):
@@ -259,13 +261,14 @@ def test_missing_cuda_bindings_is_a_clear_error(monkeypatch):
         runtime.driver()
 
 
-def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, tmp_path):
+def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, smollm2_path):
     from airframe.backend import open_backend
 
     seen = {}
-    monkeypatch.setattr(CudaBackend, "load", classmethod(lambda cls, path, n_ctx=None, **o: seen.update(path=path)))
-    open_backend("cuda", tmp_path / "m.gguf")
-    assert seen["path"] == tmp_path / "m.gguf"
+    monkeypatch.setattr(CudaBackend, "load", classmethod(lambda cls, model, options: seen.update(model=model)))
+    model = open_model(smollm2_path)
+    open_backend("cuda", model, RunOptions())
+    assert seen["model"] is model
 
 
 def test_sampling_options_the_kernel_cannot_honour():
@@ -447,6 +450,23 @@ def test_generate_greedy_stops_at_eos_inside_the_launch():
     tokens, reason = backend.generate_greedy([4], 50, eos=[chain[6]])
     assert reason == "stop" and tokens == chain[:6]
     assert len(backend.runtime.launches) == 1
+
+
+def test_greedy_stream_is_generate_greedy_in_one_batch():
+    """The engine's declared on-device method: every token at the end, so no time to the first token."""
+    backend = scripted_backend()
+    assert backend.greedy_on_device and not backend.greedy_first_token_timed
+    chain = expected_chain(4, 20)
+    assert list(backend.greedy_stream([4], 50, eos=[chain[6]])) == [(chain[:6], "stop")]
+    assert list(backend.greedy_stream([4], 5)) == [(chain[:5], "length")]
+
+
+def test_bad_token_ids_are_parameter_errors():
+    backend = scripted_backend()
+    with pytest.raises(ParameterError, match="outside the vocabulary 0..49151"):
+        backend.forward([49152])
+    with pytest.raises(ParameterError, match="non-empty"):
+        backend.generate_greedy([], 4)
 
 
 def test_generate_greedy_ends_at_the_context():

@@ -12,8 +12,8 @@ import pytest
 from airframe.backend import open_backend
 from airframe.cli import main
 from airframe.errors import ParameterError
-from airframe.gguf_file import GGUFFile
-from airframe.models import resolve_model
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.perplexity import cut_windows, perplexity, scored_nll, summarize
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
@@ -99,10 +99,10 @@ def test_command_on_smollm2_matches_a_direct_computation(capsys):
 
     from airframe.tokenizer import load_tokenizer
 
-    path = resolve_model("smollm2-135m")
-    tokenizer = load_tokenizer(GGUFFile(path))
+    model = open_model("smollm2-135m")
+    tokenizer = load_tokenizer(model.gguf)
     tokens = tokenizer.encode(ENGLISH.read_text(), add_special=True, parse_special=False)
-    backend = open_backend("reference", path, n_ctx=n_ctx)
+    backend = open_backend("reference", model, RunOptions(n_ctx=n_ctx))
     nll = []
     for w in range(2):  # each window in one call this time, every logit kept
         window = tokens[w * n_ctx:(w + 1) * n_ctx]

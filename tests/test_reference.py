@@ -6,8 +6,9 @@ Its agreement with an implementation nobody here wrote (HF transformers) is in t
 import numpy as np
 import pytest
 
-from airframe.errors import ContextOverflowError
-from airframe.models import resolve_model
+from airframe.errors import ContextOverflowError, ParameterError
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend, attention, gelu_tanh, greedy, rmsnorm, rope
 
 PROMPT_SMOLLM2 = [504, 3575, 282, 4649, 314]  # "The capital of France is"
@@ -15,7 +16,7 @@ PROMPT_SMOLLM2 = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return ReferenceBackend.load(resolve_model("smollm2-135m"), n_ctx=64)
+    return ReferenceBackend.load(open_model("smollm2-135m"), RunOptions(n_ctx=64))
 
 
 def test_rmsnorm_fixed_case():
@@ -90,3 +91,15 @@ def test_context_overflow_names_both_sizes(smollm2):
     smollm2.reset()
     with pytest.raises(ContextOverflowError, match="65.*64"):
         smollm2.forward(list(range(65)))
+
+
+def test_bad_token_ids_are_parameter_errors(smollm2):
+    """As on the other backends: a 400 through the server, not a 500."""
+    smollm2.reset()
+    with pytest.raises(ParameterError, match="token id 49152 is outside the vocabulary 0..49151"):
+        smollm2.forward([1, 49152])
+    with pytest.raises(ParameterError, match="token id -1 is outside"):
+        smollm2.forward([-1])
+    with pytest.raises(ParameterError, match=r"shape \(0,\), expected a non-empty 1-D sequence"):
+        smollm2.forward([])
+    assert smollm2.n_past == 0

@@ -31,8 +31,8 @@ else:
     torch = pytest.importorskip("torch", reason="pip install -r scripts/requirements-hf.txt")
     transformers = pytest.importorskip("transformers", reason="pip install -r scripts/requirements-hf.txt")
 
-from airframe.gguf_file import GGUFFile  # noqa: E402
-from airframe.models import resolve_model  # noqa: E402
+from airframe.model import open_model  # noqa: E402
+from airframe.options import RunOptions  # noqa: E402
 from airframe.reference import ReferenceBackend  # noqa: E402
 from airframe.tokenizer import load_tokenizer  # noqa: E402
 
@@ -47,11 +47,12 @@ MODELS = ["smollm2-135m", "gemma3-270m"]
 
 class Compared:
     def __init__(self, name: str):
-        path = resolve_model(name)
-        tokenizer = load_tokenizer(GGUFFile(path))
+        model = open_model(name)
+        path = model.path
+        tokenizer = load_tokenizer(model.gguf)
         self.tokens = tokenizer.encode(ENGLISH.read_text(), add_special=True)[:N_TOKENS]
         assert len(self.tokens) == N_TOKENS
-        self.reference = ReferenceBackend.load(path, n_ctx=N_TOKENS)
+        self.reference = ReferenceBackend.load(model, RunOptions(n_ctx=N_TOKENS))
         self.ours = self.reference.forward(self.tokens, all_logits=True)
         torch.set_num_threads(os.cpu_count() or 1)
         self.hf = transformers.AutoModelForCausalLM.from_pretrained(

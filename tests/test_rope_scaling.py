@@ -22,6 +22,8 @@ from airframe.backend import open_backend
 from airframe.errors import GGUFError, ParameterError
 from airframe.family import load_config
 from airframe.gguf_file import GGUFFile
+from airframe.model import open_model
+from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend, ReferenceModel
 from airframe.rope_scaling import (NONE, RopeScaling, inv_frequencies, llama3_freq_factors, mscale,
                                    read_rope_scaling, requested, yarn_corr_dims)
@@ -152,8 +154,9 @@ def test_declared_scaling_is_read_from_the_keys(folder, kind):
 def test_llama3_from_keys_equals_the_rope_freqs_tensor(folder):
     """Without rope_freqs.weight, the factors come from the llama3 keys: same logits."""
     tokens = list(range(1, 200))
-    with_tensor = ReferenceBackend.load(scaled_model(folder, "llama", "llama3"), n_ctx=256)
-    from_keys = ReferenceBackend.load(scaled_model(folder, "llama", "llama3", rope_freqs=False), n_ctx=256)
+    options = RunOptions(n_ctx=256)
+    with_tensor = ReferenceBackend.load(open_model(scaled_model(folder, "llama", "llama3")), options)
+    from_keys = ReferenceBackend.load(open_model(scaled_model(folder, "llama", "llama3", rope_freqs=False)), options)
     assert with_tensor.rope_freqs is not None and from_keys.rope_freqs is None
     assert from_keys.config.rope_scaling == SCALINGS["llama3"]
     np.testing.assert_allclose(from_keys.forward(tokens, all_logits=True), with_tensor.forward(tokens, all_logits=True),
@@ -166,9 +169,9 @@ def test_user_override_equals_declared_yarn(folder, backend):
     weights with YaRN declared in the file (original context: the file's context_length)."""
     tokens = list(range(3, 3 + 160))
     plain = dataclasses.replace(SCALINGS["yarn"], original_ctx=0)  # only the factor is asked for
-    declared = open_backend(backend, scaled_model(folder, "llama", "yarn"), n_ctx=160, progress=False)
-    asked = open_backend(backend, _with_ctx_train(folder), n_ctx=160, progress=False,
-                         rope_scaling="yarn", rope_scale=4.0)
+    options = RunOptions(n_ctx=160)
+    declared = open_backend(backend, open_model(scaled_model(folder, "llama", "yarn")), options)
+    asked = open_backend(backend, open_model(_with_ctx_train(folder), rope_scaling="yarn", rope_scale=4.0), options)
     assert asked.config.rope_scaling == dataclasses.replace(plain, original_ctx=ORIGINAL_CTX)
     np.testing.assert_allclose(asked.forward(tokens, all_logits=True), declared.forward(tokens, all_logits=True),
                                atol=1e-6)
@@ -182,7 +185,7 @@ def _with_ctx_train(folder: Path) -> Path:
     return path
 
 
-def test_requested_errors():
+def test_requested_errors(folder):
     assert requested(None, None) is None
     assert requested("none", None) == NONE
     for kind, factor, words in [("ntk", 2.0, "expected one of"), ("longrope", 2.0, "expected one of"),
@@ -190,8 +193,11 @@ def test_requested_errors():
                                 ("yarn", 0.5, "expected a number >= 1"), ("linear", float("nan"), ">= 1")]:
         with pytest.raises(ParameterError, match=words):
             requested(kind, factor)
+    asked = open_model(_with_ctx_train(folder), rope_scaling="yarn", rope_scale=2.0)
     with pytest.raises(ParameterError, match="cuda"):
-        open_backend("cuda", "unused.gguf", rope_scaling="yarn", rope_scale=2.0)
+        open_backend("cuda", asked, RunOptions())
+    with pytest.raises(ParameterError, match="expected a number >= 1"):
+        open_model("unused.gguf", rope_scaling="yarn", rope_scale=0.5)  # refused before the file is looked for
 
 
 def test_bad_scaling_type_in_the_file(folder):
@@ -213,8 +219,9 @@ def test_local_layers_are_not_scaled(folder):
     config = load_config(GGUFFile(path))
     assert [config.layer_rope_scaling(i).type for i in range(6)] == ["none"] * 5 + ["linear"]
     tokens = list(range(1, 41))
-    reference = open_backend("reference", path, n_ctx=40).forward(tokens, all_logits=True)
-    webgpu = open_backend("webgpu", path, n_ctx=40, progress=False).forward(tokens, all_logits=True)
+    model, options = open_model(path), RunOptions(n_ctx=40)
+    reference = open_backend("reference", model, options).forward(tokens, all_logits=True)
+    webgpu = open_backend("webgpu", model, options).forward(tokens, all_logits=True)
     assert np.abs(webgpu - reference).max() <= MAX_DIFF
 
 
@@ -225,9 +232,10 @@ def scaled(request, folder):
     family, kind = request.param
     path = scaled_model(folder, family, kind)
     tokens = [int(t) for t in np.random.default_rng(0).integers(0, 512, N_TOKENS)]
-    reference = ReferenceBackend.load(path, n_ctx=N_TOKENS)
+    model, options = open_model(path), RunOptions(n_ctx=N_TOKENS)
+    reference = ReferenceBackend.load(model, options)
     ours = reference.forward(tokens, all_logits=True)
-    webgpu = open_backend("webgpu", path, n_ctx=N_TOKENS, progress=False).forward(tokens, all_logits=True)
+    webgpu = open_backend("webgpu", model, options).forward(tokens, all_logits=True)
     theirs = hf_logits(path, hf_overrides(SCALINGS[kind], reference.config.rope_base, reference.model.gf), tokens)
     unscaled = ReferenceBackend(ReferenceModel(reference.model.gf, dataclasses.replace(reference.config,
                                                                                        rope_scaling=NONE)), N_TOKENS)
@@ -254,12 +262,12 @@ def test_scaling_matters_beyond_the_original_context(scaled):
 def test_longer_context_than_trained_warns(folder, caplog):
     path = _with_ctx_train(folder)  # trained context 128, no scaling declared
     with caplog.at_level("WARNING", logger="airframe.rope"):
-        open_backend("reference", path, n_ctx=300)
+        open_backend("reference", open_model(path), RunOptions(n_ctx=300))
     assert "--rope-scaling yarn --rope-scale 3" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="airframe.rope"):
-        open_backend("reference", path, n_ctx=300, rope_scaling="yarn", rope_scale=3.0)
-        open_backend("reference", path, n_ctx=128)
+        open_backend("reference", open_model(path, rope_scaling="yarn", rope_scale=3.0), RunOptions(n_ctx=300))
+        open_backend("reference", open_model(path), RunOptions(n_ctx=128))
     assert caplog.text == ""
 
 
@@ -268,13 +276,14 @@ def test_longrope_uses_the_short_factors_within_the_original_context(folder):
     """n_ctx <= the original context: rope_factors_short (llama.cpp and transformers alike)."""
     path = scaled_model(folder, "phi3", "longrope")
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, 512, ORIGINAL_CTX)]
-    reference = ReferenceBackend.load(path, n_ctx=ORIGINAL_CTX)
+    model = open_model(path)
+    reference = ReferenceBackend.load(model, RunOptions(n_ctx=ORIGINAL_CTX))
     np.testing.assert_array_equal(reference.rope_freqs, reference.model.gf.dequantize("rope_factors_short.weight"))
     ours = reference.forward(tokens, all_logits=True)
-    webgpu = open_backend("webgpu", path, n_ctx=ORIGINAL_CTX, progress=False).forward(tokens, all_logits=True)
+    webgpu = open_backend("webgpu", model, RunOptions(n_ctx=ORIGINAL_CTX)).forward(tokens, all_logits=True)
     theirs = hf_logits(path, hf_overrides(SCALINGS["longrope"], reference.config.rope_base, reference.model.gf), tokens)
     assert np.abs(ours - theirs).max() <= MAX_DIFF and np.abs(webgpu - theirs).max() <= MAX_DIFF
-    long = ReferenceBackend.load(path, n_ctx=ORIGINAL_CTX + 1)
+    long = ReferenceBackend.load(model, RunOptions(n_ctx=ORIGINAL_CTX + 1))
     assert np.abs(long.forward(tokens, all_logits=True) - theirs).max() >= MIN_EFFECT
 
 

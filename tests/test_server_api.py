@@ -641,6 +641,25 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error_event():
         assert c.post("/v1/completions", json={"prompt": "hi", "stream": True}).status_code == 200  # still serving
 
 
+def test_a_token_id_the_reference_backend_refuses_is_a_400(tmp_path):
+    """SmolLM2's tokenizer over a 512-token synthetic model: the prompt's ids are outside its
+    vocabulary, which the reference backend reports as a ParameterError, so 400 and not 500."""
+    from airframe.engine import Engine
+    from airframe.model import open_model
+    from airframe.options import RunOptions
+    from airframe.reference import ReferenceBackend
+    from airframe.synthetic import write_synthetic_gguf
+    from test_engine import Model
+
+    smollm2 = Model("smollm2-135m")
+    tiny = open_model(write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "F32"))
+    backend = ReferenceBackend.load(tiny, RunOptions(n_ctx=64))
+    engine = Engine(backend, smollm2.tokenizer, smollm2.template, "mismatched")
+    with TestClient(create_app(engine)) as c:
+        error = assert_openai_error(c.post("/v1/completions", json={"prompt": "Hello there", "max_tokens": 2}), 400)
+        assert "outside the vocabulary 0..511" in error["message"] and error["code"] == "invalid_value"
+
+
 def test_a_stream_waiting_in_the_queue_gets_keep_alive_comments(monkeypatch):
     from airframe.server import routes
 

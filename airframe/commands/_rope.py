@@ -11,5 +11,5 @@ def add_rope_arguments(p) -> None:
 
 
 def rope_options(args) -> dict:
-    """The open_backend keyword arguments the flags ask for (none when they are absent)."""
+    """The open_model keyword arguments the flags ask for (None when they are absent)."""
     return {"rope_scaling": args.rope_scaling, "rope_scale": args.rope_scale}

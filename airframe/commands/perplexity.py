@@ -2,8 +2,8 @@ from pathlib import Path
 
 from ..backend import BACKENDS, DEFAULT_BACKEND, open_backend
 from ..errors import ParameterError
-from ..gguf_file import GGUFFile
-from ..models import resolve_model
+from ..model import open_model
+from ..options import RunOptions
 from ..perplexity import cut_windows, perplexity
 from ._rope import add_rope_arguments, rope_options
 
@@ -45,14 +45,14 @@ def run(args) -> int:
     if args.chunks is not None and args.chunks < 2:
         raise ParameterError(f"--chunks {args.chunks}, expected at least 2")
     text = _read_text(args.file)
-    path = resolve_model(args.model)
-    tokenizer = load_tokenizer(GGUFFile(path))
+    model = open_model(args.model, **rope_options(args))
+    tokenizer = load_tokenizer(model.gguf)
     tokens = tokenizer.encode(text, add_special=True, parse_special=False)
     if args.chunks is not None:
         tokens = tokens[:args.chunks * args.ctx]
     bos_id = tokenizer.bos_id if tokenizer.add_bos else None
     cut_windows(tokens, args.ctx, bos_id)  # too short a text fails before the model loads
-    backend = open_backend(args.backend, path, n_ctx=args.ctx, **rope_options(args))
+    backend = open_backend(args.backend, model, RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet))
     result = perplexity(backend, tokens, args.ctx, bos_id, progress=not args.quiet)
     print(f"{len(tokens)} tokens, {result.n_windows} windows of {args.ctx}, {result.n_scored} scored "
           f"({args.backend} backend)")

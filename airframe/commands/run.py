@@ -54,8 +54,10 @@ def generation_params(args):
 
 def load_engine(args):
     from ..engine import Engine
+    from ..options import RunOptions
 
-    return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True, **rope_options(args))
+    options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
+    return Engine.load(args.model, backend=args.backend, options=options, **rope_options(args))
 
 
 def speed_line(finish) -> str:

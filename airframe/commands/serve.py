@@ -46,6 +46,7 @@ def run(args) -> int:
 
     from ..engine import Engine
     from ..errors import ParameterError
+    from ..options import RunOptions
     from ..server import ServerOptions, create_app
 
     if args.max_queue < 0:
@@ -53,9 +54,10 @@ def run(args) -> int:
     if args.ctx is not None and args.ctx < 2:
         raise ParameterError(f"--ctx must be >= 2 tokens, got {args.ctx}")
     resolve_model(args.model)  # a wrong name fails here, before the server starts
+    run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
 
     def load():
-        return Engine.load(args.model, backend=args.backend, n_ctx=args.ctx, progress=True, **rope_options(args))
+        return Engine.load(args.model, backend=args.backend, options=run_options, **rope_options(args))
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                             aliases=tuple(args.alias), strict_model=args.strict_model,

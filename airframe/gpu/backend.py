@@ -17,17 +17,19 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import wgpu
 from tqdm import tqdm
 
-from ..errors import ContextOverflowError, ParameterError, UnsupportedError
-from ..family import ModelConfig, load_config
+from ..backend import Backend, check_tokens
+from ..errors import UnsupportedError
+from ..family import ModelConfig
 from ..gguf_file import GGUFFile
-from ..rope_scaling import RopeScaling, cos_sin, freq_factors
+from ..model import Model
+from ..options import RunOptions
+from ..rope_scaling import cos_sin, freq_factors
 from . import pipelines as pl
 from .device import get_context
 from .greedy import build_argmax, greedy_stream
@@ -36,7 +38,6 @@ from .layer import LayerOps, build_globals, build_layer
 
 log = logging.getLogger("airframe.gpu")
 DEFAULT_CTX = 4096
-PREFILL_CHUNK = 512
 MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.wgsl's MAX_SPLITS
 SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
@@ -63,22 +64,23 @@ class Scratch:
     logit_rows: int
 
 
-class WebGPUBackend:
+class WebGPUBackend(Backend):
     """Backend protocol (airframe/backend.py) on WebGPU."""
 
     name = "webgpu"
+    greedy_on_device = True  # greedy.py: the argmax feeds the next token on the GPU
 
-    def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, prefill_chunk: int,
-                 progress: bool, max_binding: int | None, matmul: str = "auto", reduce: str = "auto"):
+    def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, options: RunOptions):
         self.ctx = ctx
         self.gf = gf
         self.config = config
         self.n_ctx = n_ctx
         self.n_past = 0
-        self.prefill_chunk = prefill_chunk
-        self.pipes = pl.Pipelines(ctx, matmul, reduce)
+        self.prefill_chunk = options.prefill_chunk
+        max_binding = options.max_binding  # lowered by tests of chunked tensors
+        self.pipes = pl.Pipelines(ctx, options.matmul, options.reduce)
         _check_config(gf, config)
-        bar = tqdm(total=config.n_layers + 2, desc="loading to GPU", unit="part", disable=not progress,
+        bar = tqdm(total=config.n_layers + 2, desc="loading to GPU", unit="part", disable=not options.progress,
                    leave=False)
         self.token_embd = pack_rows(ctx, gf, "token_embd.weight", max_binding)
         self.output = self.token_embd if config.tied_embeddings else pack_rows(ctx, gf, "output.weight", max_binding)
@@ -102,29 +104,15 @@ class WebGPUBackend:
         self.argmax = build_argmax(self)
         bar.update(1)
         bar.close()
-        self.debug_raw = os.environ.get("SHIMMY_DEBUG_RAW") == "1"
+        self.debug_raw = options.debug_raw
         # decode: the next token's command buffer, recorded while the GPU runs the current one
         self._next_decode: tuple[int, object] | None = None
-        self.trace_chunks = os.environ.get("AIRFRAME_TRACE_PREFILL_CHUNKS") == "1"
+        self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
-    def load(cls, path: str | Path, n_ctx: int | None = None, progress: bool = True,
-             prefill_chunk: int = PREFILL_CHUNK, max_binding: int | None = None,
-             rope_scaling: RopeScaling | None = None, matmul: str = "auto", reduce: str = "auto",
-             **options) -> "WebGPUBackend":
-        """Load a GGUF file. `max_binding` lowers the binding limit (tests of chunked tensors);
-        `rope_scaling` replaces the RoPE scaling the file declares."""
-        if options:
-            raise ParameterError(f"unknown webgpu backend options {sorted(options)}; "
-                                 f"expected n_ctx, progress, prefill_chunk, max_binding, rope_scaling")
-        gf = GGUFFile(path)
-        config = load_config(gf, rope_scaling)
-        n_ctx = int(n_ctx or min(config.ctx_train, DEFAULT_CTX))
-        if n_ctx < 1:
-            raise ParameterError(f"n_ctx = {n_ctx}, expected a positive number of positions")
-        if prefill_chunk < 1:
-            raise ParameterError(f"prefill_chunk = {prefill_chunk}, expected a positive number of tokens")
-        return cls(get_context(), gf, config, n_ctx, prefill_chunk, progress, max_binding, matmul, reduce)
+    def load(cls, model: Model, options: RunOptions) -> "WebGPUBackend":
+        n_ctx = options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX)
+        return cls(get_context(), model.gguf, model.config, n_ctx, options)
 
     # ---- buffers made once -------------------------------------------------------------------
     def _rope_table(self):
@@ -185,17 +173,7 @@ class WebGPUBackend:
 
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
         """The ids as an array, or ParameterError / ContextOverflowError if they cannot run at n_past."""
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ParameterError(f"forward needs a non-empty 1-D sequence of token ids, got shape {ids.shape}")
-        if ids.min() < 0 or ids.max() >= self.token_embd.rows:
-            raise ParameterError(f"token id {int(ids.max() if ids.max() >= 0 else ids.min())} is outside "
-                                 f"the vocabulary 0..{self.token_embd.rows - 1}")
-        end = self.n_past + ids.size
-        if end > self.n_ctx:
-            raise ContextOverflowError(f"{self.n_past} cached + {ids.size} new positions = {end} do not fit "
-                                       f"in the context of {self.n_ctx} tokens")
-        return ids
+        return check_tokens(tokens, self.n_past, self.n_ctx, self.token_embd.rows)
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Run tokens into the K/V cache in chunks, computing no logits."""

@@ -18,6 +18,8 @@ import numpy as np
 import wgpu
 from tqdm import tqdm
 
+from ..model import open_model
+from ..options import RunOptions
 from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
@@ -234,7 +236,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     """All numbers of one run as a dict (format_result prints them)."""
     ctx = get_context()
     n_ctx = max(max(ctx_list) + steps + 1, depth + prefill_tokens, ttft_tokens)
-    be = WebGPUBackend.load(path, n_ctx=n_ctx, progress=True, matmul=matmul)
+    be = WebGPUBackend.load(open_model(path), RunOptions.from_env(n_ctx=n_ctx, progress=True, matmul=matmul))
     timer = GpuTimer(ctx)
     probe = streaming_bandwidth(ctx, timer)
     bandwidth = probe["bytes_per_s"]

@@ -4,12 +4,12 @@
 reads back the logits: the prompt goes through the same kernel as decoding (no separate prefill
 path). Because the logits come back to the host, the engine's sampler works unchanged, at the
 price of one launch and one logits copy per token. `generate_greedy` is the fast path: up to 64
-tokens per launch with the argmax and the end-of-generation test inside the kernel. It is greedy
-only, which `supports_sampling = False` tells the engine (the engine takes it only for requests
-that `sampling.greedy_blockers` finds nothing against).
+tokens per launch with the argmax and the end-of-generation test inside the kernel, which the
+engine reaches through `greedy_stream` (one batch: every token comes back at the end). It is greedy
+only: the engine takes it only for requests that `sampling.greedy_blockers` finds nothing against.
 
-A GGUF path is planned for this GPU's probed worker and packed once into the package cache
-(~/.cache/airframe/megakernel/packages); a package folder is loaded as it is.
+A model is planned for this GPU's probed worker and packed once into the package cache
+(~/.cache/airframe/megakernel/packages).
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ...errors import ContextOverflowError, ParameterError
+from ...backend import Backend, GreedyBatches, check_tokens
+from ...errors import ParameterError
 from ...family import ModelConfig
+from ...model import Model
+from ...options import RunOptions
 from ..plan.opcodes import PLAN_VERSION, header_sha256
 from ..plan.package import Package, write_package
 from ..plan.planner import SPLIT_DEFAULT
@@ -40,9 +43,11 @@ def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Pat
     return cache_dir() / "packages" / f"{model_path.stem}-{key.hexdigest()[:16]}"
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     name = "cuda"
     supports_sampling = False  # generate_greedy cannot sample; forward() returns full logits
+    greedy_on_device = True
+    greedy_first_token_timed = False  # the prompt runs in the launches that generate
 
     def __init__(self, runtime: Runtime, config: ModelConfig):
         self.runtime = runtime
@@ -51,39 +56,25 @@ class CudaBackend:
         self.n_past = 0
 
     @classmethod
-    def load(cls, path, n_ctx: int | None = None, progress: bool = True, **options) -> "CudaBackend":
-        """Open the GPU, build and probe the worker, plan and pack `path` if needed, upload it."""
-        if options:
-            raise ParameterError(f"unknown cuda backend options {', '.join(sorted(options))}; "
-                                 "expected only progress")
+    def load(cls, model: Model, options: RunOptions) -> "CudaBackend":
+        """Open the GPU, build and probe the worker, plan and pack the model if needed, upload it.
+        Of the options it takes n_ctx and progress."""
         device = Device()  # GPUError here when there is no CUDA GPU
         worker = Worker(device)
-        path = Path(path)
-        if (path / "plan.json").is_file():
-            package = Package.load(path)
+        target = probe(device, worker, bandwidth=False)
+        folder = package_folder(model.path, worker.build.sha256, options.n_ctx)
+        if (folder / "plan.json").is_file():
+            package = Package.load(folder)
         else:
-            target = probe(device, worker, bandwidth=False)
-            folder = package_folder(path, worker.build.sha256, n_ctx)
-            if (folder / "plan.json").is_file():
-                package = Package.load(folder)
-            else:
-                package = write_package(path, target, folder, ctx=n_ctx, progress=progress)
-        runtime = Runtime(package, worker, progress)
+            package = write_package(model.path, target, folder, ctx=options.n_ctx, progress=options.progress)
+        runtime = Runtime(package, worker, options.progress)
         return cls(runtime, package.plan.config)
 
     def reset(self) -> None:
         self.n_past = 0  # positions >= n_past are never read, so the cache needs no clearing
 
-    def _check_room(self, n: int) -> None:
-        if self.n_past + n > self.n_ctx:
-            raise ContextOverflowError(f"{self.n_past} positions used + {n} new, expected at most "
-                                       f"{self.n_ctx} (the package's context)")
-
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ParameterError("forward() got no tokens, expected at least one")
-        self._check_room(len(tokens))
+        tokens = [int(t) for t in check_tokens(tokens, self.n_past, self.n_ctx, self.config.vocab_size)]
         rows = []
         for start in range(0, len(tokens), MAX_STEPS):
             chunk = tokens[start:start + MAX_STEPS]
@@ -100,10 +91,7 @@ class CudaBackend:
         if max_new_tokens < 0:
             raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
         self.reset()
-        pending, out = [int(t) for t in prompt], []
-        if not pending:
-            raise ParameterError("an empty prompt, expected at least one token")
-        self._check_room(len(pending))
+        pending, out = [int(t) for t in check_tokens(prompt, 0, self.n_ctx, self.config.vocab_size)], []
         while True:
             if len(pending) > MAX_STEPS:  # prompt only: no token of this launch is generated
                 self.runtime.launch(pending[:MAX_STEPS], self.n_past)
@@ -123,3 +111,7 @@ class CudaBackend:
             if len(out) >= max_new_tokens or self.n_past >= self.n_ctx:
                 return out[:max_new_tokens], "length"
             pending = [out[-1]]
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
+        """generate_greedy as a stream of one batch: the kernel hands every token over at the end."""
+        yield self.generate_greedy(prompt, max_new_tokens, eos)
