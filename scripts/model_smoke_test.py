@@ -304,12 +304,12 @@ def check_server(engine: Engine, run: ModelRun, backend: str) -> str:
 
 
 # ---- one model ----------------------------------------------------------------------------------
-def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Path) -> ModelRun:
+def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Path, matmul: str = "auto") -> ModelRun:
     run = ModelRun(name, path)
     holder: dict = {}
 
     def load() -> str:
-        holder["engine"] = Engine.load(str(path), backend=backend, options=RunOptions(n_ctx=N_CTX))
+        holder["engine"] = Engine.load(str(path), backend=backend, options=RunOptions(n_ctx=N_CTX, matmul=matmul))
         c = holder["engine"].config
         return f"{c.family}, {c.n_layers} layers, n_embd {c.n_embd}, vocab {c.vocab_size}"
 
@@ -407,6 +407,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--family", action="append", metavar="NAME",
                    help="run on a tiny synthetic model of this family instead (repeatable)")
     p.add_argument("--skip-server", action="store_true", help="do not start `airframe serve`")
+    p.add_argument("--matmul", choices=("auto", "rows", "tiled"), default="auto",
+                   help="WebGPU matmul programs: 'tiled' runs the GPU ones (gemv, gemm) on a CPU adapter too")
     p.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR, metavar="DIR",
                    help=f"where <model name>.json expectations live (default {_shown(GOLDEN_DIR)})")
     p.add_argument("--write-golden", action="store_true",
@@ -433,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                 run.checks.append(Check("load", "FAIL", 0.0, f"{type(e).__name__}: {e}"))
                 runs.append(run)
                 continue
-            runs.append(smoke(name, path, args.backend, args.skip_server, args.golden_dir))
+            runs.append(smoke(name, path, args.backend, args.skip_server, args.golden_dir, args.matmul))
     if args.write_golden:
         return 0
     print(format_table(runs))

@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airframe.gguf_file import GGUFFile
 from airframe.gpu.backend import WebGPUBackend
 from airframe.model import open_model
 from airframe.options import RunOptions

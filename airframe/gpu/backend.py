@@ -14,7 +14,6 @@ Greedy requests skip even that: the argmax runs on the GPU and feeds the next to
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
