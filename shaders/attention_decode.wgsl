@@ -57,6 +57,7 @@ const MAX_SUBGROUPS: u32 = 32u;       // WG / the narrowest subgroup (4 lanes)
 #include "lanes_{REDUCE}.wgsl"
 
 var<workgroup> fresh: array<f32, FRESH * HD>;              // (FRESH, HD): heads at the new position
+var<workgroup> queries: array<vec4<f32>, GROUP * HD4>;     // (head, dim quad): the rotated queries, pre-scaled
 var<workgroup> fresh_v: array<vec4<f32>, HD4>;             // the new value (split holding pos)
 var<workgroup> row_scale: array<f32, FRESH>;               // 1 / rms of each fresh head (QK-norm)
 var<workgroup> probs: array<f32, GROUP * BLOCK>;           // (head, position of the block)
@@ -69,7 +70,11 @@ fn heads_total(v: array<f32, GROUP>, lid: u32, is_max: bool) -> array<f32, GROUP
     let n_sub = WG / lanes;
     var out: array<f32, GROUP>;
     for (var g = 0u; g < GROUP; g++) {
-        out[g] = select(lanes_sum1(v[g], lid), lanes_max1(v[g], lid), is_max);
+        if (is_max) {
+            out[g] = lanes_max1(v[g], lid);
+        } else {
+            out[g] = lanes_sum1(v[g], lid);
+        }
     }
     workgroupBarrier();  // the previous exchange has been read
     if (lid % lanes == 0u) {
@@ -156,11 +161,10 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
         let k = GROUP * HD + 4u * lid;
         KV[(kv_head * R.n_ctx + pos) * HD4 + lid] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
     }
-}
-
-fn query(g: u32, i: u32) -> vec4<f32> {
-    let at = g * HD + 4u * i;
-    return vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]);
+    for (var i = lid; i < GROUP * HD4; i += WG) {
+        queries[i] = vec4<f32>(fresh[4u * i], fresh[4u * i + 1u], fresh[4u * i + 2u], fresh[4u * i + 3u]) * P.scale;
+    }
+    workgroupBarrier();
 }
 
 fn key(kv_head: u32, j: u32, pos: u32, i: u32) -> vec4<f32> {
@@ -215,11 +219,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             for (var i = 0u; i < HD4; i++) {
                 let k = key(kv_head, b + j, pos, i);
                 for (var g = 0u; g < GROUP; g++) {
-                    s[g] += dot(query(g, i), k);
+                    s[g] += dot(queries[g * HD4 + i], k);
                 }
             }
             for (var g = 0u; g < GROUP; g++) {
-                var v = s[g] * P.scale;
+                var v = s[g];
                 if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
                     v = P.softcap * tanh(clamp(v / P.softcap, -20.0, 20.0));
                 }
@@ -249,7 +253,16 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             acc[g] *= correction[g];
         }
         if (slice < SLICES) {
-            for (var j = slice; j < n; j += SLICES) {
+            // two values loaded before they are used: the loop is bound by load latency, not work
+            var j = slice;
+            for (; j + SLICES < n; j += 2u * SLICES) {
+                let v0 = value(kv_head, b + j, pos, dq);
+                let v1 = value(kv_head, b + j + SLICES, pos, dq);
+                for (var g = 0u; g < GROUP; g++) {
+                    acc[g] += probs[g * BLOCK + j] * v0 + probs[g * BLOCK + j + SLICES] * v1;
+                }
+            }
+            if (j < n) {
                 let v = value(kv_head, b + j, pos, dq);
                 for (var g = 0u; g < GROUP; g++) {
                     acc[g] += probs[g * BLOCK + j] * v;

@@ -67,10 +67,17 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     total = workgroup_reduce(total, lid, false);
     let out = (token * P.n_head + h) * hd;
     for (var d = lid; d < hd; d += WG) {
-        var sum = 0.0;
-        for (var s = 0u; s < n_splits; s++) {
-            sum += PART[first + s * stride + d] * weight[s];
+        // four partials loaded before they are used: the loop is bound by load latency, not work
+        var sum = vec4<f32>(0.0);
+        var s = 0u;
+        for (; s + 4u <= n_splits; s += 4u) {
+            let at = first + s * stride + d;
+            let v = vec4<f32>(PART[at], PART[at + stride], PART[at + 2u * stride], PART[at + 3u * stride]);
+            sum += v * vec4<f32>(weight[s], weight[s + 1u], weight[s + 2u], weight[s + 3u]);
         }
-        OUT[out + d] = sum / total;
+        for (; s < n_splits; s++) {
+            sum.x += PART[first + s * stride + d] * weight[s];
+        }
+        OUT[out + d] = dot(sum, vec4<f32>(1.0)) / total;
     }
 }

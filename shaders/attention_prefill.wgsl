@@ -25,7 +25,7 @@ struct Step {
     split_len: u32,
 }
 
-@group(0) @binding(0) var<storage, read> QKV: array<f32>;           // (tokens, n_q + 2 n_kv), Q rotated
+@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;     // (tokens, (n_q + 2 n_kv) / 4), Q rotated
 @group(0) @binding(1) var<storage, read> KV: array<vec4<f32>>;      // K then V: (n_head_kv, n_ctx, head_dim / 4)
 @group(0) @binding(2) var<storage, read_write> OUT: array<f32>;     // (tokens, n_head * head_dim)
 @group(0) @binding(3) var<uniform> P: Params;
@@ -57,32 +57,34 @@ fn visible(pos: u32, key: u32) -> bool {
     return key <= pos && (P.window == 0u || pos - key < P.window);
 }
 
-// Q and K values 4 kc .. 4 kc + 3 (dims d0 + ...) of row quad rq / key quad kq, into the chunks
+// The Q and K chunks of head dims d0 .. d0 + KC: each invocation loads whole vec4 of dims (4 dims
+// of a row or of a key) and stores them transposed, one float into each of 4 dims' runs.
 fn load_chunk(lid: u32, block: u32, kv_head: u32, key0: u32, d0: u32) {
-    let n_q = P.n_head * HD;
-    for (var i = lid; i < KC * 16u; i += 256u) {   // (dim, row quad) of Q
-        let d = d0 + i / 16u;
+    let d4 = d0 / 4u + lid % (KC / 4u);
+    for (var i = lid; i < ROWS * KC / 4u; i += 256u) {   // (row, dim quad) of Q
+        let r = i / (KC / 4u);
+        let row = row_of(block, r);
+        let t = min(row.x, S.n_tokens - 1u);
         var v = vec4<f32>(0.0);
-        if (d < HD) {
-            for (var e = 0u; e < 4u; e++) {
-                let row = row_of(block, 4u * (i % 16u) + e);
-                let t = min(row.x, S.n_tokens - 1u);
-                v[e] = QKV[t * P.qkv_stride + (kv_head * GROUP + row.y) * HD + d] * P.scale;
-            }
+        if (d4 < HD4) {
+            v = QKV[t * P.qkv_stride / 4u + (kv_head * GROUP + row.y) * HD4 + d4] * P.scale;
         }
-        qs[i] = v;
+        let base = (4u * (i % (KC / 4u))) * 16u + r / 4u;
+        for (var c = 0u; c < 4u; c++) {
+            qs[base + c * 16u][r % 4u] = v[c];
+        }
     }
-    for (var i = lid; i < KC * KEYS / 4u; i += 256u) {   // (dim, key quad) of K
-        let d = d0 + i / (KEYS / 4u);
+    for (var i = lid; i < KEYS * KC / 4u; i += 256u) {   // (key, dim quad) of K
+        let j = i / (KC / 4u);
+        let key = min(key0 + j, P.n_ctx - 1u);
         var v = vec4<f32>(0.0);
-        if (d < HD) {
-            for (var e = 0u; e < 4u; e++) {
-                let key = min(key0 + 4u * (i % (KEYS / 4u)) + e, P.n_ctx - 1u);
-                let at = (kv_head * P.n_ctx + key) * HD + d;
-                v[e] = KV[at / 4u][at % 4u];
-            }
+        if (d4 < HD4) {
+            v = KV[(kv_head * P.n_ctx + key) * HD4 + d4];
         }
-        ks[i] = v;
+        let base = (4u * (i % (KC / 4u))) * (KEYS / 4u) + j / 4u;
+        for (var c = 0u; c < 4u; c++) {
+            ks[base + c * (KEYS / 4u)][j % 4u] = v[c];
+        }
     }
 }
 
@@ -120,9 +122,10 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             workgroupBarrier();
             for (var k = 0u; k < KC; k++) {
                 let q = qs[k * 16u + tr];
+                let quad = ks[k * (KEYS / 4u) + (SC * tc) / 4u];  // my SC keys: all 4, or half
+                let kk = select(quad, quad.zwzw, SC == 2u && tc % 2u == 1u);
                 for (var c = 0u; c < SC; c++) {
-                    let kk = ks[k * (KEYS / 4u) + (SC * tc + c) / 4u][(SC * tc + c) % 4u];
-                    s[c] += q * kk;
+                    s[c] += q * kk[c];
                 }
             }
         }

@@ -67,12 +67,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lane = lid % lanes;
     let sub = lid / lanes;
     let n_sub = WG / lanes;
-    let split = max(1u, n_sub / QUADS);      // subgroups per quad
+    let n_units = P.cols / UNIT;
+    // subgroups per quad: as many as the workgroup has to spare, but each lane with a unit
+    let split = max(1u, min(n_sub / QUADS, (n_units + lanes - 1u) / lanes));
     let per_pass = max(1u, n_sub / split);   // quads made at once
     let token = wid.y;
     let x = x_row(token);
     let gated_mode = (P.mode & MODE_GATED) != 0u;
-    let n_units = P.cols / UNIT;
     for (var first = 0u; first < QUADS; first += per_pass) {
         let quad = first + sub / split;
         let row = wid.x * ROWS_WG + 4u * quad;

@@ -209,20 +209,24 @@ def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
 
 
 # ---- the program a matrix gets ------------------------------------------------------------------
-@pytest.mark.parametrize("qtype,rows,want", [
-    (Q.Q4_K, 128256, (32, "q4_k")), (Q.Q6_K, 2048, (4, "q6_k")), (Q.Q8_0, 16384, (32, "q8_0")),
-    (Q.BF16, 3072, (8, "bf16")), (Q.Q4_0, 8192, (16, "generic")), (Q.Q5_K, 100, (4, "generic"))])
-def test_decode_matmul_choice(tiled, qtype, rows, want):
-    rows_wg, shape = tiled.decode_matmul(rows, quant(qtype))
+@pytest.mark.parametrize("qtype,rows,cols,want", [
+    (Q.Q4_K, 128256, 2048, (32, "q4_k")),   # many rows: one quad per subgroup
+    (Q.Q6_K, 2048, 8192, (4, "q6_k")),      # few rows, long ones: 8 subgroups per quad
+    (Q.Q4_K, 3072, 2048, (16, "q4_k")),     # 64 units a row keep only 2 subgroups busy
+    (Q.Q8_0, 16384, 2048, (32, "q8_0")), (Q.BF16, 3072, 2048, (8, "bf16")),
+    (Q.Q4_0, 8192, 2048, (16, "generic")), (Q.Q5_K, 100, 256, (32, "generic"))])
+def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
+    rows_wg, shape = tiled.decode_matmul(rows, cols, quant(qtype))
     assert (rows_wg, shape["GEMV_UNIT"]) == want and shape["GEMV_ROWS_WG"] == rows_wg
 
 
 @pytest.mark.parametrize("rows,n_tokens,gated,roomy,want", [
     (16384, 512, False, True, (128, 128, 128)),   # 128 x 4 tiles fill the GPU
-    (2048, 512, False, True, (64, 128, 32)),      # 16 x 4 would not: half-height tiles
+    (3072, 512, False, True, (128, 128, 24)),     # 96 workgroups: most of a wave
+    (2048, 512, False, True, (128, 64, 16)),      # 64 would not: twice as many half-width tiles
     (8192, 512, True, True, (128, 128, 128)),     # gate/up: 64 outputs per tile
     (8192, 512, True, False, (128, 64, 128)),     # lavapipe: no room for 128 x 128
-    (2048, 40, False, True, (64, 64, 32))])
+    (2048, 40, False, True, (128, 64, 16))])
 def test_gemm_tile_choice(rows, n_tokens, gated, roomy, want):
     class Ctx:
         limits = {"max-compute-workgroup-storage-size": 49152 if roomy else 32768}

@@ -122,19 +122,51 @@ def _op_class(label: str) -> str:
     return label.split(".")[-1].split("@")[0].split("#")[0]
 
 
+def dispatch_times(ctx, dispatches: list[pl.Dispatch], runs: int = 5) -> list[float]:
+    """GPU seconds of each dispatch where it stands in the pass: from the end of the one before to
+    its own end (timestamps between dispatches, `timestamp-query-inside-passes`), median of runs."""
+    n = len(dispatches) + 1
+    queries = ctx.device.create_query_set(type="timestamp", count=n)
+    resolved = ctx.device.create_buffer(size=8 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    samples = []
+    for _ in range(runs):
+        encoder = ctx.device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute._write_timestamp(queries, 0)
+        for i, d in enumerate(dispatches):
+            compute.set_pipeline(d.pipeline)
+            compute.set_bind_group(0, d.bind_group)
+            compute.dispatch_workgroups(*d.workgroups)
+            compute._write_timestamp(queries, i + 1)
+        compute.end()
+        encoder.resolve_query_set(queries, 0, n, resolved, 0)
+        ctx.device.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(ctx.device.queue.read_buffer(resolved), np.uint64).astype(np.float64)
+        samples.append(np.diff(ticks) * 1e-9)
+    return list(np.median(np.stack(samples), axis=0))
+
+
 def gpu_breakdown(be: WebGPUBackend, timer: GpuTimer, n_tokens: int, position: int, repeats: int) -> dict:
     """GPU ms of one forward of n_tokens at `position` (a decode token or a prefill chunk, with the
-    LM head of one position), in all and per op class. Leaves the cache dirty: reset after."""
+    LM head of one position), in all and per op class: where the adapter can write timestamps
+    between dispatches, each dispatch as it runs in the token's pass ("in the pass"); otherwise
+    each op class's dispatches alone, repeated. Leaves the cache dirty: reset after."""
     be.reset()
     be.n_past = position
     be.write_step(n_tokens)
     be.write_head_step(1, n_tokens - 1)
     work = be.token_dispatches(n_tokens)
     out = {"n_tokens": n_tokens, "position": position,
-           "total_ms": 1000 * time_passes(be.ctx, timer, work, repeats), "ops_ms": {}}
-    for name in dict.fromkeys(_op_class(d.label) for d in work):
-        ops = [d for d in work if _op_class(d.label) == name]
-        out["ops_ms"][name] = 1000 * time_passes(be.ctx, timer, ops, repeats)
+           "total_ms": 1000 * time_passes(be.ctx, timer, work, repeats), "ops_ms": {},
+           "in_pass": "timestamp-query-inside-passes" in be.ctx.features}
+    if out["in_pass"]:
+        for d, seconds in zip(work, dispatch_times(be.ctx, work)):
+            name = _op_class(d.label)
+            out["ops_ms"][name] = out["ops_ms"].get(name, 0.0) + 1000 * seconds
+    else:
+        for name in dict.fromkeys(_op_class(d.label) for d in work):
+            ops = [d for d in work if _op_class(d.label) == name]
+            out["ops_ms"][name] = 1000 * time_passes(be.ctx, timer, ops, repeats)
     be.reset()
     return out
 
@@ -280,6 +312,7 @@ def format_result(r: dict) -> str:
     timing = "GPU timestamps" if r["gpu_timestamps"] else "wall clock"
     for g in r["gpu"]:
         ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
+        how = "in the pass" if g.get("in_pass") else "each class alone"
         lines.append(f"GPU ms ({timing}), {g['n_tokens']} token(s) at position {g['position']}: "
-                     f"{g['total_ms']:.3f}; per op class: {ops}")
+                     f"{g['total_ms']:.3f}; per op class ({how}): {ops}")
     return "\n".join(lines)

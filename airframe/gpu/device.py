@@ -17,7 +17,7 @@ from ..errors import GPUError
 # headless server, CI); compute needs no display, so give it a harmless value before wgpu loads.
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "immediates")
+OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes", "immediates")
 # the limits we raise to the adapter's maximum; the others keep WebGPU's defaults
 WANTED_LIMITS = (
     "max-buffer-size",

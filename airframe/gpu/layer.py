@@ -37,7 +37,7 @@ class Op:
         elif pipes.matmul == "rows" or self.cols % pl.GEMM_K:
             shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
         elif n_tokens == 1:
-            rows_wg, shape = pipes.decode_matmul(self.rows, self.quant)
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
         else:
             tile_r, tile_t, groups = pipes.gemm_tile(self.rows, n_tokens, self.gated)

@@ -74,7 +74,9 @@ MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = (
     for name in ("MODE_NORM", "MODE_ACCUMULATE", "MODE_GATED", "MODE_GELU", "MODE_X_STEP"))
 NO_SEGMENT = 0xFFFFFFFF
 GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
-FULL_GPU = 2 * 132      # workgroups that fill a large GPU twice over (H200: 132 SMs)
+WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
+FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
+LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
 
@@ -146,24 +148,30 @@ class Pipelines:
             self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[kinds]
 
-    def decode_matmul(self, rows: int, quant: QuantType) -> tuple[int, dict]:
-        """gemv.wgsl for a matrix of `rows` rows in `quant`: (output rows per workgroup, its
-        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one, and the
-        most rows per workgroup that still make FULL_GPU workgroups (fewer rows: the subgroups
-        split each row's units between them)."""
+    def decode_matmul(self, rows: int, cols: int, quant: QuantType) -> tuple[int, dict]:
+        """gemv.wgsl for a (rows, cols) matrix in `quant`: (output rows per workgroup, its
+        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one; the most
+        rows per workgroup that still make FULL_GPU workgroups (the subgroups then split each row's
+        units between them), more where a row has too few units to keep them all busy."""
+        name = quant.shader if quant.gemv_unit else "generic"
+        unit = shader_constant(f"gemv/{name}.wgsl", "UNIT")
+        lanes_per_row = -(-(cols // unit) // LANES)  # subgroups a row's units keep busy
         rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
-        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": quant.shader if quant.gemv_unit else "generic"}
+        while rows_wg < 32 and 4 * SUBGROUPS // rows_wg > lanes_per_row:
+            rows_wg *= 2
+        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name}
 
     def gemm_tile(self, rows: int, n_tokens: int, gated: bool) -> tuple[int, int, int]:
         """gemm.wgsl's tile (weight rows, tokens) for an output of rows x n_tokens, and its
-        workgroups along the rows: the largest tile that still makes FULL_GPU workgroups, within
-        the adapter's workgroup memory (128 x 128 needs 34 KiB; lavapipe has 32)."""
+        workgroups along the rows: 128 x 128 (the most reuse) while that still makes most of a
+        wave of workgroups on a large GPU, else 128 x 64, within the adapter's workgroup memory
+        (128 x 128 needs 34 KiB; lavapipe has 32). On the H200 128 x 128 ran the 2048-row matrices
+        of a 512-token chunk (64 workgroups) at 9 TFLOP/s, 128 x 64 (128) at 14-15."""
         roomy = self.ctx.limits.get("max-compute-workgroup-storage-size", 16384) >= 36 * 1024
-        tile_t = 128 if n_tokens > 64 and roomy else 64
-        if gated:  # 64 gate rows and their 64 up rows
-            return 128, tile_t, ceil_div(rows, 64)
-        tile_r = 128 if ceil_div(rows, 128) * ceil_div(n_tokens, tile_t) >= FULL_GPU else 64
-        return tile_r, tile_t, ceil_div(rows, tile_r)
+        per_tile = 64 if gated else 128  # gate/up: 64 gate rows and their 64 up rows
+        wide = roomy and n_tokens > 64 and ceil_div(rows, per_tile) * ceil_div(n_tokens, 128) >= WAVE * 7 // 10
+        tile_t = 128 if wide else 64
+        return 128, tile_t, ceil_div(rows, per_tile)
 
     def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):
         """The compute pipeline of `shader` for `quant`, with `shape` filling the program's
@@ -205,7 +213,7 @@ def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes
     largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's."""
     group, hd4 = n_head // n_head_kv, head_dim // 4
     slices = 128 // hd4
-    fixed = 4 * ((group + 1) * head_dim + head_dim + group + 1 + 32 * group + 16 * slices * hd4) + 16 * 128
+    fixed = 4 * ((group + 1) * head_dim + head_dim + group * head_dim + group + 1 + 32 * group + 16 * slices * hd4) + 16 * 128
     block = next((b for b in (256, 128) if fixed + 4 * group * b <= workgroup_bytes), None)
     if block is None:
         raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 512 * group:,} bytes of "

@@ -1,0 +1,243 @@
+enable f16;
+
+// EXPERIMENT: gemm.wgsl with f16 tiles and f16 products, summed in f16 over each KSTEP step and then
+// added to f32 accumulators.
+// Y = X W^T for a prefill chunk of 2+ tokens. A workgroup of 256 invocations makes a tile of
+// TILE_R weight rows x TILE_T tokens; invocation (tr, tc) owns the 4x4 blocks of rows
+// b * 64 + 4 tr .. +3 and tokens j * 64 + 4 tc .. +3 (RB x TB blocks, each a mat4x4 accumulator
+// with columns = tokens, never indexed dynamically). Per step of KSTEP input columns the workgroup
+// decodes its W tile once (dq4 of quant/{QUANT}.wgsl) and loads its X tile, both stored transposed
+// (column k of the tile is a run of vec4) so the inner loop reads 2 + 2 vec4 for 64 FMAs; the next
+// step's tiles are fetched into registers while the current one is multiplied.
+// P.mode (activation.wgsl): MODE_NORM multiplies x by the norm weight while loading it, sums the
+// squares of the raw x of each token on the way and scales the outputs by 1/rms; MODE_GATED needs
+// TILE_R = 128: the tile's first 64 rows are gate rows (P.w0), the next 64 the up rows (P.w1) of
+// the same outputs, and the epilogue writes act(gate) * up; MODE_ACCUMULATE adds to Y.
+// Needs P.cols % KSTEP == 0 and P.x_stride % 4 == 0.
+
+#include "matmul_params.wgsl"
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;  // rows of x_stride / 4 vec4
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<uniform> S: Step;
+
+#include "quant/{QUANT}.wgsl"
+#include "activation.wgsl"
+
+const TILE_R: u32 = {GEMM_TILE_R}u;  // 64 or 128 weight rows
+const TILE_T: u32 = {GEMM_TILE_T}u;  // 64 or 128 tokens
+const KSTEP: u32 = 32u;
+const RB: u32 = TILE_R / 64u;        // 4-row blocks per invocation
+const TB: u32 = TILE_T / 64u;        // 4-token blocks per invocation
+const WS_STRIDE: u32 = TILE_R / 4u + 1u;  // vec4 per tile column, padded against bank conflicts
+const XS_STRIDE: u32 = TILE_T / 4u + 1u;
+
+var<workgroup> ws: array<vec4<f16>, KSTEP * WS_STRIDE>;  // (k, row quad)
+var<workgroup> xs: array<vec4<f16>, KSTEP * XS_STRIDE>;
+var<workgroup> sqs: array<vec4<f32>, TILE_T * 2u>;  // (k, token quad)
+var<workgroup> inv_rms: array<f32, TILE_T>;
+
+// What one invocation loads per step: a 4 x 4 piece of each tile (4 rows or tokens x 4 columns),
+// kept in registers between the global loads and the workgroup-memory stores.
+struct Fetched {
+    w: mat4x4<f32>,  // column e: rows 0..3 of the piece at column e
+    x: mat4x4<f32>,  // column e: tokens 0..3 at column e
+    sq: vec4<f32>,   // the x^2 of the piece's tokens (MODE_NORM)
+}
+
+// first word of tile row r of this workgroup (rows past the end repeat the last one)
+fn tile_row_base(row0: u32, r: u32) -> u32 {
+    if ((P.mode & MODE_GATED) != 0u) {
+        let idx = min(row0 + r % 64u, P.rows - 1u);
+        return select(P.w0, P.w1, r >= 64u) + idx * P.row_words;
+    }
+    return row_base(min(row0 + r, P.rows - 1u));
+}
+
+fn x_row(token: u32) -> u32 {
+    var t = min(token, S.n_tokens - 1u);
+    if ((P.mode & MODE_X_STEP) != 0u) {
+        t = S.lm_first + t;
+    }
+    return t * P.x_stride / 4u;
+}
+
+fn fetch(lid: u32, row0: u32, tok0: u32, k0: u32, rows: array<u32, 4>, toks: array<u32, 4>) -> Fetched {
+    var f: Fetched;
+    let kq = lid % 8u;
+    let c4 = k0 / 4u + kq;             // the piece's first column / 4
+    if (lid < TILE_R * 2u) {           // (TILE_R / 4) row quads x 8 column quads
+        let per_block = QK / 4u;
+        let blk = (c4 / per_block) * BLOCK_WORDS;
+        let i = c4 % per_block;
+        let w = mat4x4<f32>(dq4(rows[0] + blk, i), dq4(rows[1] + blk, i), dq4(rows[2] + blk, i),
+                            dq4(rows[3] + blk, i));
+        f.w = transpose(w);
+    }
+    if (lid < TILE_T * 2u) {
+        var x = mat4x4<f32>(X[toks[0] + c4], X[toks[1] + c4], X[toks[2] + c4], X[toks[3] + c4]);
+        if ((P.mode & MODE_NORM) != 0u) {
+            f.sq = vec4<f32>(dot(x[0], x[0]), dot(x[1], x[1]), dot(x[2], x[2]), dot(x[3], x[3]));
+            let n = norm_weight(c4);
+            x = mat4x4<f32>(x[0] * n, x[1] * n, x[2] * n, x[3] * n);
+        }
+        f.x = transpose(x);
+    }
+    return f;
+}
+
+fn store(lid: u32, f: Fetched) {
+    let kq = lid % 8u;
+    let quad = lid / 8u;
+    if (lid < TILE_R * 2u) {
+        for (var e = 0u; e < 4u; e++) {
+            ws[(4u * kq + e) * WS_STRIDE + quad] = vec4<f16>(f.w[e]);
+        }
+    }
+    if (lid < TILE_T * 2u) {
+        for (var e = 0u; e < 4u; e++) {
+            xs[(4u * kq + e) * XS_STRIDE + quad] = vec4<f16>(f.x[e]);
+        }
+    }
+}
+
+fn outer(acc: mat4x4<f16>, w: vec4<f16>, x: vec4<f16>) -> mat4x4<f16> {
+    return mat4x4<f16>(fma(w, vec4<f16>(x.x), acc[0]), fma(w, vec4<f16>(x.y), acc[1]), fma(w, vec4<f16>(x.z), acc[2]),
+                       fma(w, vec4<f16>(x.w), acc[3]));
+}
+
+fn widen(a: mat4x4<f32>, h: mat4x4<f16>) -> mat4x4<f32> {
+    return a + mat4x4<f32>(vec4<f32>(h[0]), vec4<f32>(h[1]), vec4<f32>(h[2]), vec4<f32>(h[3]));
+}
+
+// writes the 4 x 4 block `acc` of rows row .. row + 3 and tokens token .. token + 3 (and `up`, the
+// matching up-projection block, when gated)
+fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32, tok_local: u32) {
+    for (var c = 0u; c < 4u; c++) {
+        let t = token + c;
+        if (t >= S.n_tokens) {
+            return;
+        }
+        var scale = 1.0;
+        if ((P.mode & MODE_NORM) != 0u) {
+            scale = inv_rms[tok_local + c];
+        }
+        for (var e = 0u; e < 4u; e++) {
+            if (row + e < P.rows) {
+                var y = acc[c][e] * scale;
+                if ((P.mode & MODE_GATED) != 0u) {
+                    y = gated(P.mode, y, up[c][e] * scale);
+                }
+                let at = t * P.y_stride + P.y_off + row + e;
+                if ((P.mode & MODE_ACCUMULATE) != 0u) {
+                    Y[at] = Y[at] + y;
+                } else {
+                    Y[at] = y;
+                }
+            }
+        }
+    }
+}
+
+// 1 / rms of every token of the tile from the invocations' sums of squares
+fn finish_norm(lid: u32, sq: vec4<f32>) {
+    if (lid < TILE_T * 2u) {
+        sqs[lid] = sq;
+    }
+    workgroupBarrier();
+    if (lid < TILE_T / 4u) {
+        var total = vec4<f32>(0.0);
+        for (var kq = 0u; kq < 8u; kq++) {
+            total += sqs[lid * 8u + kq];
+        }
+        let inv = inverseSqrt(total / f32(P.cols) + vec4<f32>(P.eps));
+        for (var e = 0u; e < 4u; e++) {
+            inv_rms[4u * lid + e] = inv[e];
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lid3.x;
+    let tr = lid / 16u;
+    let tc = lid % 16u;
+    var row0 = wid.x * TILE_R;
+    if ((P.mode & MODE_GATED) != 0u) {
+        row0 = wid.x * 64u;
+    }
+    let tok0 = wid.y * TILE_T;
+    // the rows and tokens this invocation fetches: quad lid / 8 of each tile
+    let quad = lid / 8u;
+    var rows: array<u32, 4>;
+    var toks: array<u32, 4>;
+    for (var e = 0u; e < 4u; e++) {
+        rows[e] = tile_row_base(row0, 4u * quad + e);
+        toks[e] = x_row(tok0 + 4u * quad + e);
+    }
+
+    var a00 = mat4x4<f32>();
+    var a01 = mat4x4<f32>();
+    var a10 = mat4x4<f32>();
+    var a11 = mat4x4<f32>();
+    var sq = vec4<f32>(0.0);
+    var next = fetch(lid, row0, tok0, 0u, rows, toks);
+    for (var k0 = 0u; k0 < P.cols; k0 += KSTEP) {
+        store(lid, next);
+        sq += next.sq;
+        workgroupBarrier();
+        if (k0 + KSTEP < P.cols) {
+            next = fetch(lid, row0, tok0, k0 + KSTEP, rows, toks);
+        }
+        var h00 = mat4x4<f16>();
+        var h01 = mat4x4<f16>();
+        var h10 = mat4x4<f16>();
+        var h11 = mat4x4<f16>();
+        for (var k = 0u; k < KSTEP; k++) {
+            let w0 = ws[k * WS_STRIDE + tr];
+            let x0 = xs[k * XS_STRIDE + tc];
+            h00 = outer(h00, w0, x0);
+            if (TB == 2u) {
+                let x1 = xs[k * XS_STRIDE + 16u + tc];
+                h01 = outer(h01, w0, x1);
+                if (RB == 2u) {
+                    let w1 = ws[k * WS_STRIDE + 16u + tr];
+                    h10 = outer(h10, w1, x0);
+                    h11 = outer(h11, w1, x1);
+                }
+            } else if (RB == 2u) {
+                let w1 = ws[k * WS_STRIDE + 16u + tr];
+                h10 = outer(h10, w1, x0);
+            }
+        }
+        a00 = widen(a00, h00);
+        a01 = widen(a01, h01);
+        a10 = widen(a10, h10);
+        a11 = widen(a11, h11);
+        workgroupBarrier();
+    }
+    if ((P.mode & MODE_NORM) != 0u) {
+        finish_norm(lid, sq);
+    }
+    let t0 = tok0 + 4u * tc;
+    if ((P.mode & MODE_GATED) != 0u) {  // blocks a1* are the up projection of blocks a0*
+        write_block(a00, a10, row0 + 4u * tr, t0, 4u * tc);
+        if (TB == 2u) {
+            write_block(a01, a11, row0 + 4u * tr, t0 + 64u, 64u + 4u * tc);
+        }
+        return;
+    }
+    write_block(a00, a00, row0 + 4u * tr, t0, 4u * tc);
+    if (TB == 2u) {
+        write_block(a01, a01, row0 + 4u * tr, t0 + 64u, 64u + 4u * tc);
+    }
+    if (RB == 2u) {
+        write_block(a10, a10, row0 + 64u + 4u * tr, t0, 4u * tc);
+        if (TB == 2u) {
+            write_block(a11, a11, row0 + 64u + 4u * tr, t0 + 64u, 64u + 4u * tc);
+        }
+    }
+}
