@@ -56,16 +56,21 @@ class GpuTimer:
         """Until the GPU has done everything submitted (a read-back waits for the queue)."""
         self.ctx.device.queue.read_buffer(self.fence, 0, 16)
 
-    def read(self) -> list[float]:
-        """The durations of the passes since the last read, in seconds."""
+    def read_spans(self) -> np.ndarray:
+        """(passes, 2) start and end of the passes since the last read, in seconds."""
         n, self.used = self.used, 0
         if not self.enabled or n == 0:
-            return []
+            return np.zeros((0, 2))
         encoder = self.ctx.device.create_command_encoder()
         encoder.resolve_query_set(self.queries, 0, 2 * n, self.resolved, 0)
         self.ctx.device.queue.submit([encoder.finish()])
         ticks = np.frombuffer(self.ctx.device.queue.read_buffer(self.resolved, 0, 16 * n), np.uint64)
-        return list((ticks[1::2].astype(np.float64) - ticks[0::2]) * 1e-9)
+        return ticks.astype(np.float64).reshape(n, 2) * 1e-9
+
+    def read(self) -> list[float]:
+        """The durations of the passes since the last read, in seconds."""
+        spans = self.read_spans()
+        return list(spans[:, 1] - spans[:, 0])
 
 
 def time_passes(ctx, timer: GpuTimer, dispatches: list[pl.Dispatch], repeats: int, passes: int = 5) -> float:
@@ -231,19 +236,42 @@ def chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3
     return 1000 * statistics.median(times) / steps
 
 
-def record_ms(be: WebGPUBackend, repeats: int = 20) -> float:
-    """Host time to record one decode token's compute pass (median), without submitting it."""
-    times = []
+def chained_gpu_timeline(be: WebGPUBackend, context: int, steps: int, timer: GpuTimer) -> dict:
+    """One greedy chain with each token's pass timestamped: the median GPU time of a token's pass
+    and of the gap between one token's pass and the next (the GPU waiting for the host)."""
+    be.reset()
+    be.n_past = context - 1
+    for _ in chain(be, 1, min(steps, timer.n_passes), timestamps=timer.writes):
+        pass
+    spans = timer.read_spans()
+    be.reset()
+    if len(spans) < 2:
+        return {}
+    busy = spans[:, 1] - spans[:, 0]
+    gaps = spans[1:, 0] - spans[:-1, 1]
+    return {"pass_ms": 1000 * float(np.median(busy)), "gap_ms": 1000 * float(np.median(gaps))}
+
+
+def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
+    """Host ms to record one decode token's compute pass (medians), without submitting it: making
+    the list of dispatches, recording them, and finishing the command buffer."""
+    parts = {"list": [], "record": [], "finish": []}
     for _ in range(repeats):
         started = time.perf_counter()
+        dispatches = be.token_dispatches(1)
+        listed = time.perf_counter()
         encoder = be.ctx.device.create_command_encoder()
-        pl.record(encoder, be.token_dispatches(1))
+        pl.record(encoder, dispatches)
+        recorded = time.perf_counter()
         encoder.finish()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+        done = time.perf_counter()
+        for name, seconds in (("list", listed - started), ("record", recorded - listed), ("finish", done - recorded)):
+            parts[name].append(seconds)
+    return {name: 1000 * statistics.median(v) for name, v in parts.items()}
 
 
-def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int) -> list[dict]:
+def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
+                 timer: GpuTimer) -> list[dict]:
     rows = []
     chain(be, 1, min(steps, 8))  # compiles the argmax pipelines
     with tqdm(total=len(ctx_list), desc="decode", unit="ctx") as bar:
@@ -258,6 +286,8 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
                     row[name] = measure(be, context, steps)
                 except Exception as e:  # noqa: BLE001 - reported in the result instead
                     row[name + "_error"] = f"{type(e).__name__}: {e}"
+            if timer.enabled:
+                row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
             rows.append(row)
             bar.update(1)
     return rows
@@ -283,7 +313,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     warm_up(ctx, timer, be.token_dispatches(1), 0.2)
     result["gpu"] = [gpu_breakdown(be, timer, 1, c - 1, 20) for c in ctx_list]
     result["gpu"].append(gpu_breakdown(be, timer, prefill_tokens, 0, 1))
-    result["decode"] = _decode_rows(be, ctx_list, steps, bandwidth, weights)
+    result["decode"] = _decode_rows(be, ctx_list, steps, bandwidth, weights, timer)
     return result
 
 
@@ -304,11 +334,17 @@ def format_result(r: dict) -> str:
     lines = [f"{r['backend']} on {r['adapter']} ({r['matmul']} matmuls)",
              f"model: {r['model']}",
              f"streaming read: {r['bandwidth_GBps']:.1f} GB/s (20 passes: {low:.1f} .. {high:.1f}); "
-             f"weights per token {r['weight_bytes_per_token'] / 1e6:.1f} MB; recording a token: {r['record_ms']:.3f} ms",
+             f"weights per token {r['weight_bytes_per_token'] / 1e6:.1f} MB; recording a token: "
+             + ", ".join(f"{k} {v:.3f}" for k, v in r["record_ms"].items()) + " ms",
              f"prefill, {p['tokens']}-token chunk: {p['tokens_per_s']:.1f} tokens/s at depth 0, "
              f"{p['tokens_per_s_at_depth']:.1f} at depth {p['depth']}; "
              f"time to first token of a {p['ttft_tokens']}-token prompt: {p['ttft_s']:.3f} s"]
     lines += _decode_lines(r)
+    for d in r["decode"]:
+        if d.get("chained_gpu"):
+            g = d["chained_gpu"]
+            lines.append(f"  context {d['context']:>6}: a chained token's pass {g['pass_ms']:.3f} ms on the GPU, "
+                         f"{g['gap_ms']:.3f} ms from one pass's end to the next one's start")
     timing = "GPU timestamps" if r["gpu_timestamps"] else "wall clock"
     for g in r["gpu"]:
         ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())

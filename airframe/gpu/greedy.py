@@ -66,10 +66,12 @@ def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
+def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (),
+          timestamps=None) -> Iterator[tuple[list[int], str | None]]:
     """Greedy tokens after `token`, fed at position be.n_past: yields (ids, None) per batch and ends
     with (ids, "stop") at an `eos` id (not included) or (ids, "length") at max_new_tokens or the
-    full context. n_past ends after the last token run whose output was kept."""
+    full context. n_past ends after the last token run whose output was kept. `timestamps` (a
+    callable giving each token's pass its timestamp_writes) times the tokens on the GPU (bench)."""
     first = be.n_past
     total = max(0, min(max_new_tokens, be.n_ctx - first))
     if total == 0:
@@ -86,14 +88,14 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Itera
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
     try:
-        commands = _record(be, ops, first, bounds, 0)
+        commands = _record(be, ops, first, bounds, 0, timestamps)
         for step in range(total):
             be.n_past = first + step
             be.write_step(1)
             queue.submit([commands])
             if step + 1 < total:
                 be.n_past = first + step + 1
-                commands = _record(be, ops, first, bounds, step + 1)
+                commands = _record(be, ops, first, bounds, step + 1, timestamps)
             if step == bounds[b][1] - 1:
                 in_flight.append(b)
                 b += 1
@@ -113,11 +115,11 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = ()) -> Itera
         be.n_past = first + kept
 
 
-def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step: int):
+def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step: int, timestamps=None):
     """The command buffer of token step `step` at be.n_past; the last step of a batch copies the
     batch's ids to its read-back buffer."""
     encoder = be.ctx.device.create_command_encoder()
-    pl.record(encoder, be.token_dispatches(1) + ops.dispatches)
+    pl.record(encoder, be.token_dispatches(1) + ops.dispatches, timestamps() if timestamps else None)
     b = 0 if step == 0 else 1 + (step - 1) // ops.batch
     lo, hi = bounds[b]
     if step == hi - 1:

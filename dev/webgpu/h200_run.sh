@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call: the probe, then airframe bench on synthetic Llama 3.2 1B models.
-#   bash dev/webgpu/h200_run.sh "BF16 Q4_K_M" "1,4096"
+# One device call: the kernel tests on the GPU (its own tile sizes), the probe, then airframe bench
+# on synthetic Llama 3.2 1B models.   bash dev/webgpu/h200_run.sh "BF16 Q8_0 Q4_K_M" "1,512,4096"
 set -u
 types=${1:-"BF16 Q8_0 Q4_K_M"}
 ctxs=${2:-"1,512,4096"}
@@ -10,10 +10,13 @@ for q in $types; do
   python3 scripts/make_synthetic_gguf.py --shape llama3.2-1b --fast --qtype $q -o /tmp/l1b_$q.gguf \
     --tokenizer .device/tokenizer-only-smollm2.gguf > /tmp/make_$q.log 2>&1 &
 done
+if [ -n "${TESTS:-}" ]; then
+  python3 -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tail -5 | tee $OUT/tests.txt
+fi
 python3 dev/webgpu/probe.py ${PROBE_ARGS:-} --json $OUT/probe.json 2>&1 | grep -v XDG | tee $OUT/probe.txt
 wait
 for q in $types; do
-  python3 - "$q" "$ctxs" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s" | tee -a $OUT/bench.txt
+  python3 - "$q" "$ctxs" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|ctx/s" | tee -a $OUT/bench.txt
 import json, os, sys
 from airframe.gpu.bench import bench_webgpu, format_result
 q, ctxs = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]

@@ -16,10 +16,11 @@ import time
 import numpy as np
 import wgpu
 
-from airframe.gpu import kernels as K
+from airframe.gpu import pipelines as K
 from airframe.gpu.device import get_context
-from airframe.gpu.quant_layout import gpu_quant, relayout
+from airframe.gpu.pack import relayout
 from airframe.quantize import quantize
+from airframe.quants import quant as gpu_quant
 
 class Timer:
     """GPU time of compute passes from timestamp queries (nanoseconds)."""
@@ -45,6 +46,13 @@ class Timer:
         return list((t[1::2] - t[0::2]) * 1e-9)
 
 
+def warm(ctx, timer, dispatches, seconds: float = 0.25) -> None:
+    """Keep the GPU busy for a while: idle GPUs lower their clocks."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        run_passes(ctx, timer, dispatches, 3, 1)
+
+
 def run_passes(ctx, timer, dispatches, repeats: int, passes: int) -> list[float]:
     """Seconds per repetition of `dispatches` (a list of K.Dispatch), `repeats` in each of `passes` passes."""
     for _ in range(passes):
@@ -62,7 +70,7 @@ def run_passes(ctx, timer, dispatches, repeats: int, passes: int) -> list[float]
 
 # ---- streaming read --------------------------------------------------------------------------
 def stream(ctx, timer) -> dict:
-    kern = K.Kernels(ctx)
+    kern = K.Pipelines(ctx, matmul="tiled")
     n_bytes = min(1 << 30, ctx.max_binding, ctx.max_buffer) // 16 * 16
     src = kern.storage(n_bytes, "src")
     out = kern.storage(256 * 1024 * 4, "out")
@@ -122,8 +130,22 @@ def overhead(ctx, timer) -> dict:
         cp.end()
         dev.queue.submit([enc.finish()])
 
+    module2 = dev.create_shader_module(code=TINY + "\n// another program\n")
+    pipe2 = dev.create_compute_pipeline(layout=layout, compute={"module": module2, "entry_point": "main"})
+    for _ in range(3):
+        enc = dev.create_command_encoder()
+        cp = timer.pass_(enc)
+        for i in range(100):
+            cp.set_pipeline(pipe if i % 2 else pipe2)
+            cp.set_bind_group(0, groups[0])
+            cp.set_immediates(0, imm, 0, 16)
+            cp.dispatch_workgroups(132)
+        cp.end()
+        dev.queue.submit([enc.finish()])
+    out["dispatch_us_alternating_pipelines"] = statistics.median(timer.read()) / 100 * 1e6
+    print(f"dispatch_us_alternating_pipelines (132 wg): {out['dispatch_us_alternating_pipelines']:.2f}")
     for same in (True, False):
-        for wg in (1, 132 * 4):
+        for wg in (1, 132):
             for _ in range(3):
                 one_pass(100, same, wg)
             timer.read()
@@ -211,7 +233,8 @@ def _weights(kern, qtype, rows, cols, rng):
     return buf, words.shape[1], words.size, dequantize_rows(raw, qtype).reshape(rows, cols), norm
 
 
-def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, tile, mode=0, w1=0, norm_w=0, x_stride=None):
+def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, tile, mode=0, w1=0, norm_w=0, x_stride=None,
+                  program="gemm"):
     quant = gpu_quant(qtype)
     out_rows = rows // 2 if mode & K.MODE_GATED else rows
     params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
@@ -221,16 +244,16 @@ def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, tile, mod
     tr, tt = tile
     n_tiles = K.ceil_div(out_rows, 64 if mode & K.MODE_GATED else tr)
     shape = {"GEMM_TILE_R": tr, "GEMM_TILE_T": tt}
-    return K.Dispatch("gemm", kern.pipeline("gemm", quant, shape), group, (n_tiles, 0, 1)), tt
+    return K.Dispatch(program, kern.pipeline(program, quant, shape), group, (n_tiles, 0, 1)), tt
 
 
-def gemm(ctx, timer, types, tiles, speed: bool = True) -> dict:
-    kern = K.Kernels(ctx)
+def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> dict:
+    kern = K.Pipelines(ctx, matmul="tiled")
     rng = np.random.default_rng(0)
     results = []
     # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, norm and gating
-    for qtype in types:
-        for tile in tiles:
+    for program, qtype, tile in [(p, q, t) for p in programs for q in types for t in tiles]:
+        if True:
             rows, cols, n_tok = 200, 512, 77
             buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
             xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
@@ -243,7 +266,7 @@ def gemm(ctx, timer, types, tiles, speed: bool = True) -> dict:
                 if mode & K.MODE_GATED and tile[0] != 128:
                     continue
                 d, tt = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, tile, mode,
-                                      w1=rows * rw, norm_w=n_words)
+                                      w1=rows * rw, norm_w=n_words, program=program)
                 d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
                 enc = ctx.device.create_command_encoder()
                 K.record(enc, [d])
@@ -259,8 +282,8 @@ def gemm(ctx, timer, types, tiles, speed: bool = True) -> dict:
                     want = g / (1 + np.exp(-g)) * u
                 err = float(np.abs(got - want).max() / np.abs(want).max())
                 checks[name] = err
-            print(f"gemm check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
-            results.append({"check": True, "qtype": qtype.name, "tile": tile, "errors": checks})
+            print(f"{program} check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
+            results.append({"check": True, "program": program, "qtype": qtype.name, "tile": tile, "errors": checks})
     if not speed:
         return {"rows": results}
     n_tok = 512
@@ -273,23 +296,25 @@ def gemm(ctx, timer, types, tiles, speed: bool = True) -> dict:
             ctx.device.queue.write_buffer(x, 0, rng.normal(size=(n_tok, cols)).astype(np.float32))
             y = kern.storage(n_tok * rows * 4, "y")
             step = kern.uniform(K.pack_step(0, n_tok))
-            for tile in tiles:
+            for program, tile in [(p, t) for p in programs for t in tiles]:
                 if mode & K.MODE_GATED and tile[0] != 128:
                     continue
                 d, tt = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, tile, mode,
-                                      w1=rows // 2 * rw, norm_w=n_words)
+                                      w1=rows // 2 * rw, norm_w=n_words, program=program)
                 d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
-                run_passes(ctx, timer, [d], 3, 2)
+                warm(ctx, timer, [d])
                 t = statistics.median(run_passes(ctx, timer, [d], 5, 5))
                 tflops = 2 * rows * cols * n_tok / t / 1e12
-                print(f"gemm {qtype.name:5} {name:8} {rows}x{cols}x{n_tok} tile {tile}: {t * 1e6:8.1f} us  {tflops:5.1f} TFLOP/s")
-                results.append({"qtype": qtype.name, "shape": name, "tile": tile, "us": t * 1e6, "tflops": tflops})
+                print(f"{program:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok} tile {tile}: {t * 1e6:8.1f} us  "
+                      f"{tflops:5.1f} TFLOP/s")
+                results.append({"program": program, "qtype": qtype.name, "shape": name, "tile": tile,
+                                "us": t * 1e6, "tflops": tflops})
     return {"rows": results}
 
 
 # ---- decode matmuls --------------------------------------------------------------------------
 def gemv(ctx, timer, types, bandwidth) -> dict:
-    kern = K.Kernels(ctx)
+    kern = K.Pipelines(ctx, matmul="tiled")
     rng = np.random.default_rng(1)
     shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
               "lm_head": (128256, 2048)}
@@ -297,7 +322,7 @@ def gemv(ctx, timer, types, bandwidth) -> dict:
     for qtype in types:
         for name, (rows, cols) in shapes.items():
             quant = gpu_quant(qtype)
-            row_words = cols // quant.block_elems * quant.block_words
+            row_words = quant.gpu_row_words(cols)
             buf = kern.storage(rows * row_words * 4, "w")  # values do not change the speed
             x = kern.storage(cols * 4, "x")
             y = kern.storage(rows * 4, "y")
@@ -305,20 +330,22 @@ def gemv(ctx, timer, types, bandwidth) -> dict:
             params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
                                    seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
                                    y_stride=rows, y_off=0)
-            shader, per_group, shape = kern.decode_matmul(rows, cols, quant)
-            group = kern.bind(shader, [buf, x, y, kern.uniform(params), step])
-            d = K.Dispatch(name, kern.pipeline(shader, quant, shape), group, (K.ceil_div(rows, per_group), 1, 1))
-            run_passes(ctx, timer, [d], 5, 2)
+            rows_wg, shape = kern.decode_matmul(rows, cols, quant)
+            shader = "gemv/" + shape["GEMV_UNIT"]
+            group = kern.bind("gemv", [buf, x, y, kern.uniform(params), step])
+            d = K.Dispatch(name, kern.pipeline("gemv", quant, shape), group, (K.ceil_div(rows, rows_wg), 1, 1))
+            warm(ctx, timer, [d], 0.1)
             t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
             share = rows * row_words * 4 / t / bandwidth
-            print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream ({shader})")
+            print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream ({shader}, {rows_wg} rows)")
             rows_out.append({"qtype": qtype.name, "shape": name, "us": t * 1e6, "share": share, "shader": shader})
     return {"rows": rows_out}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="stream,overhead,gemm,gemv")
+    ap.add_argument("--parts", default="stream,gemm,gemv")
+    ap.add_argument("--programs", default="gemm", help="gemm programs to compare, e.g. gemm,gemm_f16")
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--tiles", default="64x64,128x64,64x128,128x128")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
@@ -339,7 +366,7 @@ def main() -> None:
     if "overhead" in parts:
         out["overhead"] = overhead(ctx, timer)
     if "gemm" in parts:
-        out["gemm"] = gemm(ctx, timer, types, tiles, speed=not args.check_only)
+        out["gemm"] = gemm(ctx, timer, types, tiles, speed=not args.check_only, programs=args.programs.split(","))
     if "gemv" in parts:
         out["gemv"] = gemv(ctx, timer, types, bandwidth)
     if args.json:
