@@ -11,12 +11,7 @@ struct Params {
     ring_len: u32,   // positions RING holds (the context size)
 }
 
-struct Step {
-    n_past: u32,     // the position whose logits these are
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "step.wgsl"
 
 @group(0) @binding(0) var<storage, read> LOGITS: array<f32>;                 // (n,)
 @group(0) @binding(1) var<storage, read_write> CAND: array<vec2<u32>>;       // (n_groups,) (key, id)

@@ -1,5 +1,5 @@
 // Combines the splits of attention_decode.wgsl: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
-// with M the largest running max. Workgroup (head, token); output (tokens, n_head * head_dim).
+// with M the largest running max, for one decode token. Workgroup per head; output (n_head * head_dim).
 // Each split's weight e^(m_s - M) / total is computed once, by one invocation per split, so the
 // output loop only streams the partial outputs (independent loads, no chain through exp).
 
@@ -8,15 +8,10 @@ struct Params {
     head_dim: u32,
 }
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "step.wgsl"
 
-@group(0) @binding(0) var<storage, read> PART: array<f32>;        // (tokens, n_head, splits, head_dim + 2)
-@group(0) @binding(1) var<storage, read_write> OUT: array<f32>;   // (tokens, n_head * head_dim)
+@group(0) @binding(0) var<storage, read> PART: array<f32>;        // (n_head, splits, head_dim + 2)
+@group(0) @binding(1) var<storage, read_write> OUT: array<f32>;   // (n_head * head_dim,)
 @group(0) @binding(2) var<uniform> P: Params;
 @group(0) @binding(3) var<uniform> S: Step;
 
@@ -44,14 +39,12 @@ fn workgroup_reduce(v: f32, lid: u32, is_max: bool) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) head: vec3<u32>) {
     let lid = lid3.x;
-    let h = wid.x;
-    let token = wid.y;
     let hd = P.head_dim;
     let stride = hd + 2u;
-    let n_splits = (S.n_past + S.n_tokens + S.split_len - 1u) / S.split_len;
-    let first = (token * P.n_head + h) * n_splits * stride;
+    let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;  // of the one decode token
+    let first = head.x * n_splits * stride;
     var m = EMPTY;
     for (var s = lid; s < n_splits; s += WG) {
         m = max(m, PART[first + s * stride + hd]);
@@ -65,7 +58,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         total += PART[at + hd + 1u] * w;
     }
     total = workgroup_reduce(total, lid, false);
-    let out = (token * P.n_head + h) * hd;
+    let out = head.x * hd;
     for (var d = lid; d < hd; d += WG) {
         // four partials loaded before they are used: the loop is bound by load latency, not work
         var sum = vec4<f32>(0.0);

@@ -7,23 +7,9 @@
 // Invocation (tr, tc) owns rows 4 tr .. 4 tr + 3: their S at keys tc * KEYS / 16 .., their O at
 // dims 64 j + 4 tc .. + 3.
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    n_ctx: u32,        // cache capacity in positions
-    window: u32,       // 0: the whole context
-    scale: f32,        // 1 / sqrt(head_dim)
-    qkv_stride: u32,   // floats per token in QKV
-    softcap: f32,      // > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2); 0: off
-}
+#include "attention_params.wgsl"
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "step.wgsl"
 
 @group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;     // (tokens, (n_q + 2 n_kv) / 4), Q rotated
 @group(0) @binding(1) var<storage, read> KV: array<vec4<f32>>;      // K then V: (n_head_kv, n_ctx, head_dim / 4)

@@ -10,12 +10,7 @@ struct Params {
     scale: f32,
 }
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "step.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> TOKENS: array<u32>;

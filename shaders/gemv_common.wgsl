@@ -40,6 +40,19 @@ fn x16(row: u32, i: u32, scale: vec4<f32>) -> X16 {
     return X16(mat4x4<f32>(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale), sum, sq);
 }
 
+// 32 values of x as two runs of 16 (at vec4 lo and hi), and their sum of squares
+struct X32 {
+    lo: X16,
+    hi: X16,
+    sq: f32,
+}
+
+fn x32(row: u32, lo: u32, hi: u32, scale_lo: vec4<f32>, scale_hi: vec4<f32>) -> X32 {
+    let a = x16(row, lo, scale_lo);
+    let b = x16(row, hi, scale_hi);
+    return X32(a, b, a.sq + b.sq);
+}
+
 // first vec4 of the input row of `token` (MODE_X_STEP: the LM head reads position S.lm_first on)
 fn x_row(token: u32) -> u32 {
     var x_token = token;

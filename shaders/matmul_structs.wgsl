@@ -19,12 +19,7 @@ struct Params {
     y_off: u32,      // first float of this output inside a token's row of Y
 }
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
-}
+#include "step.wgsl"
 
 // first word of output row `row`, across up to three weight segments
 fn row_base(row: u32) -> u32 {

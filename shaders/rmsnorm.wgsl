@@ -11,12 +11,7 @@ struct Params {
     y_stride: u32,
 }
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,
-}
+#include "step.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
@@ -25,7 +20,8 @@ struct Step {
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = 64u;
-var<workgroup> partial: array<f32, WG>;
+
+#include "workgroup_sum.wgsl"
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -40,15 +36,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     for (var i = lid; i < P.n; i += WG) {
         sum += X[x + i] * X[x + i];
     }
-    partial[lid] = sum;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
+    let inv = inverseSqrt(workgroup_sum(sum, lid) / f32(P.n) + P.eps);
     for (var i = lid; i < P.n; i += WG) {
         let v = X[x + i] * inv * bitcast<f32>(W[P.norm_w + i]);
         if (P.add == 1u) {

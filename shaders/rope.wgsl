@@ -7,12 +7,7 @@
 
 #include "rope_params.wgsl"
 
-struct Step {
-    n_past: u32,
-    n_tokens: u32,
-    lm_first: u32,
-    split_len: u32,  // K/V positions per attention split (attention_decode.wgsl)
-}
+#include "step.wgsl"
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> T: array<f32>;           // (bases, n_ctx, rope_dim / 2, 2)
@@ -23,22 +18,15 @@ struct Step {
 
 const WG: u32 = 64u;
 var<workgroup> head: array<f32, 512>;
-var<workgroup> partial: array<f32, WG>;
+
+#include "workgroup_sum.wgsl"
 
 fn inverse_rms(lid: u32) -> f32 {
     var sum = 0.0;
     for (var d = lid; d < P.head_dim; d += WG) {
         sum += head[d] * head[d];
     }
-    partial[lid] = sum;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return 1.0 / sqrt(partial[0] / f32(P.head_dim) + P.eps);
+    return inverseSqrt(workgroup_sum(sum, lid) / f32(P.head_dim) + P.eps);
 }
 
 @compute @workgroup_size(64)

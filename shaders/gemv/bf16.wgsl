@@ -2,14 +2,10 @@
 // the low half; a bfloat16 is the high half of an f32, so decoding only moves bits). W is bound as
 // vec4: rows of a multiple of 16 weights are 16-byte aligned.
 
-@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+#include "gemv/quads.wgsl"
 
 const UNIT: u32 = 16u;
 alias XU = X16;
-
-fn norm_vec4(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(W[P.norm_w / 4u + i]);
-}
 
 fn unit_x(x: u32, u: u32) -> XU {
     return x16(x, 4u * u, vec4<f32>(1.0));

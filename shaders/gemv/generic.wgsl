@@ -2,27 +2,16 @@
 // of quant/{QUANT}.wgsl (a run of blocks for the float types, a block for the 32-weight types, an
 // eighth of a block for the 256-weight ones).
 
-@group(0) @binding(0) var<storage, read> W: array<u32>;
+#include "gemv/words.wgsl"
 
 #include "quant/{QUANT}.wgsl"
 
 const UNIT: u32 = 32u;
 
-struct XU {
-    lo: X16,
-    hi: X16,
-    sq: f32,
-}
-
-fn norm_vec4(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return bitcast<vec4<f32>>(vec4<u32>(W[o], W[o + 1u], W[o + 2u], W[o + 3u]));
-}
+alias XU = X32;
 
 fn unit_x(x: u32, u: u32) -> XU {
-    let lo = x16(x, 8u * u, vec4<f32>(1.0));
-    let hi = x16(x, 8u * u + 4u, vec4<f32>(1.0));
-    return XU(lo, hi, lo.sq + hi.sq);
+    return x32(x, 8u * u, 8u * u + 4u, vec4<f32>(1.0), vec4<f32>(1.0));
 }
 
 // weights 4j..4j+3 of unit u of the row starting at word `row`

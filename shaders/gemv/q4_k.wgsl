@@ -5,20 +5,12 @@
 // decoded once per unit and nibbles become floats with bit operations (as_floats). W is bound as
 // vec4 (blocks and rows are 16-byte aligned).
 
-@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+#include "gemv/quads.wgsl"
 
 const UNIT: u32 = 32u;
 const BLOCK_VEC4: u32 = 9u;
 
-struct XU {
-    lo: X16,
-    hi: X16,
-    sq: f32,
-}
-
-fn norm_vec4(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(W[P.norm_w / 4u + i]);
-}
+alias XU = X32;
 
 // The nibbles stay where they are in the word (bytes 2 and 3 shifted down by 16 to fit the 23-bit
 // mantissa), so each float is the nibble times a power of two; x is pre-multiplied by the inverse.
@@ -28,9 +20,7 @@ const HIGH_SCALE = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 16.0, 1.0 / 4096.0)
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
     let at = 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u);  // the unit's first x vec4
-    let lo = x16(x, at, LOW_SCALE);
-    let hi = x16(x, at + 8u, HIGH_SCALE);
-    return XU(lo, hi, lo.sq + hi.sq);
+    return x32(x, at, at + 8u, LOW_SCALE, HIGH_SCALE);
 }
 
 fn low_nibbles(w: u32) -> vec4<f32> {

@@ -5,28 +5,17 @@
 // come from the same 4 qh words (bits 2g, g = a / 2, and 2g + 4). Each row's two scales are
 // decoded once per unit.
 
-@group(0) @binding(0) var<storage, read> W: array<u32>;
+#include "gemv/words.wgsl"
 
 const UNIT: u32 = 32u;
 const BLOCK_WORDS: u32 = 53u;
 
-struct XU {
-    lo: X16,
-    hi: X16,
-    sq: f32,
-}
-
-fn norm_vec4(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return bitcast<vec4<f32>>(vec4<u32>(W[o], W[o + 1u], W[o + 2u], W[o + 3u]));
-}
+alias XU = X32;
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
     let at = 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u);  // the unit's first x vec4
-    let lo = x16(x, at, BYTE_SCALE);
-    let hi = x16(x, at + 16u, BYTE_SCALE);
-    return XU(lo, hi, lo.sq + hi.sq);
+    return x32(x, at, at + 16u, BYTE_SCALE, BYTE_SCALE);
 }
 
 // signed byte `b` of word w as a float

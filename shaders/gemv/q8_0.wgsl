@@ -2,16 +2,11 @@
 // f32, then 32 int8), not 16-byte aligned, so W is read as words; bytes become floats with bit
 // operations (bytes_scaled of the bytes plus 128, then 128 sum(x) taken off).
 
-@group(0) @binding(0) var<storage, read> W: array<u32>;
+#include "gemv/words.wgsl"
 
 const UNIT: u32 = 16u;
 const BLOCK_WORDS: u32 = 9u;
 alias XU = X16;
-
-fn norm_vec4(i: u32) -> vec4<f32> {
-    let o = P.norm_w + 4u * i;
-    return bitcast<vec4<f32>>(vec4<u32>(W[o], W[o + 1u], W[o + 2u], W[o + 3u]));
-}
 
 fn unit_x(x: u32, u: u32) -> XU {
     return x16(x, 4u * u, BYTE_SCALE);

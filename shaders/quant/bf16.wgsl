@@ -1,6 +1,6 @@
 // BF16: blocks of 4 bfloat16, two per word, as in the file (element 2k in the low half).
 // A bfloat16 is the high half of an f32, so decoding only moves bits (as gguf-py does).
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 4u;
 const BLOCK_WORDS: u32 = 2u;

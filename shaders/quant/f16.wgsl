@@ -1,5 +1,5 @@
 // F16: blocks of 4 halves, two per word, as in the file (element 2k in the low half).
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 4u;
 const BLOCK_WORDS: u32 = 2u;

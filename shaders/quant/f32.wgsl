@@ -1,5 +1,5 @@
 // F32: blocks of 4 floats, one word each, as in the file.
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 4u;
 const BLOCK_WORDS: u32 = 4u;

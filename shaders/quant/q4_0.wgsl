@@ -1,7 +1,7 @@
 // Q4_0: 32 elements = d * (q - 8), q a 4-bit nibble.
 // Re-laid block, 5 words: [0] d as f32 | [1..4] the 16 quant bytes of the file, where byte j holds
 // element j in its low nibble and element j + 16 in its high nibble.
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 32u;
 const BLOCK_WORDS: u32 = 5u;

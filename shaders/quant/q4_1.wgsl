@@ -1,7 +1,7 @@
 // Q4_1: 32 elements = d * q + m, q a 4-bit nibble.
 // Block as in the file, 5 words: [0] d (low half) and m (high half) as f16 | [1..4] 16 quant bytes,
 // byte j holding element j in its low nibble and element j + 16 in its high nibble.
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 32u;
 const BLOCK_WORDS: u32 = 5u;

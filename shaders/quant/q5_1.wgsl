@@ -2,18 +2,16 @@
 // Block as in the file, 6 words: [0] d (low half) and m (high half) as f16 |
 // [1] qh, bit j = fifth bit of element j | [2..5] 16 quant bytes, byte j holding element j
 // (low nibble) and element j + 16 (high nibble).
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 32u;
 const BLOCK_WORDS: u32 = 6u;
+
+#include "quant/q5_bits.wgsl"
 
 fn dq4(blk: u32, i: u32) -> vec4<f32> {
     let dm = unpack2x16float(W[blk]);
     let qh = W[blk + 1u];
     let w = W[blk + 2u + (i & 3u)];
-    let s = (i >> 2u) * 4u;
-    let low = (vec4<u32>(w) >> vec4<u32>(s, s + 8u, s + 16u, s + 24u)) & vec4<u32>(0xFu);
-    let e = 4u * i;
-    let high = (vec4<u32>(qh) >> vec4<u32>(e, e + 1u, e + 2u, e + 3u)) & vec4<u32>(1u);
-    return dm.x * vec4<f32>(low | (high << vec4<u32>(4u))) + dm.y;
+    return dm.x * q5_quads(qh, w, i) + dm.y;
 }

@@ -4,7 +4,7 @@
 // [49..52] the 16 int8 scales. Each half h of 128 elements uses ql bytes 64h..64h+63 (elements
 // 0-63 of the half in the low nibbles, 64-127 in the high nibbles) and qh bytes 32h..32h+31
 // (bits 2k..2k+1 of byte j for element 32k + j of the half).
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 256u;
 const BLOCK_WORDS: u32 = 53u;

@@ -1,6 +1,6 @@
 // Q8_0: 32 elements = q * d, q a signed byte.
 // Re-laid block, 9 words: [0] d as f32 | [1..8] the 32 int8 quants, element 4k + b in byte b of word 1 + k.
-// Reads the includer's `W: array<u32>`; see airframe/gpu/quant_layout.py and docs/QUANTIZATION.md.
+// Reads the includer's `W: array<u32>`; see airframe/quants.py, airframe/gpu/pack.py and docs/QUANTIZATION.md.
 
 const QK: u32 = 32u;
 const BLOCK_WORDS: u32 = 9u;
