@@ -1,0 +1,42 @@
+#!/bin/bash
+# One device call, airframe and llama.cpp's Vulkan backend on the same synthetic Llama 3.2 1B files:
+# llama.cpp (the kit's source) builds in the background while the files are written, then
+# llama-bench (pp512, tg128, depth 0 and 4096) and airframe bench run one after the other.
+#   bash dev/webgpu/side_by_side.sh "BF16 Q8_0 Q4_K_M"
+set -u
+types=${1:-"BF16 Q8_0 Q4_K_M"}
+source .device/enter.sh
+kit=.device/peers/llamacpp
+mkdir -p /tmp/lc/root && tar xzf $kit/llama.cpp-*-src.tgz -C /tmp/lc && mv /tmp/lc/lcsrc /tmp/lc/src
+for f in $kit/debs/*.deb; do dpkg -x "$f" /tmp/lc/root; done
+R=/tmp/lc/root/usr
+( cd /tmp/lc/src && export LD_LIBRARY_PATH=$R/lib/x86_64-linux-gnu && \
+  cmake -B bvk -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -G Ninja -DGGML_VULKAN=ON \
+    -DCMAKE_PREFIX_PATH=$R -DVulkan_INCLUDE_DIR=$R/include -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1 \
+    -DVulkan_GLSLC_EXECUTABLE=$R/bin/glslc > /tmp/lc/vk.log 2>&1 && cmake --build bvk -j 14 --target llama-bench >> /tmp/lc/vk.log 2>&1; \
+  echo "vk rc $?" >> /tmp/lc/vk.log ) &
+build=$!
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+for q in $types; do
+  python3 scripts/make_synthetic_gguf.py --shape llama3.2-1b --fast --qtype $q -o /tmp/l1b_$q.gguf \
+    --tokenizer .device/tokenizer-only-smollm2.gguf > /tmp/make_$q.log 2>&1 &
+done
+wait $build
+tail -1 /tmp/lc/vk.log
+for q in $types; do
+  echo "=== llama.cpp Vulkan $q"
+  /tmp/lc/src/bvk/bin/llama-bench -m /tmp/l1b_$q.gguf -ngl 99 -fa 1 -p 512 -n 128 -d 0,4096 -r 2 -o md 2>&1 \
+    | grep -E "^\||ggml_vulkan: 0" | tee -a $OUT/llamacpp.txt
+done
+for q in $types; do
+  python3 - "$q" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|ctx/s" | tee -a $OUT/bench.txt
+import json, os, sys
+from airframe.gpu.bench import bench_webgpu, format_result
+q = sys.argv[1]
+r = bench_webgpu(f"/tmp/l1b_{q}.gguf", [1, 512, 4096], steps=32)
+print(format_result(r))
+json.dump(r, open(os.path.join(os.environ["OUT"], f"bench_{q}.json"), "w"), indent=1)
+PY
+done
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
