@@ -1,4 +1,4 @@
-"""Shared fixtures: the real test models, resolved once per session."""
+"""Shared fixtures: the real test models, resolved once per test run (pytest session scope)."""
 
 from pathlib import Path
 
