@@ -44,12 +44,11 @@ def _any_value(name: str) -> str:
     return SIGNATURE_DEFINES.get(name, "1")
 
 
-@lru_cache(maxsize=None)
-def signature(shader: str) -> Signature:
-    source = load_wgsl(f"{shader}.wgsl", default=_any_value)
+def read_signature(source: str, where: str = "shader") -> Signature:
+    """The binding kinds and the Params fields of a program's expanded WGSL source."""
     bindings = sorted((int(i), space, access) for i, space, access in _BINDING.findall(source))
     if [b[0] for b in bindings] != list(range(len(bindings))):
-        raise AssertionError(f"{shader}.wgsl: bindings {[b[0] for b in bindings]} are not 0..n-1")
+        raise AssertionError(f"{where}: bindings {[b[0] for b in bindings]} are not 0..n-1")
     kinds = tuple(U if space == "uniform" else RW if access == "read_write" else R
                   for _, space, access in bindings)
     params: tuple = ()
@@ -57,6 +56,12 @@ def signature(shader: str) -> Signature:
         body = re.search(r"struct " + found.group(1) + r"\s*\{([^}]*)\}", source)
         params = tuple(_FIELD.findall(body.group(1)))
     return Signature(kinds, params)
+
+
+@lru_cache(maxsize=None)
+def signature(shader: str) -> Signature:
+    """`shader`'s signature, read from its source with placeholders that do not change it."""
+    return read_signature(load_wgsl(f"{shader}.wgsl", default=_any_value), f"{shader}.wgsl")
 
 
 @lru_cache(maxsize=None)
