@@ -11,6 +11,9 @@
 // subgroups (lanes_{REDUCE}.wgsl), then once through workgroup memory. P V: invocation (slice, dim
 // quad) takes every SLICES-th position, then the slices are added. With one split the workgroup
 // writes the normalized output itself and the runtime skips attention_merge.wgsl.
+// Per-head values live in vec4 lanes (heads 0-3 in .lo, 4-7 in .hi, Heads) and the outputs in
+// named variables: no private array is indexed, which the H200's compiler put in local memory
+// (1.9 times slower). A group has at most 8 query heads.
 
 #include "rope_params.wgsl"
 
@@ -36,48 +39,54 @@ const HD4: u32 = HD / 4u;
 const SLICES: u32 = WG / HD4;         // P V: invocations per dim quad
 const FRESH: u32 = GROUP + 1u;        // heads made ready here: the group's queries, then the key
 const PAIRS: u32 = (FRESH * HD / 2u + WG - 1u) / WG;  // rotated pairs per invocation, at most
-const HEADS_PASS: u32 = 4u;           // heads whose P V slices are added at once
+const HEADS_PASS: u32 = 4u;           // heads whose P V slices are added at once: one vec4 of Heads
 const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 const MAX_SUBGROUPS: u32 = 32u;       // WG / the narrowest subgroup (4 lanes)
 
 #include "lanes_{REDUCE}.wgsl"
 
 var<workgroup> fresh: array<f32, FRESH * HD>;              // (FRESH, HD): heads at the new position
-var<workgroup> queries: array<vec4<f32>, GROUP * HD4>;     // (head, dim quad): the rotated queries, pre-scaled
+var<workgroup> queries: array<vec4<f32>, 8u * HD4>;        // (head, dim quad): the rotated queries, pre-scaled; 0 past GROUP
 var<workgroup> fresh_v: array<vec4<f32>, HD4>;             // the new value (split holding pos)
 var<workgroup> row_scale: array<f32, FRESH>;               // 1 / rms of each fresh head (QK-norm)
-var<workgroup> probs: array<f32, GROUP * BLOCK>;           // (head, position of the block)
-var<workgroup> xchg: array<f32, MAX_SUBGROUPS * GROUP>;    // (subgroup, head): a block's maxima or sums
+var<workgroup> probs: array<Heads, BLOCK>;                 // scores, then probabilities, of the block's positions
+var<workgroup> xchg: array<Heads, MAX_SUBGROUPS>;          // each subgroup's maxima or sums
 var<workgroup> part_o: array<vec4<f32>, SLICES * HEADS_PASS * HD4>;  // (slice, head of the pass, dim quad)
 
+// the values of a group's 8 query heads at most: heads 0-3 in lo, 4-7 in hi
+struct Heads {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn heads(v: f32) -> Heads {
+    return Heads(vec4<f32>(v), vec4<f32>(v));
+}
+
 // per head, the maximum (is_max) or the sum of v over the workgroup
-fn heads_total(v: array<f32, GROUP>, lid: u32, is_max: bool) -> array<f32, GROUP> {
+fn heads_total(v: Heads, lid: u32, is_max: bool) -> Heads {
     let lanes = lane_count();
-    let n_sub = WG / lanes;
-    var out: array<f32, GROUP>;
-    for (var g = 0u; g < GROUP; g++) {
-        if (is_max) {
-            out[g] = lanes_max1(v[g], lid);
-        } else {
-            out[g] = lanes_sum1(v[g], lid);
-        }
+    var out: Heads;
+    if (is_max) {
+        out = Heads(lanes_max4(v.lo, lid), lanes_max4(v.hi, lid));
+    } else {
+        out = Heads(lanes_sum4(v.lo, lid), lanes_sum4(v.hi, lid));
     }
     workgroupBarrier();  // the previous exchange has been read
     if (lid % lanes == 0u) {
-        for (var g = 0u; g < GROUP; g++) {
-            xchg[(lid / lanes) * GROUP + g] = out[g];
-        }
+        xchg[lid / lanes] = out;
     }
     workgroupBarrier();
-    for (var g = 0u; g < GROUP; g++) {
-        var total = select(0.0, EMPTY, is_max);
-        for (var s = 0u; s < n_sub; s++) {
-            let x = xchg[s * GROUP + g];
-            total = select(total + x, max(total, x), is_max);
+    var total = heads(select(0.0, EMPTY, is_max));
+    for (var s = 0u; s < WG / lanes; s++) {
+        let x = xchg[s];
+        if (is_max) {
+            total = Heads(max(total.lo, x.lo), max(total.hi, x.hi));
+        } else {
+            total = Heads(total.lo + x.lo, total.hi + x.hi);
         }
-        out[g] = total;
     }
-    return out;
+    return total;
 }
 
 // The group's query heads and the K/V head's key at position pos, with bias, QK-norm and RoPE
@@ -184,109 +193,115 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
 
     let dq = lid % HD4;          // P V: my dim quad and slice of positions
     let slice = lid / HD4;
-    var m: array<f32, GROUP>;
-    var l: array<f32, GROUP>;
-    var acc: array<vec4<f32>, GROUP>;
-    for (var g = 0u; g < GROUP; g++) {
-        m[g] = EMPTY;
-    }
+    var m = heads(EMPTY);
+    var l = heads(0.0);
+    var o0 = vec4<f32>(0.0);     // the output of head g at my dim quad: og
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0);
+    var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0);
+    var o7 = vec4<f32>(0.0);
     for (var b = begin; b < end; b += BLOCK) {
         let n = min(BLOCK, end - b);
-        // scores of my positions, and their maxima per head
-        var top: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            top[g] = EMPTY;  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
-        }
+        var top = heads(EMPTY);
         for (var j = lid; j < n; j += WG) {
-            var s: array<f32, GROUP>;
-            for (var g = 0u; g < GROUP; g++) {
-                s[g] = 0.0;
-            }
+            var s = heads(0.0);
             for (var i = 0u; i < HD4; i++) {
                 let k = key(kv_head, b + j, pos, i);
-                for (var g = 0u; g < GROUP; g++) {
-                    s[g] += dot(queries[g * HD4 + i], k);
+                s.lo += vec4<f32>(dot(queries[i], k), dot(queries[HD4 + i], k), dot(queries[2u * HD4 + i], k),
+                                  dot(queries[3u * HD4 + i], k));
+                if (GROUP > 4u) {
+                    s.hi += vec4<f32>(dot(queries[4u * HD4 + i], k), dot(queries[5u * HD4 + i], k),
+                                      dot(queries[6u * HD4 + i], k), dot(queries[7u * HD4 + i], k));
                 }
             }
-            for (var g = 0u; g < GROUP; g++) {
-                var v = s[g];
-                if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
-                    v = P.softcap * tanh(clamp(v / P.softcap, -20.0, 20.0));
-                }
-                probs[g * BLOCK + j] = v;
-                top[g] = max(top[g], v);
+            if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
+                s = Heads(P.softcap * tanh(clamp(s.lo / P.softcap, vec4<f32>(-20.0), vec4<f32>(20.0))),
+                          P.softcap * tanh(clamp(s.hi / P.softcap, vec4<f32>(-20.0), vec4<f32>(20.0))));
             }
+            probs[j] = s;
+            top = Heads(max(top.lo, s.lo), max(top.hi, s.hi));
         }
         let block_max = heads_total(top, lid, true);
-        var sums: array<f32, GROUP>;
-        var correction: array<f32, GROUP>;
-        for (var g = 0u; g < GROUP; g++) {
-            let new_m = max(m[g], block_max[g]);
-            correction[g] = exp(m[g] - new_m);
-            m[g] = new_m;
-            sums[g] = 0.0;
-        }
+        let new_m = Heads(max(m.lo, block_max.lo), max(m.hi, block_max.hi));
+        let c = Heads(exp(m.lo - new_m.lo), exp(m.hi - new_m.hi));  // the old sums' correction
+        m = new_m;
+        var sums = heads(0.0);
         for (var j = lid; j < n; j += WG) {
-            for (var g = 0u; g < GROUP; g++) {
-                let p = exp(probs[g * BLOCK + j] - m[g]);
-                probs[g * BLOCK + j] = p;
-                sums[g] += p;
-            }
+            let p = Heads(exp(probs[j].lo - m.lo), exp(probs[j].hi - m.hi));
+            probs[j] = p;
+            sums = Heads(sums.lo + p.lo, sums.hi + p.hi);
         }
         let block_sum = heads_total(sums, lid, false);  // its barriers also publish `probs`
-        for (var g = 0u; g < GROUP; g++) {
-            l[g] = l[g] * correction[g] + block_sum[g];
-            acc[g] *= correction[g];
-        }
+        l = Heads(l.lo * c.lo + block_sum.lo, l.hi * c.hi + block_sum.hi);
+        o0 *= c.lo.x;
+        o1 *= c.lo.y;
+        o2 *= c.lo.z;
+        o3 *= c.lo.w;
+        o4 *= c.hi.x;
+        o5 *= c.hi.y;
+        o6 *= c.hi.z;
+        o7 *= c.hi.w;
         if (slice < SLICES) {
-            // two values loaded before they are used: the loop is bound by load latency, not work
-            var j = slice;
-            for (; j + SLICES < n; j += 2u * SLICES) {
-                let v0 = value(kv_head, b + j, pos, dq);
-                let v1 = value(kv_head, b + j + SLICES, pos, dq);
-                for (var g = 0u; g < GROUP; g++) {
-                    acc[g] += probs[g * BLOCK + j] * v0 + probs[g * BLOCK + j + SLICES] * v1;
-                }
-            }
-            if (j < n) {
+            for (var j = slice; j < n; j += SLICES) {
                 let v = value(kv_head, b + j, pos, dq);
-                for (var g = 0u; g < GROUP; g++) {
-                    acc[g] += probs[g * BLOCK + j] * v;
+                let p = probs[j];
+                o0 += p.lo.x * v;
+                o1 += p.lo.y * v;
+                o2 += p.lo.z * v;
+                o3 += p.lo.w * v;
+                if (GROUP > 4u) {
+                    o4 += p.hi.x * v;
+                    o5 += p.hi.y * v;
+                    o6 += p.hi.z * v;
+                    o7 += p.hi.w * v;
                 }
             }
         }
         workgroupBarrier();  // `probs` is overwritten by the next block
     }
-    // add the slices, HEADS_PASS heads at a time, and write
+    // add the slices, 4 heads at a time, and write
     let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;
-    for (var g0 = 0u; g0 < GROUP; g0 += HEADS_PASS) {
-        workgroupBarrier();
-        if (slice < SLICES) {
-            for (var g = g0; g < min(GROUP, g0 + HEADS_PASS); g++) {
-                part_o[(slice * HEADS_PASS + g - g0) * HD4 + dq] = acc[g];
+    write_heads(lid, dq, slice, 0u, o0, o1, o2, o3, m.lo, l.lo, kv_head, split, n_splits);
+    if (GROUP > 4u) {
+        write_heads(lid, dq, slice, 4u, o4, o5, o6, o7, m.hi, l.hi, kv_head, split, n_splits);
+    }
+}
+
+// heads g0 .. g0 + 3 (those below GROUP): the slices added, the partial output written (and the
+// normalized output, with one split)
+fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>,
+               m: vec4<f32>, l: vec4<f32>, kv_head: u32, split: u32, n_splits: u32) {
+    workgroupBarrier();
+    if (slice < SLICES) {
+        let at = slice * HEADS_PASS * HD4 + dq;
+        part_o[at] = a;
+        part_o[at + HD4] = b;
+        part_o[at + 2u * HD4] = c;
+        part_o[at + 3u * HD4] = d;
+    }
+    workgroupBarrier();
+    for (var i = lid; i < HEADS_PASS * HD4; i += WG) {
+        let g = i / HD4;
+        if (g0 + g < GROUP) {
+            var o = vec4<f32>(0.0);
+            for (var s = 0u; s < SLICES; s++) {
+                o += part_o[s * HEADS_PASS * HD4 + i];
             }
-        }
-        workgroupBarrier();
-        for (var i = lid; i < HEADS_PASS * HD4; i += WG) {
-            let g = g0 + i / HD4;
-            if (g < GROUP) {
-                var o = vec4<f32>(0.0);
-                for (var s = 0u; s < SLICES; s++) {
-                    o += part_o[s * HEADS_PASS * HD4 + i];
+            let h = kv_head * GROUP + g0 + g;
+            let out = (h * n_splits + split) * (HD + 2u);
+            let at = 4u * (i % HD4);
+            for (var e = 0u; e < 4u; e++) {
+                PART[out + at + e] = o[e];
+                if (n_splits == 1u) {
+                    OUT[h * HD + at + e] = o[e] / l[g];
                 }
-                let h = kv_head * GROUP + g;
-                let out = (h * n_splits + split) * (HD + 2u);
-                let d = 4u * (i % HD4);
-                for (var c = 0u; c < 4u; c++) {
-                    PART[out + d + c] = o[c];
-                    if (n_splits == 1u) {
-                        OUT[h * HD + d + c] = o[c] / l[g];
-                    }
-                }
-                if (i % HD4 == 0u) {
-                    PART[out + HD] = m[g];
-                    PART[out + HD + 1u] = l[g];
-                }
+            }
+            if (i % HD4 == 0u) {
+                PART[out + HD] = m[g];
+                PART[out + HD + 1u] = l[g];
             }
         }
     }

@@ -371,7 +371,7 @@ def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
     if c.head_dim > 256 or c.head_dim % 4:
         raise UnsupportedError(f"{gf.path}: head_dim {c.head_dim}, expected a multiple of 4 up to 256")
     group = c.n_head // c.n_head_kv
-    if group > 16:
-        raise UnsupportedError(f"{gf.path}: {group} query heads per K/V head; the attention programs expect at most 16")
+    if group > 8:
+        raise UnsupportedError(f"{gf.path}: {group} query heads per K/V head; the attention programs expect at most 8")
     if c.n_embd % 4 or c.n_ff % 4:
         raise UnsupportedError(f"{gf.path}: n_embd {c.n_embd} / n_ff {c.n_ff}, expected multiples of 4")

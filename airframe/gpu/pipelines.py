@@ -218,10 +218,10 @@ def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes
     largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's."""
     group, hd4 = n_head // n_head_kv, head_dim // 4
     slices = 128 // hd4
-    fixed = 4 * ((group + 1) * head_dim + head_dim + group * head_dim + group + 1 + 32 * group + 16 * slices * hd4) + 16 * 128
-    block = next((b for b in (256, 128) if fixed + 4 * group * b <= workgroup_bytes), None)
+    fixed = 4 * ((group + 1) * (head_dim + 1) + head_dim + 8 * head_dim + 8 * 32 + 16 * slices * hd4) + 16 * 128
+    block = next((b for b in (256, 128) if fixed + 32 * b <= workgroup_bytes), None)
     if block is None:
-        raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 512 * group:,} bytes of "
+        raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 32 * 128:,} bytes of "
                                f"workgroup memory in attention_decode.wgsl; the adapter has {workgroup_bytes:,}")
     keys = 64 if 4 * (256 + 16 * 64 + 2 * 64 * 64 + 64 * 16) <= workgroup_bytes else 32
     decode = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_BLOCK": block}
