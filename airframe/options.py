@@ -1,9 +1,9 @@
 """The run-time options of a loaded model, in one object built where the command line is read.
 
 Every backend's `load` takes a RunOptions and uses the fields that concern it: the WebGPU ones
-mean nothing to the reference or CUDA backends, which ignore them. Nothing below the command line
-reads the environment; `from_env` reads the two debug variables there (docs/TROUBLESHOOTING.md,
-"Debug variables").
+mean nothing to the reference or CUDA backends, which ignore them. `from_env` reads the two debug
+variables where the command line builds the options (docs/TROUBLESHOOTING.md, "Debug variables");
+below it only AIRFRAME_ADAPTER, the choice of adapter, is read, where the device is opened.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def random_bytes(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.rand
     """Random GGUF bytes of `qtype`: every quant bit pattern, with finite, realistic f16 scales.
 
     F16 values keep every pattern but NaN and infinity: the GPU's f16->f32 conversion quiets
-    signaling NaNs (tests/test_gpu_pack.py checks that case on its own)."""
+    signaling NaNs (tests/test_gpu_quant_decoders.py checks that case on its own)."""
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block * size), dtype=np.uint8)
     if qtype == GGMLQuantizationType.F16:

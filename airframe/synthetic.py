@@ -22,7 +22,7 @@ with dummy tokens: the Llama 3 tokenizer's metadata is not available here. Its r
 Quant types: one GGML type for every 2-D matrix (norms stay F32), or a mix preset (`Q4_K_M`,
 `Q5_K_M`). A matrix whose row length is not a multiple of the type's block falls back the way
 llama.cpp's quantizer does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and a 32-value type -> F16
-(see `airframe.quantize.compatible_type`).
+(see `airframe.quants.compatible_type`).
 
 `fast=True` generates one layer's weights and repeats them in every layer (file writing speed does
 not depend on the values); the file's general.name says so.

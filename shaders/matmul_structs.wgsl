@@ -1,6 +1,6 @@
-// The uniform block every matmul kernel reads (Params, Step) and row_base, which needs only P: the part
-// of matmul_params.wgsl that kernels binding W as array<vec4<u32>> (gemv_q4_k.wgsl, gemv_bf16.wgsl) can
-// include too. The Python side (airframe/gpu/kernels.py) packs this one layout for all of them.
+// The uniform block every matmul program reads (Params, Step) and row_base, which needs only P: the
+// part of matmul_params.wgsl that programs binding W as array<vec4<u32>> (gemv/quads.wgsl) include
+// too. The Python side (airframe/gpu/pipelines.py) reads this one layout from here.
 
 struct Params {
     rows: u32,       // output rows, all segments together

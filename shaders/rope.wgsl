@@ -2,7 +2,7 @@
 // and the K/V cache write, in one dispatch: workgroup (head, token) for head < n_head rotates Q in
 // place; the next n_head_kv workgroups rotate K and store K and V at the token's position.
 // Angles come from a table made on the CPU in float64: cos/sin of p * base^(-2i/rope_dim) (/ freq factor).
-// Decode tokens skip this dispatch: attention_decode.wgsl's ATTN_ROPE variant does the same work.
+// Decode tokens skip this dispatch: attention_decode.wgsl does the same work for its one position.
 // With qkv_bias, the f32 biases in W are added to Q, K and V first (Qwen 2).
 
 #include "rope_params.wgsl"

@@ -37,5 +37,14 @@ def test_missing_include_names_the_file(shader_dir):
 
 
 def test_real_shaders_load_for_every_variant():
-    text = shaders.load_wgsl("gemv.wgsl", {"QUANT": "q4_k", "REDUCE": "subgroup", "GEMV_WG": "256", "GEMV_ROWS": "4"})
+    text = shaders.load_wgsl("gemv.wgsl", {"QUANT": "q4_0", "REDUCE": "subgroup", "GEMV_UNIT": "generic",
+                                           "GEMV_ROWS_WG": "8"})
     assert "fn dq4(" in text and "subgroupAdd" in text and "{" + "QUANT}" not in text
+
+
+def test_a_default_fills_the_placeholders_defines_lack(shader_dir):
+    (shader_dir / "main.wgsl").write_text("const N: u32 = {ROWS}u;
+const M: u32 = {COLS}u;
+")
+    text = shaders.load_wgsl("main.wgsl", {"ROWS": "4"}, default=lambda name: "7")
+    assert "N: u32 = 4u" in text and "M: u32 = 7u" in text

@@ -50,11 +50,11 @@ class Scratch:
     tokens: int
     ids: object       # (tokens,) u32
     x: object         # (tokens, n_embd) the residual stream
-    tmp: object       # (tokens, n_embd) normed x / pre-norm projection outputs
+    tmp: object       # (tokens, max(n_embd, n_q)) normed x / pre-norm projection outputs
     qkv: object       # (tokens, n_q + 2 n_kv)
     attn: object      # (tokens, n_q)
     ffn: object       # (tokens, n_ff)
-    part: object      # (tokens, n_head, max_splits, head_dim + 2)
+    part: object      # (n_head, MAX_SPLITS, head_dim + 2): a decode token's attention partials
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
     step: object      # uniform Step of the layers

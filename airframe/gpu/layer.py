@@ -70,7 +70,7 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
     first = weights[0]
     gated = mode & pl.MODE_GATED
     offsets = [w.offset for w in weights] + [0] * (3 - len(weights))
-    # gemv_q4_k / gemv_bf16 read 16-byte vectors: pack.py places every tensor on a 64-word boundary
+    # the gemv units that bind W as vec4 (gemv/quads.wgsl) need 16-byte offsets: pack.py aligns every tensor to 64 words
     assert all(o % 4 == 0 for o in offsets), f"{label}: weight word offsets {offsets} not 16-byte aligned"
     starts = [sum(w.rows for w in weights[:i]) for i in range(1, len(weights))] if not gated else []
     starts += [pl.NO_SEGMENT] * (2 - len(starts))
@@ -134,7 +134,7 @@ def build_layer(be, i: int) -> LayerOps:
         k_bias=w["attn_k.bias"].offset if c.qkv_bias else 0, v_bias=w["attn_v.bias"].offset if c.qkv_bias else 0)
     rope_params = k.uniform(rope)
     group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], rope_params, s.step])
-    # a decode token's attention does this work itself (ATTN_ROPE)
+    # a decode token's attention does this work itself
     ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
                   output=(s.qkv, n_qkv), when=lambda t, n: t > 1))
 

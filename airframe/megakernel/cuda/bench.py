@@ -343,8 +343,8 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
 
 def run(model_path, contexts=CONTEXTS, out: Path | None = None, torch_side: bool = True) -> int:
     """`airframe bench --backend cuda MODEL` lands here: print the results as JSON."""
-    from ..model import open_model
-    from ..options import RunOptions
+    from ...model import open_model
+    from ...options import RunOptions
     from .backend import CudaBackend
 
     backend = CudaBackend.load(open_model(model_path), RunOptions(n_ctx=max(contexts) + STEPS, progress=True))
