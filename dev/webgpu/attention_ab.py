@@ -1,7 +1,7 @@
-"""Decode attention variants side by side: shaders/attention_decode.wgsl and the experiments in
-dev/webgpu/attention/, one dispatch per layer of the Llama 3.2 1B shape (32 query heads, 8 K/V
-heads of 64) repeated in one pass, GPU time per dispatch at several positions, and each variant's
-output against the shipped kernel's (the experiments that drop work are expected to differ).
+"""Decode attention variants side by side: shaders/attention_decode.wgsl and any experiment copies
+of it put in dev/webgpu/attention/*.wgsl, one dispatch per layer of the Llama 3.2 1B shape (32
+query heads, 8 K/V heads of 64) repeated in one pass, GPU time per dispatch at several positions,
+and each variant's output against the shipped kernel's (variants that drop work differ).
 
     python dev/webgpu/attention_ab.py [--positions 0,511,4095]
 """

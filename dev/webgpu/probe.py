@@ -158,17 +158,20 @@ def overhead(ctx, timer) -> dict:
 
     # a "token" of 90 dependent dispatches: per token one command buffer with a uniform write,
     # one with immediates only, or every token in one pass
+    def token(cp, t):
+        cp.set_pipeline(pipe)
+        imm[0] = t
+        for i in range(90):
+            cp.set_bind_group(0, groups[0])
+            cp.set_immediates(0, imm, 0, 16)
+            cp.dispatch_workgroups(4)
+
     def token_cbs(n_tokens, write_uniform):
         cbs = []
         for t in range(n_tokens):
             enc = dev.create_command_encoder()
             cp = enc.begin_compute_pass()
-            cp.set_pipeline(pipe)
-            imm[0] = t
-            for i in range(90):
-                cp.set_bind_group(0, groups[0])
-                cp.set_immediates(0, imm, 0, 16)
-                cp.dispatch_workgroups(4)
+            token(cp, t)
             cp.end()
             cbs.append(enc.finish())
         started = time.perf_counter()
@@ -182,13 +185,8 @@ def overhead(ctx, timer) -> dict:
     def tokens_one_pass(n_tokens):
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
         for t in range(n_tokens):
-            imm[0] = t
-            for i in range(90):
-                cp.set_bind_group(0, groups[0])
-                cp.set_immediates(0, imm, 0, 16)
-                cp.dispatch_workgroups(4)
+            token(cp, t)
         cp.end()
         cb = enc.finish()
         started = time.perf_counter()
