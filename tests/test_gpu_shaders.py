@@ -43,8 +43,6 @@ def test_real_shaders_load_for_every_variant():
 
 
 def test_a_default_fills_the_placeholders_defines_lack(shader_dir):
-    (shader_dir / "main.wgsl").write_text("const N: u32 = {ROWS}u;
-const M: u32 = {COLS}u;
-")
+    (shader_dir / "main.wgsl").write_text("const N: u32 = {ROWS}u;\nconst M: u32 = {COLS}u;\n")
     text = shaders.load_wgsl("main.wgsl", {"ROWS": "4"}, default=lambda name: "7")
     assert "N: u32 = 4u" in text and "M: u32 = 7u" in text
