@@ -16,7 +16,7 @@ from airframe.resources import shader_path
 # The nibble choice of each decoder, and the same line reading the other nibble.
 WRONG_NIBBLE = {
     T.Q4_0: ("let s = (i >> 2u) * 4u;", "let s = (1u - (i >> 2u)) * 4u;"),
-    T.Q4_K: ("let s = (sub & 1u) * 4u;", "let s = (1u - (sub & 1u)) * 4u;"),
+    T.Q4_K: ("let s = ((i >> 3u) & 1u) * 4u;", "let s = (1u - ((i >> 3u) & 1u)) * 4u;"),
 }
 
 

@@ -10,7 +10,9 @@ from airframe.errors import ParameterError
 from airframe import family as family_module
 from airframe.family import families_by_name, load_config
 from airframe.gguf_file import GGUFFile
+from airframe.model import open_model
 from airframe.models import resolve_model
+from airframe.options import RunOptions
 from airframe.quants import SUPPORTED
 from airframe.reference import ReferenceBackend
 from airframe.resources import family_dir
@@ -207,7 +209,7 @@ def test_a_new_family_file_is_enough(tmp_path, toy_family):
     assert (config.family, config.ctx_train, config.rope_base) == ("toy", 512, 5000.0)
     assert config.qk_norm and config.qkv_bias and config.activation == "gelu_tanh"
     assert "blk.1.attn_k_norm.weight" in gf.tensors and "blk.1.attn_v.bias" in gf.tensors
-    logits = ReferenceBackend.load(path, n_ctx=4).forward([1, 2, 3])
+    logits = ReferenceBackend.load(open_model(path), RunOptions(n_ctx=4)).forward([1, 2, 3])
     assert logits.shape == (config.vocab_size,) and np.isfinite(logits).all()
 
 
