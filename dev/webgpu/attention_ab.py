@@ -9,7 +9,6 @@ and each variant's output against the shipped kernel's (variants that drop work 
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import numpy as np

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import struct
 import time
 
 import numpy as np
@@ -313,7 +312,6 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
 # ---- decode matmuls --------------------------------------------------------------------------
 def gemv(ctx, timer, types, bandwidth) -> dict:
     kern = K.Pipelines(ctx, matmul="tiled")
-    rng = np.random.default_rng(1)
     shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
               "lm_head": (128256, 2048)}
     rows_out = []
