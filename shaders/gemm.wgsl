@@ -59,7 +59,7 @@ fn x_row(token: u32) -> u32 {
     return t * P.x_stride / 4u;
 }
 
-fn fetch(lid: u32, row0: u32, tok0: u32, k0: u32, rows: array<u32, 4>, toks: array<u32, 4>) -> Fetched {
+fn fetch(lid: u32, k0: u32, rows: array<u32, 4>, toks: array<u32, 4>) -> Fetched {
     var f: Fetched;
     let kq = lid % 8u;
     let c4 = k0 / 4u + kq;             // the piece's first column / 4
@@ -175,13 +175,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     var a10 = mat4x4<f32>();
     var a11 = mat4x4<f32>();
     var sq = vec4<f32>(0.0);
-    var next = fetch(lid, row0, tok0, 0u, rows, toks);
+    var next = fetch(lid, 0u, rows, toks);
     for (var k0 = 0u; k0 < P.cols; k0 += KSTEP) {
         store(lid, next);
         sq += next.sq;
         workgroupBarrier();
         if (k0 + KSTEP < P.cols) {
-            next = fetch(lid, row0, tok0, k0 + KSTEP, rows, toks);
+            next = fetch(lid, k0 + KSTEP, rows, toks);
         }
         for (var k = 0u; k < KSTEP; k++) {
             let w0 = ws[k * WS_STRIDE + tr];

@@ -140,11 +140,8 @@ def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,
     """A new request: reset, prefill all of `prompt` but its last token (no logits), then chain()."""
     if max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise ParameterError("an empty prompt, expected at least one token")
     be.reset()
-    be.check_tokens(prompt)
+    prompt = [int(t) for t in be.check_tokens(prompt)]
     if max_new_tokens == 0:
         yield [], "length"
         return
