@@ -103,7 +103,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarr
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right limit, 0
+        return x / (np.float32(1.0) + np.exp(-x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
