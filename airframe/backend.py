@@ -60,6 +60,15 @@ class Backend:
         raise UnsupportedError(f"the {self.name} backend does not pick greedy tokens on the device; "
                                f"expected a backend with greedy_on_device set")
 
+    def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int,
+                        eos: Sequence[int] = ()) -> tuple[list[int], str]:
+        """greedy_stream's batches joined: all the tokens and the finish reason."""
+        out, reason = [], "length"
+        for ids, finish in self.greedy_stream(prompt, max_new_tokens, eos):
+            out += ids
+            reason = finish or reason
+        return out, reason
+
 
 def check_tokens(tokens: Sequence[int], n_past: int, n_ctx: int, vocab_size: int) -> np.ndarray:
     """`tokens` as an int64 array when they can run at positions n_past..: ParameterError for no ids

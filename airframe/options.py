@@ -34,8 +34,8 @@ class RunOptions:
         _check_integer("n_ctx", self.n_ctx, 2, "None (the backend's default)")
         _check_integer("prefill_chunk", self.prefill_chunk, 1)
         _check_integer("max_binding", self.max_binding, 1, "None (the adapter's)")
-        _check_choice("matmul", self.matmul, MATMULS)
-        _check_choice("reduce", self.reduce, REDUCES)
+        check_choice("matmul", self.matmul, MATMULS)
+        check_choice("reduce", self.reduce, REDUCES)
         for name in ("progress", "debug_raw", "trace_prefill_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name} = {getattr(self, name)!r}, expected True or False")
@@ -60,6 +60,6 @@ def _check_integer(name: str, value, least: int, none: str | None = None) -> Non
         raise ParameterError(f"{name} = {value!r}, expected an integer >= {least}{also}")
 
 
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ParameterError(f"{name} = {value!r}, expected one of {', '.join(choices)}")

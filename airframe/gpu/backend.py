@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
-import wgpu
 from tqdm import tqdm
 
 from ..backend import Backend, check_tokens
@@ -152,9 +151,7 @@ class WebGPUBackend(Backend):
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
             part=k.storage(part_bytes, "attention_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
-            staging=self.ctx.device.create_buffer(
-                label="logits_readback", size=logit_rows * c.vocab_size * 4,
-                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST),
+            staging=k.readback(logit_rows * c.vocab_size * 4, "logits_readback"),
             step=k.uniform(pl.pack_step(0, 1), "step"),
             head_step=k.uniform(pl.pack_step(0, 1), "head_step"),
             part_bytes=part_bytes,
@@ -180,20 +177,10 @@ class WebGPUBackend(Backend):
         for first in range(0, ids.size, self.scratch.tokens):
             self._chunk(ids[first:first + self.scratch.tokens], all_logits=False, last=False)
 
-    def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int,
-                        eos: Sequence[int] = ()) -> tuple[list[int], str]:
-        """Greedy tokens after `prompt` (which starts a new request) and the finish reason:
-        "stop" (an `eos` token, not included), "length" (max_new_tokens or the context).
-        The argmax runs on the GPU and feeds the next token there (greedy.py)."""
-        out, reason = [], "length"
-        for ids, finish in self.greedy_stream(prompt, max_new_tokens, eos):
-            out += ids
-            reason = finish or reason
-        return out, reason
-
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int,
                       eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
-        """generate_greedy in batches as they are read back: (ids, None) ... then (ids, reason)."""
+        """Greedy tokens after `prompt` in batches as they are read back: (ids, None) ... then
+        (ids, reason). The argmax runs on the GPU and feeds the next token there (greedy.py)."""
         return greedy_stream(self, prompt, max_new_tokens, eos)
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
@@ -219,9 +206,9 @@ class WebGPUBackend(Backend):
         """K/V positions per attention split of a decode token: enough splits to keep SPLIT_WORKGROUPS
         workgroups busy, each of at least MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
         kv_total = self.n_past + n_tokens
-        wanted = -(-SPLIT_WORKGROUPS // self.config.n_head_kv)
-        per_split = max(-(-kv_total // wanted), -(-kv_total // MAX_SPLITS), MIN_SPLIT_LEN)
-        return -(-per_split // 64) * 64
+        wanted = pl.ceil_div(SPLIT_WORKGROUPS, self.config.n_head_kv)
+        per_split = max(pl.ceil_div(kv_total, wanted), pl.ceil_div(kv_total, MAX_SPLITS), MIN_SPLIT_LEN)
+        return pl.ceil_div(per_split, 64) * 64
 
     def layer_dispatches(self, n_tokens: int) -> list[pl.Dispatch]:
         """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""
@@ -252,7 +239,7 @@ class WebGPUBackend(Backend):
         """Attention splits of a forward over n_tokens positions from n_past (a prefill chunk: one)."""
         if n_tokens > 1:
             return 1
-        return -(-(self.n_past + n_tokens) // self.split_len(n_tokens))
+        return pl.ceil_div(self.n_past + n_tokens, self.split_len(n_tokens))
 
     def drop_prerecorded(self) -> None:
         """Forget the decode token recorded ahead (its position is no longer the next one)."""
@@ -262,7 +249,7 @@ class WebGPUBackend(Backend):
         """The command buffer of one decode token at n_past: the whole model, logits to staging."""
         encoder = self.ctx.device.create_command_encoder()
         pl.record(encoder, self.token_dispatches(1))
-        encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0, self.config.vocab_size * 4)
+        self._copy_logits(encoder, 1)
         return encoder.finish()
 
     def _decode(self, token: int) -> np.ndarray:
@@ -293,20 +280,14 @@ class WebGPUBackend(Backend):
         head = []
         if last and not all_logits:
             head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
+        encoder = device.create_command_encoder()
         if self.debug_raw:
-            self._run_debug(work + head)
-            if head:
-                encoder = device.create_command_encoder()
-                encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
-                                              self.config.vocab_size * 4)
-                device.queue.submit([encoder.finish()])
+            self._run_debug(work + head)  # submits each dispatch alone, before this encoder
         else:
-            encoder = device.create_command_encoder()
             pl.record(encoder, work + head)
-            if head:
-                encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
-                                              self.config.vocab_size * 4)
-            device.queue.submit([encoder.finish()])
+        if head:
+            self._copy_logits(encoder, 1)
+        device.queue.submit([encoder.finish()])
         if all_logits:
             logits = self._all_logits(n)
         elif head:
@@ -329,18 +310,18 @@ class WebGPUBackend(Backend):
             self.write_head_step(count, first)
             encoder = device.create_command_encoder()
             pl.record(encoder, self.globals_ops.lm_head(count))
-            encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
-                                          count * self.config.vocab_size * 4)
+            self._copy_logits(encoder, count)
             device.queue.submit([encoder.finish()])
             out[first:first + count] = self._read_logits(count)
         return out
 
+    def _copy_logits(self, encoder, rows: int) -> None:
+        """The logits of `rows` positions into the read-back buffer."""
+        encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
+                                      rows * self.config.vocab_size * 4)
+
     def _read_logits(self, rows: int) -> np.ndarray:
-        staging = self.scratch.staging
-        size = rows * self.config.vocab_size * 4
-        staging.map_sync(wgpu.MapMode.READ, 0, size)
-        data = np.frombuffer(staging.read_mapped(0, size, copy=True), dtype=np.float32)
-        staging.unmap()
+        data = pl.read_mapped(self.scratch.staging, rows * self.config.vocab_size * 4, np.float32)
         cap = self.config.final_logit_softcap
         if cap:  # Gemma 2's final soft-capping, on the CPU: the logits are read back anyway
             data = (np.float32(cap) * np.tanh(data / np.float32(cap))).astype(np.float32)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
-import wgpu
 
 from ..errors import ParameterError
 from . import pipelines as pl
@@ -50,9 +49,7 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     group = k.bind("argmax", [logits, candidates, be.scratch.ids, ring, params, be.scratch.step])
     dispatches = [pl.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
                   for stage, grid in ((1, (n_groups, 1, 1)), (2, (1, 1, 1)))]
-    staging = [be.ctx.device.create_buffer(label=f"greedy_readback#{i}", size=max(16, batch * 4),
-                                           usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-               for i in range(2)]
+    staging = [k.readback(batch * 4, f"greedy_readback#{i}") for i in range(2)]
     return ArgmaxOps(dispatches, ring, staging, batch)
 
 
@@ -128,11 +125,7 @@ def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step:
 
 
 def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
-    staging = ops.staging[b % 2]
-    staging.map_sync(wgpu.MapMode.READ, 0, count * 4)
-    ids = np.frombuffer(staging.read_mapped(0, count * 4, copy=True), dtype=np.uint32)
-    staging.unmap()
-    return [int(t) for t in ids]
+    return [int(t) for t in pl.read_mapped(ops.staging[b % 2], count * 4, np.uint32)]
 
 
 def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,

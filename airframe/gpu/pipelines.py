@@ -17,7 +17,8 @@ from functools import lru_cache
 import numpy as np
 import wgpu
 
-from ..errors import ParameterError, UnsupportedError
+from ..errors import UnsupportedError
+from ..options import MATMULS, REDUCES, check_choice
 from ..quants import QuantType
 from .shaders import load_wgsl
 
@@ -131,15 +132,13 @@ class Pipelines:
     _layouts: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        check_choice("matmul", self.matmul, MATMULS)
+        check_choice("reduce", self.reduce, REDUCES)
         if self.matmul == "auto":
             cpu = self.ctx.adapter.info.get("adapter_type", "").upper() == "CPU"
             self.matmul = "rows" if cpu else "tiled"
         if self.reduce == "auto":
             self.reduce = "subgroup" if self.ctx.has_subgroups else "shared"
-        if self.matmul not in ("rows", "tiled"):
-            raise ParameterError(f"matmul {self.matmul!r}, expected 'auto', 'rows' or 'tiled'")
-        if self.reduce not in ("subgroup", "shared"):
-            raise ParameterError(f"reduce {self.reduce!r}, expected 'auto', 'subgroup' or 'shared'")
 
     @property
     def device(self):
@@ -160,7 +159,7 @@ class Pipelines:
         units between them), more where a row has too few units to keep them all busy."""
         name = quant.shader if quant.gemv_unit else "generic"
         unit = shader_constant(f"gemv/{name}.wgsl", "UNIT")
-        lanes_per_row = -(-(cols // unit) // LANES)  # subgroups a row's units keep busy
+        lanes_per_row = ceil_div(cols // unit, LANES)  # subgroups a row's units keep busy
         rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
         while rows_wg < 32 and 4 * SUBGROUPS // rows_wg > lanes_per_row:
             rows_wg *= 2
@@ -208,9 +207,22 @@ class Pipelines:
             entries.append({"binding": i, "resource": {"buffer": buffer, "offset": offset, "size": size}})
         return self.device.create_bind_group(layout=self.layout(shader), entries=entries)
 
+    def readback(self, n_bytes: int, label: str):
+        """A MAP_READ buffer that results are copied into for the host (read_mapped)."""
+        return self.device.create_buffer(label=label, size=max(int(n_bytes), 16),
+                                         usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
     def storage(self, n_bytes: int, label: str):
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         return self.device.create_buffer(label=label, size=max(int(n_bytes), 16), usage=usage)
+
+
+def read_mapped(buffer, n_bytes: int, dtype) -> np.ndarray:
+    """The first n_bytes of a `readback` buffer as a new array, once the GPU has written them."""
+    buffer.map_sync(wgpu.MapMode.READ, 0, n_bytes)
+    data = np.frombuffer(buffer.read_mapped(0, n_bytes, copy=True), dtype=dtype)
+    buffer.unmap()
+    return data
 
 
 def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int) -> tuple[dict, dict]:
