@@ -177,27 +177,14 @@ def gpu_breakdown(be: WebGPUBackend, timer: GpuTimer, n_tokens: int, position: i
 
 
 # ---- prefill --------------------------------------------------------------------------------
-def prefill_rate(be: WebGPUBackend, n_tokens: int, depth: int, runs: int = 3) -> float:
-    """Tokens/s of one chunk of n_tokens after `depth` cached positions (their K/V contents do not
-    change the speed), median of `runs`, the logits of the last position read back."""
+def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int = 3) -> float:
+    """Seconds from a prompt of n_tokens after `depth` cached positions (their K/V contents do not
+    change the speed) to the logits of its last position on the host, median of `runs`."""
     ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, n_tokens))
     times = []
-    for _ in range(runs + 1):  # the first run compiles the pipelines of this chunk's shape
+    for _ in range(runs + 1):  # the first run compiles the pipelines of this prompt's chunks
         be.reset()
         be.n_past = depth
-        started = time.perf_counter()
-        be.forward(ids)
-        times.append(time.perf_counter() - started)
-    be.reset()
-    return n_tokens / statistics.median(times[1:])
-
-
-def time_to_first_token(be: WebGPUBackend, n_prompt: int, runs: int = 3) -> float:
-    """Seconds from a prompt of n_prompt tokens to its first token's logits on the host."""
-    ids = list(np.random.default_rng(1).integers(0, be.config.vocab_size, n_prompt))
-    times = []
-    for _ in range(runs + 1):
-        be.reset()
         started = time.perf_counter()
         be.forward(ids)
         times.append(time.perf_counter() - started)
@@ -273,7 +260,6 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
                  timer: GpuTimer) -> list[dict]:
     rows = []
-    chain(be, 1, min(steps, 8))  # compiles the argmax pipelines
     with tqdm(total=len(ctx_list), desc="decode", unit="ctx") as bar:
         for context in ctx_list:
             n_bytes = weights + kv_bytes_per_token(be, context)
@@ -307,9 +293,9 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
               "bandwidth_GBps": bandwidth / 1e9, "bandwidth_spread_GBps": (probe["min"] / 1e9, probe["max"] / 1e9),
               "gpu_timestamps": timer.enabled, "weight_bytes_per_token": weights, "record_ms": record_ms(be)}
     result["prefill"] = {"tokens": prefill_tokens, "depth": depth,
-                         "tokens_per_s": prefill_rate(be, prefill_tokens, 0),
-                         "tokens_per_s_at_depth": prefill_rate(be, prefill_tokens, depth),
-                         "ttft_tokens": ttft_tokens, "ttft_s": time_to_first_token(be, ttft_tokens)}
+                         "tokens_per_s": prefill_tokens / prompt_seconds(be, prefill_tokens),
+                         "tokens_per_s_at_depth": prefill_tokens / prompt_seconds(be, prefill_tokens, depth),
+                         "ttft_tokens": ttft_tokens, "ttft_s": prompt_seconds(be, ttft_tokens)}
     warm_up(ctx, timer, be.token_dispatches(1), 0.2)
     result["gpu"] = [gpu_breakdown(be, timer, 1, c - 1, 20) for c in ctx_list]
     result["gpu"].append(gpu_breakdown(be, timer, prefill_tokens, 0, 1))
