@@ -1,4 +1,5 @@
-// Gated-FFN activations, included by gemv.wgsl and gemm.wgsl (they pick one with P.mode).
+// The P.mode bits of the matmul programs (gemv.wgsl, gemm.wgsl, gemm_rows.wgsl), the gated-FFN
+// activations and the output write they share; write_y uses the includer's P and Y.
 // GELU with the tanh approximation: https://arxiv.org/abs/1606.08415 eq. (2), as gguf/llama.cpp use it.
 
 const MODE_NORM: u32 = 1u;      // multiply the input by rmsnorm(x) * norm weight first
@@ -21,4 +22,18 @@ fn gated(mode: u32, gate: f32, up: f32) -> f32 {
         return gelu_tanh(gate) * up;
     }
     return silu(gate) * up;
+}
+
+// Output `at` from its sums: a (the gate's with MODE_GATED) and b (the up's), each times `scale`
+// (1 / rms with MODE_NORM, else 1), then the gated activation; added to Y with MODE_ACCUMULATE.
+fn write_y(at: u32, a: f32, b: f32, scale: f32) {
+    var y = a * scale;
+    if ((P.mode & MODE_GATED) != 0u) {
+        y = gated(P.mode, y, b * scale);
+    }
+    if ((P.mode & MODE_ACCUMULATE) != 0u) {
+        Y[at] = Y[at] + y;
+    } else {
+        Y[at] = y;
+    }
 }

@@ -20,23 +20,8 @@ const MAX_SPLITS: u32 = 256u;
 const EMPTY: f32 = -1.0e30;
 
 var<workgroup> weight: array<f32, MAX_SPLITS>;
-var<workgroup> scratch: array<f32, WG>;
 
-fn workgroup_reduce(v: f32, lid: u32, is_max: bool) -> f32 {
-    scratch[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lid < stride) {
-            let a = scratch[lid];
-            let b = scratch[lid + stride];
-            scratch[lid] = select(a + b, max(a, b), is_max);
-        }
-        workgroupBarrier();
-    }
-    let result = scratch[0];
-    workgroupBarrier();
-    return result;
-}
+#include "workgroup_reduce.wgsl"
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) head: vec3<u32>) {

@@ -117,16 +117,7 @@ fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32, tok_loca
         }
         for (var e = 0u; e < 4u; e++) {
             if (row + e < P.rows) {
-                var y = acc[c][e] * scale;
-                if ((P.mode & MODE_GATED) != 0u) {
-                    y = gated(P.mode, y, up[c][e] * scale);
-                }
-                let at = t * P.y_stride + P.y_off + row + e;
-                if ((P.mode & MODE_ACCUMULATE) != 0u) {
-                    Y[at] = Y[at] + y;
-                } else {
-                    Y[at] = y;
-                }
+                write_y(t * P.y_stride + P.y_off + row + e, acc[c][e], up[c][e], scale);
             }
         }
     }

@@ -114,16 +114,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         for (var r = 0u; r < ROWS; r++) {
             let row = row0 + r;
             if (row < P.rows) {
-                var y = acc_a[t][r] * inv_rms[t];
-                if (is_gated) {
-                    y = gated(P.mode, y, acc_b[t][r] * inv_rms[t]);
-                }
-                let at = (tok0 + t) * P.y_stride + P.y_off + row;
-                if ((P.mode & MODE_ACCUMULATE) != 0u) {
-                    Y[at] = Y[at] + y;
-                } else {
-                    Y[at] = y;
-                }
+                write_y((tok0 + t) * P.y_stride + P.y_off + row, acc_a[t][r], acc_b[t][r], inv_rms[t]);
             }
         }
     }

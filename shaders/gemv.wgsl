@@ -46,16 +46,7 @@ fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32) {
     }
     for (var r = 0u; r < 4u; r++) {
         if (row + r < P.rows) {
-            var y = inv * a[r];
-            if ((P.mode & MODE_GATED) != 0u) {
-                y = gated(P.mode, y, inv * b[r]);
-            }
-            let at = token * P.y_stride + P.y_off + row + r;
-            if ((P.mode & MODE_ACCUMULATE) != 0u) {
-                Y[at] = Y[at] + y;
-            } else {
-                Y[at] = y;
-            }
+            write_y(token * P.y_stride + P.y_off + row + r, a[r], b[r], inv);
         }
     }
 }

@@ -33,7 +33,6 @@ fn lanes_sum1(v: f32, lid: u32) -> f32 {
     return lanes_sum4(vec4<f32>(v, 0.0, 0.0, 0.0), lid).x;
 }
 
-
 fn lanes_max4(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return lanes_fold(v, lid, true);
 }

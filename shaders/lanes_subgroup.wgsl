@@ -14,7 +14,6 @@ fn lanes_sum1(v: f32, lid: u32) -> f32 {
     return subgroupAdd(v);
 }
 
-
 fn lanes_max4(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return subgroupMax(v);
 }

@@ -21,7 +21,7 @@ struct Params {
 
 const WG: u32 = 64u;
 
-#include "workgroup_sum.wgsl"
+#include "workgroup_reduce.wgsl"
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

@@ -19,7 +19,7 @@
 const WG: u32 = 64u;
 var<workgroup> head: array<f32, 512>;
 
-#include "workgroup_sum.wgsl"
+#include "workgroup_reduce.wgsl"
 
 fn inverse_rms(lid: u32) -> f32 {
     var sum = 0.0;
