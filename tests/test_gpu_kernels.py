@@ -10,12 +10,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from airframe import reference as ref
-from airframe.gguf_file import dequantize_rows
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
-from airframe.gpu.pack import relayout
-from airframe.quantize import quantize
 from airframe.quants import quant
+from gpu_helpers import close, quantized
 
 RTOL = 2e-5  # relative to the largest output magnitude
 
@@ -23,17 +21,6 @@ RTOL = 2e-5  # relative to the largest output magnitude
 @pytest.fixture(scope="module")
 def kernels():
     return pl.Pipelines(get_context())
-
-
-def close(got, want, rtol=RTOL):
-    scale = max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale)
-
-
-def quantized(rng, rows, cols, qtype):
-    """(words, float32 weights the GPU must reproduce) of a random matrix."""
-    raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
-    return relayout(raw, qtype), dequantize_rows(raw, qtype)
 
 
 @pytest.mark.parametrize("add", [False, True])
@@ -46,7 +33,7 @@ def test_rmsnorm(kernels, add):
     params = pl.pack_params("rmsnorm", n=n, norm_w=0, eps=1e-6, add=int(add), x_stride=n, y_stride=n)
     (got,) = pl.run_once(kernels, "rmsnorm", None, [w.view(np.uint32), x, y.copy(), params,
                                                    pl.pack_step(0, tokens)], (tokens, 1, 1))
-    close(got, ref.rmsnorm(x, w, 1e-6) + (y if add else 0))
+    close(got, ref.rmsnorm(x, w, 1e-6) + (y if add else 0), RTOL)
 
 
 @pytest.mark.parametrize("style,qk_norm", [("normal", False), ("neox", True)])
@@ -72,9 +59,9 @@ def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
     v = qkv[:, (n_head + n_kv) * hd:].reshape(tokens, n_kv, hd)
     if qk_norm:
         q, k = ref.rmsnorm(q, norms[:hd], 1e-6), ref.rmsnorm(k, norms[hd:], 1e-6)
-    close(got_qkv[:, :n_head * hd].reshape(tokens, n_head, hd), ref.rope(q, pos, hd, base, style))
+    close(got_qkv[:, :n_head * hd].reshape(tokens, n_head, hd), ref.rope(q, pos, hd, base, style), RTOL)
     cache = got_kv.reshape(2, n_kv, n_ctx, hd)
-    close(cache[0][:, pos].transpose(1, 0, 2), ref.rope(k, pos, hd, base, style))
+    close(cache[0][:, pos].transpose(1, 0, 2), ref.rope(k, pos, hd, base, style), RTOL)
     np.testing.assert_array_equal(cache[1][:, pos].transpose(1, 0, 2), v)
     assert not cache[:, :, :n_past].any() and not cache[:, :, n_past + tokens:].any()
 

@@ -13,12 +13,12 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from airframe import reference as ref
-from airframe.gguf_file import dequantize_rows
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
 from airframe.gpu.pack import relayout
 from airframe.quantize import quantize
 from airframe.quants import SUPPORTED, quant
+from gpu_helpers import close, quantized
 
 RTOL, RTOL_FUSED = 2e-5, 1e-4
 # lavapipe's 32 KiB of workgroup memory fits every tile but 128 x 128, which GPUs run (on a GPU this
@@ -36,16 +36,6 @@ def tiled():
 def shared():
     """gemv.wgsl adding across lanes through workgroup memory (adapters without subgroups)."""
     return pl.Pipelines(get_context(), matmul="tiled", reduce="shared")
-
-
-def close(got, want, rtol):
-    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max())))
-
-
-def quantized(rng, rows, cols, qtype):
-    """(words, float32 weights the GPU must reproduce) of a random matrix."""
-    raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
-    return relayout(raw, qtype), dequantize_rows(raw, qtype)
 
 
 def params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(pl.NO_SEGMENT, pl.NO_SEGMENT), norm_w=0,
