@@ -16,53 +16,19 @@ import numpy as np
 import wgpu
 
 from airframe.gpu import pipelines as K
+from airframe.gpu.bench import GpuTimer, warm_up
 from airframe.gpu.device import get_context
 from airframe.gpu.pack import relayout
 from airframe.quantize import quantize
 from airframe.quants import quant as gpu_quant
 
-class Timer:
-    """GPU time of compute passes from timestamp queries (nanoseconds)."""
 
-    def __init__(self, device, n: int = 256):
-        self.device = device
-        self.set = device.create_query_set(type="timestamp", count=2 * n)
-        self.buf = device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        self.n = 0
-
-    def pass_(self, encoder):
-        i = self.n
-        self.n += 1
-        return encoder.begin_compute_pass(timestamp_writes={
-            "query_set": self.set, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
-
-    def read(self, encoder=None) -> list[float]:
-        enc = self.device.create_command_encoder()
-        enc.resolve_query_set(self.set, 0, 2 * self.n, self.buf, 0)
-        self.device.queue.submit([enc.finish()])
-        t = np.frombuffer(self.device.queue.read_buffer(self.buf, 0, 16 * self.n), np.uint64).astype(np.float64)
-        self.n = 0
-        return list((t[1::2] - t[0::2]) * 1e-9)
-
-
-def warm(ctx, timer, dispatches, seconds: float = 0.25) -> None:
-    """Keep the GPU busy for a while: idle GPUs lower their clocks."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        run_passes(ctx, timer, dispatches, 3, 1)
-
-
-def run_passes(ctx, timer, dispatches, repeats: int, passes: int) -> list[float]:
-    """Seconds per repetition of `dispatches` (a list of K.Dispatch), `repeats` in each of `passes` passes."""
+def run_passes(ctx, timer: GpuTimer, dispatches, repeats: int, passes: int) -> list[float]:
+    """GPU seconds per repetition of `dispatches` (a list of K.Dispatch) in each of `passes` passes
+    of `repeats` repetitions."""
     for _ in range(passes):
         enc = ctx.device.create_command_encoder()
-        cp = timer.pass_(enc)
-        for _ in range(repeats):
-            for d in dispatches:
-                cp.set_pipeline(d.pipeline)
-                cp.set_bind_group(0, d.bind_group)
-                cp.dispatch_workgroups(*d.workgroups)
-        cp.end()
+        K.record(enc, dispatches * repeats, timer.writes())
         ctx.device.queue.submit([enc.finish()])
     return [t / repeats for t in timer.read()]
 
@@ -81,9 +47,7 @@ def stream(ctx, timer) -> dict:
         if threads > 256 * 1024:
             out2 = kern.storage(threads * 4, "out2")
             d.bind_group = kern.bind("stream_read", [src, out2, params])
-        warm_start = time.perf_counter()
-        while time.perf_counter() - warm_start < 0.5:  # clocks up
-            run_passes(ctx, timer, [d], 5, 2)
+        warm_up(ctx, timer, [d])
         times = run_passes(ctx, timer, [d], 5, 20)
         tbs = sorted(n_bytes / t / 1e12 for t in times)
         rows.append({"threads": threads, "min": tbs[0], "median": statistics.median(tbs), "max": tbs[-1]})
@@ -120,7 +84,7 @@ def overhead(ctx, timer) -> dict:
 
     def one_pass(n, same, wg=1):
         enc = dev.create_command_encoder()
-        cp = timer.pass_(enc)
+        cp = enc.begin_compute_pass(timestamp_writes=timer.writes())
         cp.set_pipeline(pipe)
         for i in range(n):
             cp.set_bind_group(0, groups[0 if same else i % 100])
@@ -133,7 +97,7 @@ def overhead(ctx, timer) -> dict:
     pipe2 = dev.create_compute_pipeline(layout=layout, compute={"module": module2, "entry_point": "main"})
     for _ in range(3):
         enc = dev.create_command_encoder()
-        cp = timer.pass_(enc)
+        cp = enc.begin_compute_pass(timestamp_writes=timer.writes())
         for i in range(100):
             cp.set_pipeline(pipe if i % 2 else pipe2)
             cp.set_bind_group(0, groups[0])
@@ -250,37 +214,36 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
     results = []
     # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, norm and gating
     for program, qtype, tile in [(p, q, t) for p in programs for q in types for t in tiles]:
-        if True:
-            rows, cols, n_tok = 200, 512, 77
-            buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
-            xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
-            x = kern.storage(xv.nbytes, "x")
-            ctx.device.queue.write_buffer(x, 0, xv)
-            y = kern.storage(n_tok * rows * 4 * 2, "y")
-            step = kern.uniform(K.pack_step(0, n_tok))
-            checks = {}
-            for name, mode in (("plain", 0), ("norm", K.MODE_NORM), ("gated", K.MODE_GATED | K.MODE_NORM)):
-                if mode & K.MODE_GATED and tile[0] != 128:
-                    continue
-                d, tt = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, tile, mode,
-                                      w1=rows * rw, norm_w=n_words, program=program)
-                d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
-                enc = ctx.device.create_command_encoder()
-                K.record(enc, [d])
-                ctx.device.queue.submit([enc.finish()])
-                out_rows = rows if mode & K.MODE_GATED else 2 * rows
-                got = np.frombuffer(ctx.device.queue.read_buffer(y, 0, n_tok * out_rows * 4), np.float32).reshape(n_tok, out_rows)
-                xin = xv
-                if mode & K.MODE_NORM:
-                    xin = xv / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + 1e-5) * norm
-                want = xin.astype(np.float64) @ w.astype(np.float64).T
-                if mode & K.MODE_GATED:
-                    g, u = want[:, :rows], want[:, rows:]
-                    want = g / (1 + np.exp(-g)) * u
-                err = float(np.abs(got - want).max() / np.abs(want).max())
-                checks[name] = err
-            print(f"{program} check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
-            results.append({"check": True, "program": program, "qtype": qtype.name, "tile": tile, "errors": checks})
+        rows, cols, n_tok = 200, 512, 77
+        buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
+        xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
+        x = kern.storage(xv.nbytes, "x")
+        ctx.device.queue.write_buffer(x, 0, xv)
+        y = kern.storage(n_tok * rows * 4 * 2, "y")
+        step = kern.uniform(K.pack_step(0, n_tok))
+        checks = {}
+        for name, mode in (("plain", 0), ("norm", K.MODE_NORM), ("gated", K.MODE_GATED | K.MODE_NORM)):
+            if mode & K.MODE_GATED and tile[0] != 128:
+                continue
+            d, tt = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, tile, mode,
+                                  w1=rows * rw, norm_w=n_words, program=program)
+            d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
+            enc = ctx.device.create_command_encoder()
+            K.record(enc, [d])
+            ctx.device.queue.submit([enc.finish()])
+            out_rows = rows if mode & K.MODE_GATED else 2 * rows
+            got = np.frombuffer(ctx.device.queue.read_buffer(y, 0, n_tok * out_rows * 4), np.float32).reshape(n_tok, out_rows)
+            xin = xv
+            if mode & K.MODE_NORM:
+                xin = xv / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + 1e-5) * norm
+            want = xin.astype(np.float64) @ w.astype(np.float64).T
+            if mode & K.MODE_GATED:
+                g, u = want[:, :rows], want[:, rows:]
+                want = g / (1 + np.exp(-g)) * u
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            checks[name] = err
+        print(f"{program} check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
+        results.append({"check": True, "program": program, "qtype": qtype.name, "tile": tile, "errors": checks})
     if not speed:
         return {"rows": results}
     n_tok = 512
@@ -299,7 +262,7 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
                 d, tt = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, tile, mode,
                                       w1=rows // 2 * rw, norm_w=n_words, program=program)
                 d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
-                warm(ctx, timer, [d])
+                warm_up(ctx, timer, [d], 0.25)
                 t = statistics.median(run_passes(ctx, timer, [d], 5, 5))
                 tflops = 2 * rows * cols * n_tok / t / 1e12
                 print(f"{program:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok} tile {tile}: {t * 1e6:8.1f} us  "
@@ -330,7 +293,7 @@ def gemv(ctx, timer, types, bandwidth) -> dict:
             shader = "gemv/" + shape["GEMV_UNIT"]
             group = kern.bind("gemv", [buf, x, y, kern.uniform(params), step])
             d = K.Dispatch(name, kern.pipeline("gemv", quant, shape), group, (K.ceil_div(rows, rows_wg), 1, 1))
-            warm(ctx, timer, [d], 0.1)
+            warm_up(ctx, timer, [d], 0.1)
             t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
             share = rows * row_words * 4 / t / bandwidth
             print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream ({shader}, {rows_wg} rows)")
@@ -341,7 +304,7 @@ def gemv(ctx, timer, types, bandwidth) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="stream,gemm,gemv")
-    ap.add_argument("--programs", default="gemm", help="gemm programs to compare, e.g. gemm,gemm_f16")
+    ap.add_argument("--programs", default="gemm", help="gemm programs to compare: gemm and any shaders/gemm_*.wgsl beside it")
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--tiles", default="64x64,128x64,64x128,128x128")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
@@ -352,7 +315,9 @@ def main() -> None:
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     ctx = get_context()
     print(ctx.name, sorted(ctx.features))
-    timer = Timer(ctx.device)
+    if not ctx.has_timestamps:
+        raise SystemExit(f"{ctx.name} has no timestamp-query: the probe times passes on the GPU")
+    timer = GpuTimer(ctx, n_passes=256)
     out = {"adapter": ctx.name}
     parts = args.parts.split(",")
     bandwidth = 3.5e12
