@@ -35,3 +35,7 @@ class ContextOverflowError(ParameterError):
 
 class GPUError(AirframeError):
     """No usable GPU adapter, or the device failed."""
+
+
+class NonFiniteError(AirframeError):
+    """A forward pass produced NaN or infinite logits: the weights (or an activation) are damaged."""
