@@ -1,7 +1,7 @@
 """WebGPU measurements for `airframe bench`: prefill tokens/s of a 512-token chunk at depth 0 and at
 a deeper position (llama-bench's pp512 and pp512 @ d4096), the time to the first token of a long
-prompt, decode ms/token at several contexts (greedy chained on the GPU, and with the logits read
-back as a sampled request does), where a token's and a chunk's GPU time goes per op class, and the
+prompt, decode ms/token at several contexts (greedy chained on the GPU, and a sampled request:
+the GPU's candidates read back and sampled on the host), where a token's and a chunk's GPU time goes per op class, and the
 share of the bandwidth floor, against a streaming read measured in the same run.
 
 GPU times come from timestamp queries at the start and end of compute passes where the adapter has
@@ -18,8 +18,10 @@ import numpy as np
 import wgpu
 from tqdm import tqdm
 
+from ..engine import sample_next
 from ..model import open_model
 from ..options import RunOptions
+from ..sampling import History, Sampler, SamplingParams
 from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
@@ -193,17 +195,23 @@ def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int =
 
 
 # ---- decode ---------------------------------------------------------------------------------
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, repeat_penalty=1.1, seed=0)
+
+
 def sampled_decode_ms(be: WebGPUBackend, context: int, steps: int) -> float:
-    """Median ms/token of forward([token]) from position context - 1: the logits come back every
-    token, as for a sampled request."""
+    """Median ms/token of a sampled request (SAMPLED) decoding from position context - 1, each token
+    as the engine samples it (sample_next: the GPU's candidates, the host's chain)."""
+    sampler = Sampler(SAMPLED, be.config.vocab_size)
+    history = History([1], n_prompt=1)
     be.reset()
     be.n_past = context - 1
-    be.forward([1])
     times = []
-    for _ in range(steps):
+    for step in range(steps + 1):  # the first token records the pipelines' first use
         started = time.perf_counter()
-        be.forward([1])
-        times.append(time.perf_counter() - started)
+        token, _ = sample_next(be, sampler, history, history.tokens[-1:])
+        history.tokens.append(token)
+        if step:
+            times.append(time.perf_counter() - started)
     be.reset()
     return 1000 * statistics.median(times)
 
@@ -304,7 +312,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
 
 
 def _decode_lines(r: dict) -> list[str]:
-    lines = ["decode ms/token   chained greedy (share of floor)   logits read back   floor ms   dispatches"]
+    lines = ["decode ms/token   chained greedy (share of floor)            sampled   floor ms   dispatches"]
     for d in r["decode"]:
         chained = (f"{d['chained_ms']:8.3f} ({100 * d['floor_ms'] / d['chained_ms']:5.1f}%)"
                    if "chained_ms" in d else f"FAILED ({d['chained_ms_error']})")
