@@ -3,7 +3,9 @@
 A backend holds one model and one K/V cache. `forward` runs tokens at consecutive positions,
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
-overrides `greedy_stream`; the engine asks that flag, it never probes for methods.
+overrides `greedy_stream`; one that reduces a sampled token's logits to candidates on the device
+says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`. The engine
+asks those flags, it never probes for methods.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model
 from .options import RunOptions
+from .sampling import Candidates, Reduction
 
 BACKENDS = ("webgpu", "reference", "cuda")
 DEFAULT_BACKEND = "webgpu"
@@ -52,6 +55,23 @@ class Backend:
         shape (len(tokens), vocab), when all_logits is set.
         """
         raise NotImplementedError
+
+    reduces_on_device = False  # True: read_candidates reduces the logits to candidates on the device
+    candidate_limits = (0, 0)  # (penalty table rows, candidates wanted) read_candidates takes at most
+
+    def forward_pending(self, tokens: Sequence[int]) -> None:
+        """forward() of `tokens` started on the device, its logits kept there: then read_candidates
+        or last_logits (the host prepares the reduction while the device runs)."""
+        raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
+
+    def read_candidates(self, reduction: Reduction) -> Candidates | None:
+        """The last forward's logits reduced on the device as `reduction` asks (airframe/sampling.py);
+        None when the result is unusable: then last_logits()."""
+        raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
+
+    def last_logits(self) -> np.ndarray:
+        """The full logits (vocab,) of the last position of the last forward_pending, the model's own."""
+        raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
 
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
         """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands

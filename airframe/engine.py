@@ -150,7 +150,8 @@ class Engine:
             source = self._device_tokens(prompt_ids, params)
             timed = self.backend.greedy_first_token_timed
         else:
-            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size))
+            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size),
+                                       with_logits=params.logprobs is not None)
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel)
 
@@ -160,18 +161,18 @@ class Engine:
         return (self.backend.greedy_on_device and params.logprobs is None
                 and not greedy_blockers(params.sampling))
 
-    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler) -> _TokenSource:
-        """Tokens sampled on the host from the logits forward() reads back, one per request for the next."""
+    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool) -> _TokenSource:
+        """Tokens sampled on the host, one forward per token (sample_next)."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
-        logits = self.backend.forward(prompt_ids)
+        tokens = prompt_ids
         while True:
-            token = sampler.sample(history, logits)
+            token, logits = sample_next(self.backend, sampler, history, tokens, with_logits)
             history.tokens.append(token)
             yield token, logits
             if self.backend.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token
-            logits = self.backend.forward([token])
+            tokens = [token]
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
@@ -255,6 +256,25 @@ class Engine:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+def sample_next(backend: Backend, sampler: Sampler, history: History, tokens: list[int],
+                with_logits: bool = False) -> tuple[int, np.ndarray | None]:
+    """Run `tokens` and sample the next one: from the candidates a backend reduces the logits to on
+    the device where it can and no logits are wanted (logprobs), else from the full logits.
+    Returns (token, its logits or None)."""
+    if not backend.reduces_on_device or with_logits:
+        logits = backend.forward(tokens)
+        return sampler.sample(history, logits), logits
+    backend.forward_pending(tokens)  # the device runs while the host prepares the reduction
+    reduction = sampler.reduction(history, *backend.candidate_limits)
+    if reduction is not None:
+        found = backend.read_candidates(reduction)
+        token = sampler.sample_reduced(history, found) if found is not None else None
+        if token is not None:
+            return token, None
+    logits = backend.last_logits()
+    return sampler.sample(history, logits), logits
+
+
 class _PieceBuilder:
     """Generated tokens (and their logprobs) waiting for the text they make to be released."""
 

@@ -78,6 +78,27 @@ class History:
 Step = Callable[[History, np.ndarray], np.ndarray]
 
 
+def _positions(tokens: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Where `tokens` sit in a logits array: (positions, which of `tokens` are there). Over the
+    whole vocabulary a token's position is its id; over candidates (`ids`, ascending) it is looked up."""
+    if ids is None:
+        return tokens, np.ones(tokens.size, dtype=bool)
+    at = np.minimum(np.searchsorted(ids, tokens), max(ids.size - 1, 0))
+    found = ids[at] == tokens if ids.size else np.zeros(tokens.size, dtype=bool)
+    return at[found], found
+
+
+def _window(history: History, last_n: int) -> np.ndarray:
+    """The distinct tokens among the last `last_n` (-1: all) of the history."""
+    window = history.tokens if last_n == -1 else history.tokens[-last_n:]
+    return np.unique(np.asarray(window, dtype=np.int64))
+
+
+def _generated_counts(history: History) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct generated tokens and how often each was generated."""
+    return np.unique(np.asarray(history.generated, dtype=np.int64), return_counts=True)
+
+
 # ---- parameter checks ------------------------------------------------------------------------
 def _number(name: str, value, low: float, high: float, allowed: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or math.isnan(value) \
@@ -94,10 +115,10 @@ def _integer(name: str, value, low: int, high: int | None, allowed: str) -> int:
 
 
 # ---- the steps -------------------------------------------------------------------------------
-def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | None:
-    """Add a fixed amount to chosen tokens (OpenAI `logit_bias`; -100 all but bans a token)."""
+def bias_terms(bias: dict[int, float] | None, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """OpenAI's `logit_bias` checked, as (token ids, amounts); ids may be given as digit strings (JSON keys)."""
     if not bias:
-        return None
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
     if not isinstance(bias, dict):
         raise ParameterError(f"logit_bias = {bias!r}, expected a mapping of token id to a number")
     ids, amounts = [], []
@@ -109,12 +130,19 @@ def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | 
         _number(f"logit_bias[{token}]", amount, *LOGIT_BIAS_RANGE, "a number in -100..100")
         ids.append(int(token))
         amounts.append(float(amount))
-    ids_array = np.array(ids, dtype=np.int64)
-    amounts_array = np.array(amounts)
+    return np.array(ids, dtype=np.int64), np.array(amounts)
 
-    def step(history: History, logits: np.ndarray) -> np.ndarray:
+
+def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | None:
+    """Add a fixed amount to chosen tokens (OpenAI `logit_bias`; -100 all but bans a token)."""
+    ids_array, amounts_array = bias_terms(bias, vocab_size)
+    if not ids_array.size:
+        return None
+
+    def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         out = logits.copy()
-        np.add.at(out, ids_array, amounts_array)
+        at, found = _positions(ids_array, ids)
+        np.add.at(out, at, amounts_array[found])
         return out
 
     return step
@@ -135,11 +163,10 @@ def repetition_penalty(penalty: float, last_n: int) -> Step | None:
     if penalty == 1.0 or last_n == 0:
         return None
 
-    def step(history: History, logits: np.ndarray) -> np.ndarray:
-        window = history.tokens if last_n == -1 else history.tokens[-last_n:]
-        if not window:
+    def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        seen, _ = _positions(_window(history, last_n), ids)
+        if not seen.size:
             return logits
-        seen = np.unique(np.asarray(window, dtype=np.int64))
         out = logits.copy()
         values = out[seen]
         out[seen] = np.where(values > 0, values / penalty, values * penalty)
@@ -156,20 +183,21 @@ def presence_frequency_penalty(presence: float, frequency: float) -> Step | None
     if presence == 0.0 and frequency == 0.0:
         return None
 
-    def step(history: History, logits: np.ndarray) -> np.ndarray:
-        generated = history.generated
-        if not generated:
+    def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        tokens, counts = _generated_counts(history)
+        at, found = _positions(tokens, ids)
+        if not at.size:
             return logits
-        ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         out = logits.copy()
-        out[ids] -= frequency * counts + presence
+        out[at] -= frequency * counts[found] + presence
         return out
 
     return step
 
 
 def top_k(k: int) -> Callable[[np.ndarray], np.ndarray] | None:
-    """Pick the k most likely tokens: their ids, ascending (ties at the cut: argpartition's choice).
+    """Pick the k most likely tokens: their ids, ascending (ties at the cut: the lowest ids, so
+    that the same logits give the same candidates over the whole vocabulary or a part of it).
 
     Unlike the other steps this one returns ids: every step after it runs on those k candidates
     only, which is what keeps sampling from a 262,144-token vocabulary at about a millisecond.
@@ -181,7 +209,10 @@ def top_k(k: int) -> Callable[[np.ndarray], np.ndarray] | None:
     def select(logits: np.ndarray) -> np.ndarray:
         if k >= logits.size:
             return np.arange(logits.size)
-        return np.sort(np.argpartition(logits, logits.size - k)[logits.size - k:])
+        cut = np.partition(logits, logits.size - k)[logits.size - k]  # the k-th largest
+        above = np.flatnonzero(logits > cut)
+        at_cut = np.flatnonzero(logits == cut)[:k - above.size]
+        return np.sort(np.concatenate([above, at_cut]))
 
     return select
 
@@ -201,14 +232,19 @@ def top_p(p: float) -> Step | None:
         alive = np.flatnonzero(np.isfinite(logits))
         probs = _probabilities(logits[alive])
         order = _most_likely_reaching(probs, p)
-        cumulative = np.cumsum(probs[order])
-        n_keep = int(np.searchsorted(cumulative, p, side="left")) + 1  # at least one token
+        n_keep = _reaching(probs[order], p)
         out = np.full_like(logits, -np.inf)
         kept = alive[order[:n_keep]]
         out[kept] = logits[kept]
         return out
 
     return step
+
+
+def _reaching(sorted_probs: np.ndarray, p: float) -> int:
+    """How many of the most likely tokens (probabilities sorted down) top-p keeps: at least one;
+    len + 1 when even all of them fall short of p."""
+    return int(np.searchsorted(np.cumsum(sorted_probs), p, side="left")) + 1
 
 
 def _most_likely_reaching(probs: np.ndarray, p: float) -> np.ndarray:
@@ -263,10 +299,12 @@ def check_seed(seed) -> int | None:
 class Chain:
     """The steps of one request, switched-off ones left out, in the order they run."""
 
-    penalties: list[Step]  # over the whole vocabulary: they look tokens up by id
+    penalties: list[Step]  # over the whole vocabulary or candidates: they look tokens up by id
     select: Callable[[np.ndarray], np.ndarray] | None  # top-k: the candidate ids (None: all)
     truncation: list[Step]  # over the candidates only: top-p, min-p, temperature
     greedy: bool
+    params: SamplingParams  # checked: what a device needs to apply the penalties itself
+    bias: tuple[np.ndarray, np.ndarray]  # logit_bias as (token ids, amounts)
 
 
 def build_chain(params: SamplingParams, vocab_size: int | None) -> Chain:
@@ -279,7 +317,38 @@ def build_chain(params: SamplingParams, vocab_size: int | None) -> Chain:
     truncation = [top_p(params.top_p), min_p(params.min_p), temperature(params.temperature)]
     check_seed(params.seed)
     return Chain(penalties=[s for s in penalties if s is not None], select=select,
-                 truncation=[s for s in truncation if s is not None], greedy=params.temperature == 0)
+                 truncation=[s for s in truncation if s is not None], greedy=params.temperature == 0,
+                 params=params, bias=bias_terms(params.logit_bias, vocab_size))
+
+
+# ---- sampling from a device's candidates ----------------------------------------------------------
+CANDIDATE_MARGIN = 16    # candidates beyond top-k: float32 rounding on the device cannot change the top k
+OPEN_CANDIDATES = 256    # candidates asked for when top-k is off (top-p or min-p must then fit in them)
+
+
+@dataclass
+class Reduction:
+    """What a device needs to reduce one token's logits to candidates: the penalty table, one row
+    per token a penalty touches (id, logit bias as float32 bits, in the repetition window, times
+    generated), the request's penalty amounts, and how many candidates to keep at least."""
+
+    table: np.ndarray  # (n, 4) uint32
+    repeat_penalty: float
+    presence: float
+    frequency: float
+    want: int
+
+
+@dataclass
+class Candidates:
+    """A device's answer to a Reduction: every token whose penalised logit (float32) reaches
+    `threshold`, with the logits the model gave them, and the log-sum-exp of the whole vocabulary
+    after the penalties."""
+
+    ids: np.ndarray     # int64, ascending
+    logits: np.ndarray  # float32: the model's logits of `ids`, before any penalty
+    threshold: float
+    log_sum_exp: float
 
 
 class Sampler:
@@ -314,6 +383,69 @@ class Sampler:
         full = np.full(np.shape(logits), -np.inf)
         full[ids] = out
         return full
+
+    def reduction(self, history: History, max_entries: int, max_want: int) -> Reduction | None:
+        """The request for a device to reduce this token's logits to candidates, or None when the
+        candidates could not decide the token (nothing truncates: top-k, top-p and min-p off) or
+        the request is larger than the device takes."""
+        chain, params = self.chain, self.chain.params
+        if chain.greedy:
+            want = 1 + CANDIDATE_MARGIN
+        elif params.top_k:
+            want = params.top_k + CANDIDATE_MARGIN
+        elif params.top_p < 1.0 or params.min_p > 0.0:
+            want = OPEN_CANDIDATES
+        else:
+            return None
+        if want > max_want:
+            return None
+        repeat = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+        open_ai = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        window = _window(history, params.repeat_last_n) if repeat else np.zeros(0, dtype=np.int64)
+        generated, counts = _generated_counts(history) if open_ai else (np.zeros(0, dtype=np.int64),) * 2
+        bias_ids, amounts = chain.bias
+        ids = np.union1d(np.union1d(window, generated), bias_ids)
+        if ids.size > max_entries:
+            return None
+        table = np.zeros((ids.size, 4), dtype=np.uint32)
+        table[:, 0] = ids
+        bias = np.zeros(ids.size, dtype=np.float32)
+        np.add.at(bias, np.searchsorted(ids, bias_ids), amounts)
+        table[:, 1] = bias.view(np.uint32)
+        table[np.searchsorted(ids, window), 2] = 1
+        table[np.searchsorted(ids, generated), 3] = counts
+        return Reduction(table, params.repeat_penalty, params.presence_penalty, params.frequency_penalty, want)
+
+    def sample_reduced(self, history: History, found: Candidates) -> int | None:
+        """The token sample() would pick from the full logits, from a device's candidates; None
+        when they cannot decide it (top-p or min-p reach past them): then sample() from the full
+        logits. Consumes one random number exactly when sample() would."""
+        ids = found.ids
+        out = np.asarray(found.logits, dtype=np.float64)
+        for step in self.chain.penalties:
+            out = step(history, out, ids)
+        if self.chain.greedy:
+            return int(ids[np.argmax(out)])  # ids ascending: the lowest id among ties
+        truncation = self.chain.truncation
+        if self.chain.select:
+            keep = self.chain.select(out)
+            ids, out = ids[keep], out[keep]
+        else:
+            params = self.chain.params
+            if params.top_p < 1.0:  # top-p over the whole vocabulary (the first truncation step)
+                probs = np.exp(out - found.log_sum_exp)
+                order = np.argsort(-probs, kind="stable")
+                n_keep = _reaching(probs[order], params.top_p)
+                if n_keep > ids.size:
+                    return None
+                kept = np.sort(order[:n_keep])
+                ids, out = ids[kept], out[kept]
+                truncation = truncation[1:]
+            elif np.max(out) + math.log(params.min_p) <= found.threshold:
+                return None  # min-p keeps tokens below the candidates
+        for step in truncation:
+            out = step(history, out)
+        return int(ids[draw(out, self.rng)])
 
     def sample(self, history: History, logits: np.ndarray) -> int:
         if self.chain.greedy:

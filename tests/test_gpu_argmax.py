@@ -1,5 +1,5 @@
 """argmax.wgsl against numpy's argmax: ties to the lowest id, NaN above everything (the first NaN
-wins), -0.0 equal to +0.0, -inf a value like any other; vocabularies not a multiple of a workgroup's
+wins), -0.0 equal to +0.0, -inf a value like any other, any of them flagged in the ring; vocabularies not a multiple of a workgroup's
 2,048 logits, and Gemma 3's 262,144."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
-from airframe.gpu.greedy import ARGMAX_PER_GROUP, batch_bounds
+from airframe.gpu.greedy import ARGMAX_PER_GROUP, NON_FINITE, batch_bounds
 
 UNTOUCHED = 77
 
@@ -25,7 +25,7 @@ def gpu_argmax(kernels, logits: np.ndarray, n_past: int = 3, ring_len: int = 8):
     step = pl.pack_step(n_past, 1)
     tokens = np.full(4, UNTOUCHED, np.uint32)
     ring = np.full(ring_len, UNTOUCHED, np.uint32)
-    candidates = np.zeros((groups, 2), np.uint32)
+    candidates = np.zeros((groups, 4), np.uint32)
     candidates, _, _ = pl.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
                                   (groups, 1, 1), {"ARGMAX_STAGE": 1})
     _, tokens, ring = pl.run_once(kernels, "argmax", None, [logits, candidates, tokens, ring, params, step],
@@ -36,7 +36,8 @@ def gpu_argmax(kernels, logits: np.ndarray, n_past: int = 3, ring_len: int = 8):
 def check(kernels, logits: np.ndarray) -> int:
     tokens, ring = gpu_argmax(kernels, logits.astype(np.float32))
     want = int(np.argmax(logits))
-    assert tokens[0] == want and ring[3] == want
+    flag = NON_FINITE if not np.isfinite(logits).all() else 0  # the host's signal of damaged logits
+    assert tokens[0] == want and ring[3] == want | flag
     assert (tokens[1:] == UNTOUCHED).all() and (np.delete(ring, 3) == UNTOUCHED).all()
     return want
 

@@ -22,13 +22,14 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
     p = result["prefill"]
     assert p["tokens_per_s"] > 0 and p["tokens_per_s_at_depth"] > 0 and p["ttft_s"] > 0
     assert [d["context"] for d in result["decode"]] == [1, 70]
-    assert all(d["chained_ms"] > 0 and d["sampled_ms"] > 0 and d["floor_ms"] > 0 for d in result["decode"])
+    assert all(d["chained_ms"] > 0 and d["sampled_ms"] > 0 and d["sampled_full_ms"] > 0 and d["floor_ms"] > 0
+               for d in result["decode"])
     # two layers: one attention merge each beyond 64 positions
     assert result["decode"][1]["dispatches"] == result["decode"][0]["dispatches"] + 2
     low, high = result["bandwidth_spread_GBps"]
     assert low <= result["bandwidth_GBps"] <= high
     text = bench.format_result(result)
-    assert "chained greedy" in text and "logits read back" in text and "time to first token" in text
+    assert "chained greedy" in text and "GPU candidates / full logits" in text and "time to first token" in text
 
 
 def test_the_gpu_breakdown_covers_every_op_class(result):

@@ -10,6 +10,8 @@ from airframe.sampling import (History, Sampler, SamplingParams, build_chain, dr
                                logit_bias, min_p, presence_frequency_penalty, repetition_penalty,
                                temperature, top_k, top_logprobs, top_p)
 
+from gpu_helpers import reduce_reference  # noqa: E402
+
 NO_HISTORY = History()
 
 
@@ -211,3 +213,67 @@ def test_a_logit_bias_token_outside_the_vocabulary_is_refused():
     params = SamplingParams(logit_bias={10: 1.0})
     with pytest.raises(ParameterError, match=r"0\.\.9"):
         Sampler(params, vocab_size=10)
+
+
+# ---- sampling from a device's candidates -------------------------------------------------------
+SETTINGS = [
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=1),
+    SamplingParams(temperature=0.0, repeat_penalty=1.3, seed=2),
+    SamplingParams(temperature=1.3, top_k=5, top_p=1.0, min_p=0.0, seed=3),
+    SamplingParams(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0, presence_penalty=0.5, seed=4),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, frequency_penalty=0.4, seed=5),
+    SamplingParams(temperature=0.9, top_k=100, top_p=0.8, min_p=0.0, logit_bias={3: 5.0, 17: -100}, seed=6),
+    SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0, repeat_penalty=0.8, repeat_last_n=-1, seed=7),
+]
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
+def test_sampling_from_device_candidates_gives_the_full_logits_tokens(params):
+    rng = np.random.default_rng(params.seed)
+    vocab = 3000
+    full, reduced = Sampler(params, vocab), Sampler(params, vocab)
+    history = History(list(rng.integers(0, vocab, 20)), n_prompt=20)
+    decided = 0
+    for step in range(200):
+        scale = 0.5 + 6 * rng.random()  # flat and peaked distributions
+        logits = (scale * rng.standard_normal(vocab)).astype(np.float32)
+        logits[rng.integers(0, vocab, 30)] = logits[5]  # ties
+        want = full.sample(history, logits)
+        got = reduced.sample_reduced(history, reduce_reference(logits, reduced.reduction(history, 1024, 512)))
+        if got is None:  # the candidates cannot decide: the full logits
+            got = reduced.sample(history, logits)
+        else:
+            decided += 1
+        assert got == want, f"step {step}"
+        history.tokens.append(want)
+    assert decided >= 100, decided  # most tokens come from the candidates alone
+
+
+def test_candidates_that_cannot_decide_ask_for_the_full_logits():
+    flat = np.zeros(3000, dtype=np.float32)  # top-p 0.9 needs 2,700 tokens; 256 candidates hold less
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, seed=0), 3000)
+    found = reduce_reference(flat + np.float32(np.arange(3000) % 7) * 1e-3, sampler.reduction(History(), 1024, 512))
+    rng_state = sampler.rng.bit_generator.state
+    assert sampler.sample_reduced(History(), found) is None
+    assert sampler.rng.bit_generator.state == rng_state  # nothing drawn: sample() draws as usual
+    wide = np.linspace(0, 1, 3000).astype(np.float32)  # min-p 0.2 keeps tokens far below 256 candidates
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, seed=0), 3000)
+    found = reduce_reference(wide, sampler.reduction(History(), 1024, 512))
+    assert sampler.sample_reduced(History(), found) is None
+
+
+def test_only_truncating_settings_are_reduced_and_large_requests_are_not():
+    history = History(list(range(2000)), n_prompt=0)
+    plain = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), 5000)
+    assert plain.reduction(history, 1024, 512) is None  # every token can be drawn: all logits needed
+    whole = Sampler(SamplingParams(repeat_penalty=1.1, repeat_last_n=-1), 5000)
+    assert whole.reduction(history, 1024, 512) is None  # 2,000 penalised tokens: more than the table
+    assert whole.reduction(History(list(range(100))), 1024, 512).table.shape == (100, 4)
+    assert Sampler(SamplingParams(top_k=600), 5000).reduction(history, 1024, 512) is None
+    r = Sampler(SamplingParams(top_k=40, presence_penalty=1.0, frequency_penalty=0.5, repeat_penalty=1.1,
+                               repeat_last_n=2, logit_bias={9: 2.0}), 5000).reduction(
+        History([4, 5, 6, 6, 8], n_prompt=2), 1024, 512)
+    assert r.want == 40 + 16
+    assert r.table[:, 0].tolist() == [6, 8, 9]  # window (6, 8), generated (6, 8), bias 9; 4 and 5 untouched
+    assert r.table[:, 1].view(np.float32).tolist() == [0.0, 0.0, 2.0]
+    assert r.table[:, 2].tolist() == [1, 1, 0] and r.table[:, 3].tolist() == [2, 1, 0]

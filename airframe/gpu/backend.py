@@ -8,7 +8,8 @@ K/V cache once. A forward over T tokens records one compute pass: embedding, the
   -> down projection (+ residual, or post-norm + residual),
 then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
 Prompts are prefilled in chunks of `prefill_chunk` tokens; decode reads back only the logits.
-Greedy requests skip even that: the argmax runs on the GPU and feeds the next token (greedy.py).
+Sampled requests read back only a few candidates (candidates.py), and greedy requests not even
+those: the argmax runs on the GPU and feeds the next token (greedy.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..gguf_file import GGUFFile
 from ..model import Model
 from ..options import RunOptions
 from ..rope_scaling import cos_sin, freq_factors
+from ..sampling import Candidates, Reduction
+from . import candidates as cand
 from . import pipelines as pl
 from .device import get_context
 from .greedy import build_argmax, greedy_stream
@@ -100,11 +103,16 @@ class WebGPUBackend(Backend):
             bar.update(1)
         self.globals_ops = build_globals(self)
         self.argmax = build_argmax(self)
+        self.candidates = cand.build_candidates(self)
+        self.reduces_on_device = not config.final_logit_softcap  # soft-capping runs on the host, at read-back
+        self._reduced: tuple[Reduction, cand.Found] | None = None  # the last forward's, for last_logits
         bar.update(1)
         bar.close()
         self.debug_raw = options.debug_raw
-        # decode: the next token's command buffer, recorded while the GPU runs the current one
-        self._next_decode: tuple[int, object] | None = None
+        # decode: the next token's command buffer, recorded while the GPU runs the current one,
+        # keyed by (attention splits, whether the logits are copied for the host)
+        self._next_decode: tuple[tuple[int, bool], object] | None = None
+        self._next_reduce = None  # the next reduction's command buffer, recorded while a forward runs
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
@@ -183,15 +191,51 @@ class WebGPUBackend(Backend):
         (ids, reason). The argmax runs on the GPU and feeds the next token there (greedy.py)."""
         return greedy_stream(self, prompt, max_new_tokens, eos)
 
+    candidate_limits = (cand.PEN_MAX, cand.MAX_WANT)
+
+    def forward_pending(self, tokens: Sequence[int]) -> None:
+        """forward() of `tokens` up to the last position's logits, submitted and not read: the host
+        prepares the reduction while the GPU runs; then read_candidates() or last_logits()."""
+        self._run(tokens, False, read=False)
+        if self._next_reduce is None:
+            self._next_reduce = cand.record(self, self.candidates)  # while the GPU runs the forward
+
+    def read_candidates(self, reduction: Reduction) -> Candidates | None:
+        """The last position's logits reduced on the GPU (candidates.py); None when the candidates
+        are unusable (too many, or a logit is not finite): then last_logits()."""
+        ops = self.candidates
+        cand.write_request(self, ops, reduction)
+        commands = self._next_reduce or cand.record(self, ops)
+        self._next_reduce = None
+        self.ctx.device.queue.submit([commands])
+        found = cand.read(ops, reduction)
+        self._reduced = (reduction, found)
+        return found.candidates
+
+    def last_logits(self) -> np.ndarray:
+        """The full logits of the last position of the last forward, the model's own values."""
+        encoder = self.ctx.device.create_command_encoder()
+        self._copy_logits(encoder, 1)
+        self.ctx.device.queue.submit([encoder.finish()])
+        logits = self._read_logits(1)[0]
+        if self._reduced is not None:
+            reduction, found = self._reduced
+            logits = cand.restore(logits, reduction, found.raw)
+        return logits
+
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        return self._run(tokens, all_logits, read=True)
+
+    def _run(self, tokens: Sequence[int], all_logits: bool, read: bool):
         ids = self.check_tokens(tokens)
         outputs = []
         step = self.scratch.tokens
+        self._reduced = None
         for first in range(0, ids.size, step):
             chunk = ids[first:first + step]
             last = first + step >= ids.size
             started = time.perf_counter()
-            out = self._chunk(chunk, all_logits, last)
+            out = self._chunk(chunk, all_logits, last, read)
             if out is not None:
                 outputs.append(out)
             if self.trace_chunks:
@@ -199,7 +243,7 @@ class WebGPUBackend(Backend):
                             self.n_past, chunk.size, 1000 * (time.perf_counter() - started))
         if all_logits:
             return np.concatenate(outputs, axis=0)
-        return outputs[-1][0]
+        return outputs[-1][0] if read else None
 
     # ---- one chunk ----------------------------------------------------------------------------
     def split_len(self, n_tokens: int) -> int:
@@ -245,33 +289,36 @@ class WebGPUBackend(Backend):
         """Forget the decode token recorded ahead (its position is no longer the next one)."""
         self._next_decode = None
 
-    def _record_decode(self):
-        """The command buffer of one decode token at n_past: the whole model, logits to staging."""
+    def _record_decode(self, read: bool):
+        """The command buffer of one decode token at n_past: the whole model, then (`read`) its
+        logits copied for the host."""
         encoder = self.ctx.device.create_command_encoder()
         pl.record(encoder, self.token_dispatches(1))
-        self._copy_logits(encoder, 1)
+        if read:
+            self._copy_logits(encoder, 1)
         return encoder.finish()
 
-    def _decode(self, token: int) -> np.ndarray:
-        """One token: write its id and the step, submit (pre-recorded when possible), read the logits."""
+    def _decode(self, token: int, read: bool):
+        """One token: write its id and the step, submit (pre-recorded when possible), read the
+        logits if asked; the next token's commands are recorded while the GPU runs."""
         queue = self.ctx.device.queue
         queue.write_buffer(self.scratch.ids, 0, np.array([token], np.uint32))
         self.write_step(1)
         self.write_head_step(1, 0)
-        key = self.n_splits(1)
+        key = (self.n_splits(1), read)
         ready = self._next_decode
-        commands = ready[1] if ready is not None and ready[0] == key else self._record_decode()
+        commands = ready[1] if ready is not None and ready[0] == key else self._record_decode(read)
         self._next_decode = None
         queue.submit([commands])
         self.n_past += 1
         if self.n_past < self.n_ctx:
-            self._next_decode = (self.n_splits(1), self._record_decode())
-        return self._read_logits(1)
+            self._next_decode = ((self.n_splits(1), read), self._record_decode(read))
+        return self._read_logits(1) if read else None
 
-    def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool) -> np.ndarray | None:
+    def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool, read: bool = True) -> np.ndarray | None:
         n = ids.size
         if n == 1 and last and not all_logits and not self.debug_raw:
-            return self._decode(int(ids[0]))
+            return self._decode(int(ids[0]), read)
         device = self.ctx.device
         device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
         self.write_step(n)
@@ -285,12 +332,12 @@ class WebGPUBackend(Backend):
             self._run_debug(work + head)  # submits each dispatch alone, before this encoder
         else:
             pl.record(encoder, work + head)
-        if head:
+        if head and read:
             self._copy_logits(encoder, 1)
         device.queue.submit([encoder.finish()])
         if all_logits:
             logits = self._all_logits(n)
-        elif head:
+        elif head and read:
             logits = self._read_logits(1)
         else:
             logits = None

@@ -19,9 +19,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ParameterError
+from ..errors import NonFiniteError, ParameterError
 from . import pipelines as pl
 
+NON_FINITE = pl.shader_constant("argmax.wgsl", "NON_FINITE")  # set in a ring id: a logit was NaN or infinite
 GREEDY_BATCH = 16     # ids read back together after the first token
 READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
 ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
@@ -42,7 +43,7 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     k = be.pipes
     vocab = be.config.vocab_size
     n_groups = pl.ceil_div(vocab, ARGMAX_PER_GROUP)
-    candidates = k.storage(n_groups * 8, "argmax_candidates")
+    candidates = k.storage(n_groups * 16, "argmax_candidates")  # vec4 per stage-1 workgroup
     ring = k.storage(be.n_ctx * 4, "greedy_ring")
     params = k.uniform(pl.pack_params("argmax", n=vocab, n_groups=n_groups, ring_len=be.n_ctx), "argmax")
     logits = (be.scratch.logits, 0, vocab * 4)
@@ -101,6 +102,14 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (),
                 done = in_flight.popleft()
                 lo, hi = bounds[done]
                 ids = _read(ops, done, hi - lo)
+                damaged = next((i for i, t in enumerate(ids) if t & NON_FINITE), None)
+                if damaged is not None:
+                    kept = lo + damaged
+                    if damaged:
+                        yield ids[:damaged], None
+                    raise NonFiniteError(f"the logits of generated token {lo + damaged + 1} (position "
+                                         f"{first + lo + damaged}) are not finite: NaN or infinity, "
+                                         f"expected numbers; the model's weights may be damaged")
                 hit = next((i for i, t in enumerate(ids) if t in stops), None)
                 if hit is not None:
                     kept = lo + hit + 1

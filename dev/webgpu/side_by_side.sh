@@ -2,7 +2,9 @@
 # One device call, airframe and llama.cpp's Vulkan backend on the same synthetic Llama 3.2 1B files:
 # llama.cpp (the kit's source) builds in the background while the files are written, then
 # llama-bench (pp512, tg128, depth 0 and 4096) and airframe bench run one after the other.
-#   bash dev/webgpu/side_by_side.sh "BF16 Q8_0 Q4_K_M"
+# WHILE_BUILDING, if set, is a command run once the files are written, while llama.cpp still builds.
+#   WHILE_BUILDING="python3 dev/webgpu/check_candidates.py /tmp/l1b_Q4_K_M.gguf" \
+#     bash dev/webgpu/side_by_side.sh "BF16 Q8_0 Q4_K_M"
 set -u
 types=${1:-"BF16 Q8_0 Q4_K_M"}
 source .device/enter.sh
@@ -18,10 +20,16 @@ R=/tmp/lc/root/usr
   echo "vk rc $?" >> /tmp/lc/vk.log ) &
 build=$!
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+makes=()
 for q in $types; do
   python3 scripts/make_synthetic_gguf.py --shape llama3.2-1b --fast --qtype $q -o /tmp/l1b_$q.gguf \
     --tokenizer .device/tokenizer-only-smollm2.gguf > /tmp/make_$q.log 2>&1 &
+  makes+=($!)
 done
+wait "${makes[@]}"
+if [ -n "${WHILE_BUILDING:-}" ]; then
+  bash -c "$WHILE_BUILDING" 2>&1 | grep -v XDG | tee $OUT/while_building.txt
+fi
 wait $build
 tail -1 /tmp/lc/vk.log
 for q in $types; do

@@ -1,0 +1,126 @@
+"""A sampled token's logits reduced on the GPU to a few candidates, so that the host reads back a
+few KB instead of the whole vocabulary and samples from a few hundred values (candidates.wgsl).
+
+After the LM head, four dispatches apply the request's penalties in place, histogram the logits
+by their order key, find the key above which at least `want` tokens lie, and gather those tokens.
+The host's sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in float64
+from the model's own logits of the candidates, so the token is the one the full logits would give;
+when the candidates cannot decide it, or a logit is not finite, the backend reads the full logits
+(`restore` puts back the values the penalties overwrote).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sampling import Candidates, Reduction
+from . import pipelines as pl
+
+SHADER = "candidates"
+PEN_MAX = pl.shader_constant(f"{SHADER}.wgsl", "PEN_MAX")  # penalty table rows
+CAP = pl.shader_constant(f"{SHADER}.wgsl", "CAP")          # candidates written at most
+PER_GROUP = pl.shader_constant(f"{SHADER}.wgsl", "PER")    # logits per histogram/gather workgroup
+BINS = pl.shader_constant(f"{SHADER}.wgsl", "BINS")
+MAX_WANT = CAP // 4  # the threshold's bin holds more than `want` tokens: leave it room
+HEADER = 32          # struct Out before `raw`: count, threshold, non_finite, max, log-sum-exp, padding
+OUT_BYTES = HEADER + 4 * PEN_MAX + 8 * CAP
+
+
+@dataclass
+class CandidateOps:
+    """The four dispatches and their buffers, made once at load."""
+
+    dispatches: list[pl.Dispatch]
+    table: object    # (PEN_MAX, 4) u32 penalty table, written per token
+    params: object   # uniform Params, written per token
+    out: object      # struct Out
+    staging: object  # MAP_READ copy of `out`
+    n_groups: int
+
+
+def build_candidates(be) -> CandidateOps:
+    """candidates.wgsl over logits row 0 of the LM head."""
+    k = be.pipes
+    vocab = be.config.vocab_size
+    n_groups = pl.ceil_div(vocab, PER_GROUP)
+    table = k.storage(PEN_MAX * 16, "penalty_table")
+    hist = k.storage(BINS * 4, "candidate_histogram")  # zero; stage 3 clears it after reading
+    part = k.storage(n_groups * 16, "candidate_partials")
+    out = k.storage(OUT_BYTES, "candidates")
+    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0), "candidate_params")
+    logits = (be.scratch.logits, 0, vocab * 4)
+    group = k.bind(SHADER, [logits, table, hist, part, out, params])
+    grids = {1: pl.ceil_div(PEN_MAX, 256), 2: n_groups, 3: 1, 4: n_groups}
+    dispatches = [pl.Dispatch(f"candidates#{stage}", k.pipeline(SHADER, shape={"CANDIDATES_STAGE": stage}),
+                              group, (grid, 1, 1)) for stage, grid in grids.items()]
+    return CandidateOps(dispatches, table, params, out, k.readback(OUT_BYTES, "candidates_readback"), n_groups)
+
+
+def _pack(n: int, n_groups: int, n_pen: int, want: int, repeat: float, presence: float, frequency: float) -> bytes:
+    return pl.pack_params(SHADER, n=n, n_groups=n_groups, n_pen=n_pen, want=want, repeat_penalty=repeat,
+                          presence=presence, frequency=frequency)
+
+
+def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
+    """This token's penalty table and parameters, ahead of its submit."""
+    queue = be.ctx.device.queue
+    n_pen = len(reduction.table)
+    if n_pen:
+        queue.write_buffer(ops.table, 0, np.ascontiguousarray(reduction.table))
+    queue.write_buffer(ops.params, 0, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
+                                            reduction.repeat_penalty, reduction.presence, reduction.frequency))
+
+
+def record(be, ops: CandidateOps):
+    """The command buffer of one reduction: the four dispatches, then `out` copied for the host."""
+    encoder = be.ctx.device.create_command_encoder()
+    pl.record(encoder, ops.dispatches)
+    encoder.copy_buffer_to_buffer(ops.out, 0, ops.staging, 0, OUT_BYTES)
+    return encoder.finish()
+
+
+@dataclass
+class Found:
+    """What the GPU wrote for one token, as read back."""
+
+    candidates: Candidates | None  # None: too many for CAP, or a logit was not finite
+    raw: np.ndarray                # (n_pen,) float32: the logits the penalties overwrote
+
+
+def read(ops: CandidateOps, reduction: Reduction) -> Found:
+    data = pl.read_mapped(ops.staging, OUT_BYTES, np.uint8)
+    count, cut, non_finite = struct.unpack_from("<3I", data, 0)
+    log_sum_exp = float(np.frombuffer(data, np.float32, 1, 16)[0])
+    n_pen = len(reduction.table)
+    raw = np.frombuffer(data, np.float32, n_pen, HEADER).copy()
+    if non_finite or count > CAP:
+        return Found(None, raw)
+    pairs = np.frombuffer(data, np.uint32, 2 * count, HEADER + 4 * PEN_MAX).reshape(count, 2)
+    order = np.argsort(pairs[:, 0], kind="stable")
+    ids = pairs[order, 0].astype(np.int64)
+    logits = pairs[order, 1].view(np.float32).copy()
+    if n_pen:  # the model's own logits where the penalties rewrote them
+        penalised = reduction.table[:, 0].astype(np.int64)
+        at = np.searchsorted(penalised, ids)
+        hit = (at < n_pen) & (penalised[np.minimum(at, n_pen - 1)] == ids)
+        logits[hit] = raw[at[hit]]
+    return Found(Candidates(ids, logits, key_floor(cut), log_sum_exp), raw)
+
+
+def key_floor(key: int) -> float:
+    """The smallest float whose order key (order_key.wgsl) is at least `key`."""
+    if key == 0:
+        return -np.inf
+    bits = key & 0x7FFFFFFF if key & 0x80000000 else ~key & 0xFFFFFFFF
+    return float(np.array([bits], np.uint32).view(np.float32)[0])
+
+
+def restore(logits: np.ndarray, reduction: Reduction, raw: np.ndarray) -> np.ndarray:
+    """Full logits read after a reduction, with the penalised tokens' own values put back."""
+    if len(reduction.table):
+        logits = logits.copy()
+        logits[reduction.table[:, 0].astype(np.int64)] = raw
+    return logits

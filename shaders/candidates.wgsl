@@ -1,0 +1,212 @@
+// A sampled token's candidates: the logits after the penalties, reduced to every token above a
+// threshold chosen so that at least P.want tokens pass, with the log-sum-exp of the whole vocabulary.
+// The host's sampler chain then runs on those few (airframe/gpu/candidates.py). Four dispatches of
+// this program, one per {CANDIDATES_STAGE}:
+//   1 penalties: entry j of PEN (a token id, its logit bias, whether it is in the repetition window,
+//     its count among the generated tokens) rewrites that token's logit in place; the logit it had
+//     goes to OUT.raw[j], so the host can recompute every step in float64.
+//   2 histogram: workgroup g counts its PER logits by the top BIN_BITS bits of their order key and
+//     writes their maximum and sum of exp (PART[g]), noting any NaN or infinity.
+//   3 threshold: one workgroup finds the highest bin at which the count from the top reaches P.want,
+//     combines PART into the log-sum-exp, and clears the histogram for the next token.
+//   4 gather: every logit whose key is at least the threshold is appended to OUT.cand (in no order).
+
+struct Params {
+    n: u32,                // logits (the vocabulary size)
+    n_groups: u32,         // stage 2 and 4 workgroups: ceil(n / PER)
+    n_pen: u32,            // entries of PEN this token
+    want: u32,             // candidates at least (unless the vocabulary is smaller)
+    repeat_penalty: f32,
+    presence: f32,
+    frequency: f32,
+}
+
+struct Out {
+    count: atomic<u32>,    // candidates found; only the first CAP were written
+    threshold: u32,        // the smallest order key of a candidate's bin
+    non_finite: u32,       // 1 when a logit after the penalties is NaN or infinite
+    max_logit: f32,
+    log_sum_exp: f32,      // of every logit after the penalties
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+    raw: array<f32, PEN_MAX>,
+    cand: array<vec2<u32>, CAP>,  // (token id, logit bits after the penalties)
+}
+
+#include "order_key.wgsl"
+
+@group(0) @binding(0) var<storage, read_write> LOGITS: array<f32>;           // (n,)
+@group(0) @binding(1) var<storage, read> PEN: array<vec4<u32>>;              // (PEN_MAX,) id, bias bits, in window, count
+@group(0) @binding(2) var<storage, read_write> HIST: array<atomic<u32>>;     // (BINS,) zero between tokens
+@group(0) @binding(3) var<storage, read_write> PART: array<vec4<f32>>;       // (n_groups,) max, sum of exp, non-finite
+@group(0) @binding(4) var<storage, read_write> OUT: Out;
+@group(0) @binding(5) var<uniform> P: Params;
+
+const STAGE: u32 = {CANDIDATES_STAGE}u;
+const WG: u32 = 256u;
+const ITEMS: u32 = 8u;              // logits per invocation in stages 2 and 4
+const PER: u32 = 2048u;             // logits per workgroup: WG * ITEMS
+const BIN_BITS: u32 = 12u;
+const BINS: u32 = 4096u;            // 1 << BIN_BITS
+const BINS_PER_LANE: u32 = 16u;     // BINS / WG
+const PEN_MAX: u32 = 1024u;
+const CAP: u32 = 2048u;
+const LOWEST: f32 = -3.4e38;      // below every finite logit; WGSL may assume no infinities
+
+#include "workgroup_reduce.wgsl"
+
+var<workgroup> local_hist: array<atomic<u32>, BINS>;
+var<workgroup> running: array<u32, WG>;
+
+fn finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+fn penalise(lid: u32, wid: u32) {
+    let j = wid * WG + lid;
+    if (j >= P.n_pen) {
+        return;
+    }
+    let e = PEN[j];
+    let raw = LOGITS[e.x];
+    OUT.raw[j] = raw;
+    var v = raw + bitcast<f32>(e.y);
+    if (e.z != 0u) {
+        v = select(v * P.repeat_penalty, v / P.repeat_penalty, v > 0.0);
+    }
+    v -= P.frequency * f32(e.w) + select(0.0, P.presence, e.w > 0u);
+    LOGITS[e.x] = v;
+}
+
+fn histogram(lid: u32, wid: u32) {
+    for (var b = lid; b < BINS; b += WG) {
+        atomicStore(&local_hist[b], 0u);
+    }
+    workgroupBarrier();
+    var values: array<f32, ITEMS>;
+    var live = 0u;  // bit k: values[k] is a finite logit
+    var top = LOWEST;
+    var bad = 0.0;
+    let first = wid * PER;
+    for (var k = 0u; k < ITEMS; k++) {
+        let i = first + k * WG + lid;
+        if (i < P.n) {
+            let v = LOGITS[i];
+            atomicAdd(&local_hist[order_key(v) >> (32u - BIN_BITS)], 1u);
+            if (finite(v)) {
+                values[k] = v;
+                live |= 1u << k;
+                top = max(top, v);
+            } else {
+                bad = 1.0;
+            }
+        }
+    }
+    let group_max = workgroup_reduce(top, lid, true);
+    var sum = 0.0;
+    for (var k = 0u; k < ITEMS; k++) {
+        if ((live & (1u << k)) != 0u) {
+            sum += exp(values[k] - group_max);
+        }
+    }
+    let group_sum = workgroup_sum(sum, lid);
+    let group_bad = workgroup_reduce(bad, lid, true);
+    for (var b = lid; b < BINS; b += WG) {
+        let c = atomicLoad(&local_hist[b]);
+        if (c != 0u) {
+            atomicAdd(&HIST[b], c);
+        }
+    }
+    if (lid == 0u) {
+        PART[wid] = vec4<f32>(group_max, group_sum, group_bad, 0.0);
+    }
+}
+
+fn threshold(lid: u32) {
+    var top = LOWEST;
+    var bad = 0.0;
+    for (var g = lid; g < P.n_groups; g += WG) {
+        top = max(top, PART[g].x);
+        bad = max(bad, PART[g].z);
+    }
+    let m = workgroup_reduce(top, lid, true);
+    var sum = 0.0;
+    for (var g = lid; g < P.n_groups; g += WG) {
+        let part = PART[g];
+        if (part.y > 0.0) {
+            sum += part.y * exp(part.x - m);
+        }
+    }
+    let total_sum = workgroup_sum(sum, lid);
+    let any_bad = workgroup_reduce(bad, lid, true);
+
+    // lane t holds bins BINS - 1 - (t * BINS_PER_LANE + j): lane 0 the highest
+    var counts: array<u32, BINS_PER_LANE>;
+    var mine = 0u;
+    for (var j = 0u; j < BINS_PER_LANE; j++) {
+        let b = BINS - 1u - (lid * BINS_PER_LANE + j);
+        counts[j] = atomicLoad(&HIST[b]);
+        mine += counts[j];
+        atomicStore(&HIST[b], 0u);
+    }
+    running[lid] = mine;
+    workgroupBarrier();
+    for (var offset = 1u; offset < WG; offset *= 2u) {  // inclusive prefix sum over the lanes
+        var v = running[lid];
+        if (lid >= offset) {
+            v += running[lid - offset];
+        }
+        workgroupBarrier();
+        running[lid] = v;
+        workgroupBarrier();
+    }
+    let through = running[lid];
+    let before = through - mine;
+    if (before < P.want && through >= P.want) {
+        var c = before;
+        for (var j = 0u; j < BINS_PER_LANE; j++) {
+            c += counts[j];
+            if (c >= P.want) {
+                OUT.threshold = (BINS - 1u - (lid * BINS_PER_LANE + j)) << (32u - BIN_BITS);
+                break;
+            }
+        }
+    }
+    if (lid == WG - 1u && through < P.want) {
+        OUT.threshold = 0u;  // fewer logits than wanted: all of them
+    }
+    if (lid == 0u) {
+        atomicStore(&OUT.count, 0u);
+        OUT.non_finite = select(0u, 1u, any_bad > 0.0);
+        OUT.max_logit = m;
+        OUT.log_sum_exp = m + log(total_sum);
+    }
+}
+
+fn gather(lid: u32, wid: u32) {
+    let cut = OUT.threshold;
+    let first = wid * PER;
+    for (var k = 0u; k < ITEMS; k++) {
+        let i = first + k * WG + lid;
+        if (i < P.n) {
+            let v = LOGITS[i];
+            if (order_key(v) >= cut) {
+                let j = atomicAdd(&OUT.count, 1u);
+                if (j < CAP) {
+                    OUT.cand[j] = vec2<u32>(i, bitcast<u32>(v));
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    switch STAGE {
+        case 1u: { penalise(lid3.x, wid.x); }
+        case 2u: { histogram(lid3.x, wid.x); }
+        case 3u: { threshold(lid3.x); }
+        default: { gather(lid3.x, wid.x); }
+    }
+}
