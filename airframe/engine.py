@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Callable, Generator, Iterator
 
 import numpy as np
+from tqdm import tqdm
 
-from .backend import DEFAULT_BACKEND, Backend, open_backend
+from .backend import DEFAULT_BACKEND, Backend, check_finite, open_backend
 from .chat_template import ChatTemplate
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model, open_model
-from .models import KNOWN_MODELS
+from .models import KNOWN_MODELS, models_dir
 from .options import RunOptions
 from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
@@ -84,7 +85,8 @@ class Engine:
     model_id: str
     n_ctx: int
 
-    def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str):
+    def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str,
+                 progress: bool = False, prefill_chunk: int = 512):
         self.backend = backend
         self.tokenizer = tokenizer
         self.template = template
@@ -92,23 +94,32 @@ class Engine:
         self.model_id = model_id
         self.n_ctx = backend.n_ctx
         self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
+        self.progress = progress  # a bar over the prefill of a prompt longer than one chunk
+        self.prefill_chunk = prefill_chunk
 
     @classmethod
-    def load(cls, model: str | Path, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
+    def load(cls, model: str | Path | Model, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
              rope_scaling: str | None = None, rope_scale: float | None = None) -> "Engine":
-        """Open a model (a path or a known name) once and load it in the named backend, with its
-        tokenizer and template read from the same parsed file.
+        """Open a model (a path or a known name, or a Model already opened) once and load it in the
+        named backend, with its tokenizer and template read from the same parsed file.
 
         options default to RunOptions.from_env(); rope_scaling and rope_scale replace the RoPE
-        scaling the file declares (open_model).
+        scaling the file declares (open_model; an opened Model has its own already).
         """
-        opened = open_model(model, rope_scaling, rope_scale)
+        if isinstance(model, Model):
+            if rope_scaling is not None or rope_scale is not None:
+                raise ParameterError("rope_scaling and rope_scale with an opened Model, expected them "
+                                     "given to open_model instead")
+            opened = model
+        else:
+            opened = open_model(model, rope_scaling, rope_scale)
         tokenizer = load_tokenizer(opened.gguf)
         template = ChatTemplate.for_model(
             opened.gguf.get("tokenizer.chat_template"), opened.config.family,
             _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
-        loaded = _open_backend(backend, opened, options or RunOptions.from_env())
-        return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else opened.path.stem)
+        options = options or RunOptions.from_env()
+        loaded = _open_backend(backend, opened, options)
+        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -146,6 +157,9 @@ class Engine:
         _check_params(params)
         prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
+        if params.max_tokens is not None and params.max_tokens > self.n_ctx:
+            raise ParameterError(f"max_tokens = {params.max_tokens}, expected at most the context's {self.n_ctx} "
+                                 f"tokens, or null (until the context is full)")
         if self._greedy_on_device(params):
             source = self._device_tokens(prompt_ids, params)
             timed = self.backend.greedy_first_token_timed
@@ -161,17 +175,32 @@ class Engine:
                 and not greedy_blockers(params.sampling))
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler) -> _TokenSource:
-        """Tokens sampled on the host from the logits forward() reads back, one per request for the next."""
+        """Tokens sampled on the host from the logits forward() reads back, one per request for the next;
+        logits holding NaN or inf raise NonFiniteError before they reach the sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
-        logits = self.backend.forward(prompt_ids)
+        logits = self._prefill(prompt_ids)
         while True:
+            check_finite(logits, self.backend.n_past - 1, f" (for generated token {len(history.generated) + 1})")
             token = sampler.sample(history, logits)
             history.tokens.append(token)
             yield token, logits
             if self.backend.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token
             logits = self.backend.forward([token])
+
+    def _prefill(self, prompt_ids: list[int]) -> np.ndarray:
+        """The prompt through forward() in chunks of prefill_chunk tokens (what a backend runs per pass),
+        with a progress bar on stderr when there is more than one and progress is on; the last logits."""
+        chunk = self.prefill_chunk
+        if len(prompt_ids) <= chunk:
+            return self.backend.forward(prompt_ids)
+        with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress,
+                  leave=False) as bar:
+            for first in range(0, len(prompt_ids), chunk):
+                logits = self.backend.forward(prompt_ids[first:first + chunk])
+                bar.update(min(chunk, len(prompt_ids) - first))
+        return logits
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
@@ -286,6 +315,16 @@ def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     if token_id is None or token_id < 0:
         return ""
     return tokenizer.token_text(token_id)
+
+
+def _model_id(asked: str | Path | Model, opened: Model) -> str:
+    """The known name a model was asked by (or whose cached file it is), else its file's stem."""
+    if isinstance(asked, str) and asked in KNOWN_MODELS:
+        return asked
+    for name, known in KNOWN_MODELS.items():
+        if opened.path == models_dir() / known.filename:
+            return name
+    return opened.path.stem
 
 
 def _open_backend(name: str, model: Model, options: RunOptions) -> Backend:
