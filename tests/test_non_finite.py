@@ -1,20 +1,24 @@
 """A model whose weights hold NaN gives NonFiniteError naming the step, never a numpy traceback:
 through `airframe run`, `airframe perplexity` and the server (a 500 with OpenAI's error body, and a
-stream that ends with an error event). The engine's own checks are in test_engine.py."""
+stream that ends with an error event), and on WebGPU for a sampled request. The engine's own checks
+are in test_engine.py."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from airframe.cli import main
-from airframe.engine import Engine
+from airframe.engine import Engine, GenerationParams
+from airframe.errors import NonFiniteError
 from airframe.options import RunOptions
+from airframe.sampling import SamplingParams
 from airframe.server import create_app
 from test_server_api import assert_openai_error, post_stream
 
-ENGLISH = __import__("pathlib").Path(__file__).parent / "data" / "english.txt"
+ENGLISH = Path(__file__).parent / "data" / "english.txt"
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +26,13 @@ def nan_client(nan_model_path):
     engine = Engine.load(nan_model_path, backend="reference", options=RunOptions(n_ctx=128))
     with TestClient(create_app(engine)) as client:
         yield client
+
+
+def test_a_sampled_request_on_webgpu_names_the_step(nan_model_path):
+    engine = Engine.load(nan_model_path, backend="webgpu", options=RunOptions(n_ctx=32))
+    n_prompt = len(engine.tokenize_prompt("Hi"))
+    with pytest.raises(NonFiniteError, match=rf"position {n_prompt - 1} \(for generated token 1\) hold 512 NaN"):
+        engine.generate("Hi", GenerationParams(max_tokens=3, sampling=SamplingParams(seed=1)))
 
 
 def test_the_server_answers_a_server_error_in_openai_shape(nan_client):
