@@ -97,3 +97,19 @@ def test_an_error_midway_ends_the_line_of_text_first(capsys):
     with pytest.raises(NonFiniteError):
         stream_to(sys.stdout, FailingEngine(), "Hi", None, echo="Hi")
     assert capsys.readouterr().out == "Hi and\n"
+
+
+def test_an_error_while_a_progress_bar_is_open_starts_its_own_line(monkeypatch, capsys):
+    from tqdm import tqdm
+
+    from airframe.errors import GGUFError
+
+    def failing_load(model, options):
+        bar = tqdm(total=3, desc="loading")
+        bar.update(1)
+        raise GGUFError("tensor blk.1.attn_q.weight is damaged")
+
+    monkeypatch.setattr("airframe.reference.ReferenceBackend.load", failing_load)
+    assert main(["run", "smollm2-135m", "Hi", "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "loading:  33%" in err and "\nairframe: error: tensor blk.1.attn_q.weight is damaged\n" in err
