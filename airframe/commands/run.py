@@ -120,7 +120,7 @@ def warn_without_template(model) -> None:
     fallback = f"the built-in {family} turn format" if family in FAMILY_TEMPLATES else "ChatML"
     print(f"airframe: warning: {model.path.name} has no chat template (tokenizer.chat_template), so it is "
           f"most likely a base model, which continues text instead of answering; chatting through "
-          f"{fallback}, expect poor answers (without --chat, `run` continues the prompt as text)",
+          f"{fallback}, expect poor answers (`airframe run` without --chat continues a prompt as text)",
           file=sys.stderr, flush=True)
 
 
