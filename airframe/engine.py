@@ -99,9 +99,11 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | Path | Model, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
-             rope_scaling: str | None = None, rope_scale: float | None = None) -> "Engine":
+             rope_scaling: str | None = None, rope_scale: float | None = None,
+             parts: tuple[GGUFTokenizer, ChatTemplate] | None = None) -> "Engine":
         """Open a model (a path or a known name, or a Model already opened) once and load it in the
-        named backend, with its tokenizer and template read from the same parsed file.
+        named backend, with its tokenizer and template read from the same parsed file (or `parts`,
+        prompt_parts of that Model, already read).
 
         options default to RunOptions.from_env(); rope_scaling and rope_scale replace the RoPE
         scaling the file declares (open_model; an opened Model has its own already).
@@ -113,10 +115,7 @@ class Engine:
             opened = model
         else:
             opened = open_model(model, rope_scaling, rope_scale)
-        tokenizer = load_tokenizer(opened.gguf)
-        template = ChatTemplate.for_model(
-            opened.gguf.get("tokenizer.chat_template"), opened.config.family,
-            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
+        tokenizer, template = parts or prompt_parts(opened)
         options = options or RunOptions.from_env()
         loaded = _open_backend(backend, opened, options)
         return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk)
@@ -131,21 +130,10 @@ class Engine:
         Special tokens written in the text (`<|im_start|>`) are parsed as such, and the model's BOS
         is added unless the text already starts with it.
         """
-        if isinstance(prompt, list):
-            prompt = self.render_chat(prompt)
-        if not isinstance(prompt, str):
-            raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
-        bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
-        starts_with_bos = bool(bos) and prompt.startswith(bos)
-        return list(self.tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+        return encode_prompt(self.tokenizer, self.template, prompt)
 
     def check_fits(self, n_prompt: int) -> None:
-        if n_prompt + 1 > self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: "
-                f"expected at most {self.n_ctx - 1} prompt tokens, to leave room for one generated token")
-        if n_prompt == 0:
-            raise ParameterError("the prompt is empty after tokenization, expected at least one token")
+        check_fits(n_prompt, self.n_ctx)
 
     # ---- generation -----------------------------------------------------------------------------
     def stream(self, prompt: str | list[dict], params: GenerationParams,
@@ -281,6 +269,37 @@ class Engine:
     def _text(self, token: int) -> str:
         """A token's own text; a lone piece of a UTF-8 character shows as U+FFFD (its bytes say more)."""
         return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+
+# ---- prompts before a backend ---------------------------------------------------------------------
+def prompt_parts(opened: Model) -> tuple[GGUFTokenizer, ChatTemplate]:
+    """The tokenizer and chat template of an opened model: all a prompt needs, without the weights."""
+    tokenizer = load_tokenizer(opened.gguf)
+    template = ChatTemplate.for_model(
+        opened.gguf.get("tokenizer.chat_template"), opened.config.family,
+        _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
+    return tokenizer, template
+
+
+def encode_prompt(tokenizer: GGUFTokenizer, template: ChatTemplate, prompt: str | list[dict]) -> list[int]:
+    """Engine.tokenize_prompt, for a model not loaded yet."""
+    if isinstance(prompt, list):
+        prompt = template.render(prompt)
+    if not isinstance(prompt, str):
+        raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
+    bos = _special_text(tokenizer, tokenizer.bos_id)
+    starts_with_bos = bool(bos) and prompt.startswith(bos)
+    return list(tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+
+
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    """ContextOverflowError when n_prompt tokens leave no room for one generated token in n_ctx."""
+    if n_prompt + 1 > n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {n_prompt} tokens and the context holds {n_ctx}: "
+            f"expected at most {n_ctx - 1} prompt tokens, to leave room for one generated token")
+    if n_prompt == 0:
+        raise ParameterError("the prompt is empty after tokenization, expected at least one token")
 
 
 # ---- helpers ------------------------------------------------------------------------------------

@@ -60,12 +60,20 @@ def test_without_n_the_answer_is_cut_to_the_context(long_trained, capsys):
     assert "generated" in capsys.readouterr().err  # -n's default of 256 does not outgrow --ctx 8
 
 
-def test_a_prompt_longer_than_the_context_is_refused_before_it_is_echoed(long_trained, capsys):
+def test_a_prompt_longer_than_ctx_is_refused_before_loading(long_trained, no_loading, capsys):
     assert main(["run", str(long_trained), "one two three four five six seven eight nine ten",
                  "--backend", "reference", "--ctx", "8", "-n", "2"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert "the context holds 8: expected at most 7 prompt tokens" in err and "raise --ctx" in err
+
+
+def test_a_prompt_longer_than_the_default_context_is_refused_before_it_is_echoed(long_trained, capsys):
+    prompt = " ".join(["word"] * 4200)
+    assert main(["run", str(long_trained), prompt, "--backend", "reference", "-n", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "the context holds 4096: expected at most 4095 prompt tokens" in err and "raise --ctx" in err
 
 
 def test_chat_on_a_model_without_a_template_warns_before_loading(no_loading, capsys):

@@ -84,10 +84,19 @@ def read_flags(args):
     return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=list(args.stop)), options
 
 
-def load_engine(args, params, options, chat: bool):
-    """Check the flags against the model's file (its context, its chat template), then load it.
-    Without -n, params.max_tokens is cut to the context's size."""
-    from ..engine import Engine
+@contextmanager
+def in_context_words():
+    """A prompt too long for the context says what would help, in the command line's terms."""
+    try:
+        yield
+    except ContextOverflowError as e:
+        raise ContextOverflowError(f"{e}; shorten the prompt or raise --ctx") from None
+
+
+def load_engine(args, params, options, chat: bool, prompt: str | list[dict] | None = None):
+    """Check the flags against the model's file (its context, its chat template) and, with --ctx,
+    that `prompt` fits, then load the model. Without -n, params.max_tokens is cut to the context."""
+    from ..engine import Engine, check_fits, encode_prompt, prompt_parts
     from ..model import open_model
 
     model = open_model(args.model, **rope_options(args))
@@ -98,7 +107,11 @@ def load_engine(args, params, options, chat: bool):
                              f"trained on (a longer context needs --ctx), {UNTIL_FULL}")
     if chat:
         warn_without_template(model)
-    engine = Engine.load(model, backend=args.backend, options=options)
+    parts = prompt_parts(model)
+    if prompt is not None and args.ctx is not None and args.backend != "cuda":  # cuda's context is its plan's
+        with in_context_words():
+            check_fits(len(encode_prompt(*parts, prompt)), args.ctx)
+    engine = Engine.load(model, backend=args.backend, options=options, parts=parts)
     if asked and params.max_tokens > engine.n_ctx:
         raise ParameterError(f"-n = {params.max_tokens}, expected at most the context's {engine.n_ctx} tokens "
                              f"(--ctx), {UNTIL_FULL}")
@@ -154,10 +167,8 @@ def stream_to(out, engine, prompt, params, cancel=None, echo: str = ""):
     """
     from ..engine import Finish
 
-    try:
+    with in_context_words():
         items = engine.stream(prompt, params, cancel)
-    except ContextOverflowError as e:
-        raise ContextOverflowError(f"{e}; shorten the prompt or raise --ctx") from None
     texts = []
     out.write(echo)
     out.flush()
@@ -178,8 +189,8 @@ def stream_to(out, engine, prompt, params, cancel=None, echo: str = ""):
 
 def run(args) -> int:
     params, options = read_flags(args)
-    engine = load_engine(args, params, options, chat=args.chat)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    engine = load_engine(args, params, options, chat=args.chat, prompt=prompt)
     _, finish = stream_to(sys.stdout, engine, prompt, params, echo="" if args.chat else args.prompt)
     sys.stdout.write("\n")
     sys.stdout.flush()
