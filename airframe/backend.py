@@ -14,7 +14,7 @@ from typing import Generator, Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, ParameterError, UnsupportedError
+from .errors import ContextOverflowError, NonFiniteError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model
 from .options import RunOptions
@@ -109,6 +109,21 @@ def check_tokens(tokens: Sequence[int], n_past: int, n_ctx: int, vocab_size: int
         raise ContextOverflowError(f"{n_past} cached + {ids.size} new positions = {end} do not fit "
                                    f"in the context of {n_ctx} tokens")
     return ids.astype(np.int64)
+
+
+def check_finite(logits: np.ndarray, position: int, step: str = "") -> None:
+    """NonFiniteError naming the position of the first row of `logits` (one row, or one per position
+    from `position` on) that holds NaN or inf; `step` adds what that position's logits were for."""
+    finite = np.isfinite(logits)
+    if finite.all():
+        return
+    row = int(np.flatnonzero(~np.atleast_2d(finite).all(axis=-1))[0])
+    bad = np.atleast_2d(logits)[row]
+    n_nan = int(np.isnan(bad).sum())
+    n_inf = bad.size - n_nan - int(np.isfinite(bad).sum())
+    raise NonFiniteError(f"the logits at position {position + row}{step} hold {n_nan} NaN and {n_inf} infinite "
+                         f"values of {bad.size}, expected finite values: the model's weights or an activation "
+                         f"are damaged")
 
 
 def open_backend(name: str, model: Model, options: RunOptions) -> Backend:

@@ -11,6 +11,8 @@ import importlib
 import pkgutil
 import sys
 
+from tqdm import tqdm
+
 from . import commands
 from .errors import AirframeError
 
@@ -36,10 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except AirframeError as e:
+        _close_bars()
         print(f"airframe: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _close_bars() -> None:
+    """Progress bars the error left open (their frames live on in its traceback) are closed, which
+    ends or clears their line, so the message starts a line of its own."""
+    for bar in list(tqdm._instances):
+        bar.close()
 
 
 def quant_verify_main(argv: list[str] | None = None) -> int:

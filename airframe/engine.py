@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Callable, Generator, Iterator
 
 import numpy as np
+from tqdm import tqdm
 
-from .backend import DEFAULT_BACKEND, Backend, open_backend
+from .backend import DEFAULT_BACKEND, Backend, check_finite, open_backend
 from .chat_template import ChatTemplate
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model, open_model
-from .models import KNOWN_MODELS
+from .models import KNOWN_MODELS, models_dir
 from .options import RunOptions
 from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
@@ -84,7 +85,8 @@ class Engine:
     model_id: str
     n_ctx: int
 
-    def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str):
+    def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str,
+                 progress: bool = False, prefill_chunk: int = 512):
         self.backend = backend
         self.tokenizer = tokenizer
         self.template = template
@@ -92,23 +94,31 @@ class Engine:
         self.model_id = model_id
         self.n_ctx = backend.n_ctx
         self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
+        self.progress = progress  # a bar over the prefill of a prompt longer than one chunk
+        self.prefill_chunk = prefill_chunk
 
     @classmethod
-    def load(cls, model: str | Path, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
-             rope_scaling: str | None = None, rope_scale: float | None = None) -> "Engine":
-        """Open a model (a path or a known name) once and load it in the named backend, with its
-        tokenizer and template read from the same parsed file.
+    def load(cls, model: str | Path | Model, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
+             rope_scaling: str | None = None, rope_scale: float | None = None,
+             parts: tuple[GGUFTokenizer, ChatTemplate] | None = None) -> "Engine":
+        """Open a model (a path or a known name, or a Model already opened) once and load it in the
+        named backend, with its tokenizer and template read from the same parsed file (or `parts`,
+        prompt_parts of that Model, already read).
 
         options default to RunOptions.from_env(); rope_scaling and rope_scale replace the RoPE
-        scaling the file declares (open_model).
+        scaling the file declares (open_model; an opened Model has its own already).
         """
-        opened = open_model(model, rope_scaling, rope_scale)
-        tokenizer = load_tokenizer(opened.gguf)
-        template = ChatTemplate.for_model(
-            opened.gguf.get("tokenizer.chat_template"), opened.config.family,
-            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
-        loaded = _open_backend(backend, opened, options or RunOptions.from_env())
-        return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else opened.path.stem)
+        if isinstance(model, Model):
+            if rope_scaling is not None or rope_scale is not None:
+                raise ParameterError("rope_scaling and rope_scale with an opened Model, expected them "
+                                     "given to open_model instead")
+            opened = model
+        else:
+            opened = open_model(model, rope_scaling, rope_scale)
+        tokenizer, template = parts or prompt_parts(opened)
+        options = options or RunOptions.from_env()
+        loaded = _open_backend(backend, opened, options)
+        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -120,21 +130,10 @@ class Engine:
         Special tokens written in the text (`<|im_start|>`) are parsed as such, and the model's BOS
         is added unless the text already starts with it.
         """
-        if isinstance(prompt, list):
-            prompt = self.render_chat(prompt)
-        if not isinstance(prompt, str):
-            raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
-        bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
-        starts_with_bos = bool(bos) and prompt.startswith(bos)
-        return list(self.tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+        return encode_prompt(self.tokenizer, self.template, prompt)
 
     def check_fits(self, n_prompt: int) -> None:
-        if n_prompt + 1 > self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {n_prompt} tokens and the context holds {self.n_ctx}: "
-                f"expected at most {self.n_ctx - 1} prompt tokens, to leave room for one generated token")
-        if n_prompt == 0:
-            raise ParameterError("the prompt is empty after tokenization, expected at least one token")
+        check_fits(n_prompt, self.n_ctx)
 
     # ---- generation -----------------------------------------------------------------------------
     def stream(self, prompt: str | list[dict], params: GenerationParams,
@@ -146,6 +145,9 @@ class Engine:
         _check_params(params)
         prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
+        if params.max_tokens is not None and params.max_tokens > self.n_ctx:
+            raise ParameterError(f"max_tokens = {params.max_tokens}, expected at most the context's {self.n_ctx} "
+                                 f"tokens, or null (until the context is full)")
         if self._greedy_on_device(params):
             source = self._device_tokens(prompt_ids, params)
             timed = self.backend.greedy_first_token_timed
@@ -162,10 +164,11 @@ class Engine:
                 and not greedy_blockers(params.sampling))
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool) -> _TokenSource:
-        """Tokens sampled on the host, one forward per token (sample_next)."""
+        """Tokens sampled on the host, one forward per token (sample_next); logits holding NaN or
+        inf raise NonFiniteError before they reach the sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
-        tokens = prompt_ids
+        tokens = self._prefill(prompt_ids)
         while True:
             token, logits = sample_next(self.backend, sampler, history, tokens, with_logits)
             history.tokens.append(token)
@@ -173,6 +176,21 @@ class Engine:
             if self.backend.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token
             tokens = [token]
+
+    def _prefill(self, prompt_ids: list[int]) -> list[int]:
+        """All of the prompt's chunks of prefill_chunk tokens (what a backend runs per pass) but the
+        last through forward(), with a progress bar on stderr when there is more than one and progress
+        is on; returns the last chunk, whose logits the first token is sampled from."""
+        chunk = self.prefill_chunk
+        last = (len(prompt_ids) - 1) // chunk * chunk
+        if last == 0:
+            return prompt_ids
+        with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress,
+                  leave=False) as bar:
+            for first in range(0, last, chunk):
+                self.backend.forward(prompt_ids[first:first + chunk])
+                bar.update(chunk)
+        return prompt_ids[last:]
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
@@ -255,14 +273,47 @@ class Engine:
         return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
 
 
+# ---- prompts before a backend ---------------------------------------------------------------------
+def prompt_parts(opened: Model) -> tuple[GGUFTokenizer, ChatTemplate]:
+    """The tokenizer and chat template of an opened model: all a prompt needs, without the weights."""
+    tokenizer = load_tokenizer(opened.gguf)
+    template = ChatTemplate.for_model(
+        opened.gguf.get("tokenizer.chat_template"), opened.config.family,
+        _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
+    return tokenizer, template
+
+
+def encode_prompt(tokenizer: GGUFTokenizer, template: ChatTemplate, prompt: str | list[dict]) -> list[int]:
+    """Engine.tokenize_prompt, for a model not loaded yet."""
+    if isinstance(prompt, list):
+        prompt = template.render(prompt)
+    if not isinstance(prompt, str):
+        raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
+    bos = _special_text(tokenizer, tokenizer.bos_id)
+    starts_with_bos = bool(bos) and prompt.startswith(bos)
+    return list(tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+
+
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    """ContextOverflowError when n_prompt tokens leave no room for one generated token in n_ctx."""
+    if n_prompt + 1 > n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {n_prompt} tokens and the context holds {n_ctx}: "
+            f"expected at most {n_ctx - 1} prompt tokens, to leave room for one generated token")
+    if n_prompt == 0:
+        raise ParameterError("the prompt is empty after tokenization, expected at least one token")
+
+
 # ---- helpers ------------------------------------------------------------------------------------
 def sample_next(backend: Backend, sampler: Sampler, history: History, tokens: list[int],
                 with_logits: bool = False) -> tuple[int, np.ndarray | None]:
     """Run `tokens` and sample the next one: from the candidates a backend reduces the logits to on
     the device where it can and no logits are wanted (logprobs), else from the full logits.
     Returns (token, its logits or None)."""
+    step = f" (for generated token {len(history.generated) + 1})"
     if not backend.reduces_on_device or with_logits:
         logits = backend.forward(tokens)
+        check_finite(logits, backend.n_past - 1, step)
         return sampler.sample(history, logits), logits
     backend.forward_pending(tokens)  # the device runs while the host prepares the reduction
     reduction = sampler.reduction(history, *backend.candidate_limits)
@@ -272,6 +323,7 @@ def sample_next(backend: Backend, sampler: Sampler, history: History, tokens: li
         if token is not None:
             return token, None
     logits = backend.last_logits()
+    check_finite(logits, backend.n_past - 1, step)
     return sampler.sample(history, logits), logits
 
 
@@ -306,6 +358,16 @@ def _special_text(tokenizer: GGUFTokenizer, token_id: int | None) -> str:
     if token_id is None or token_id < 0:
         return ""
     return tokenizer.token_text(token_id)
+
+
+def _model_id(asked: str | Path | Model, opened: Model) -> str:
+    """The known name a model was asked by (or whose cached file it is), else its file's stem."""
+    if isinstance(asked, str) and asked in KNOWN_MODELS:
+        return asked
+    for name, known in KNOWN_MODELS.items():
+        if opened.path == models_dir() / known.filename:
+            return name
+    return opened.path.stem
 
 
 def _open_backend(name: str, model: Model, options: RunOptions) -> Backend:

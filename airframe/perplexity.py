@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from .backend import check_finite
 from .errors import ParameterError
 
 MIN_CTX = 4
@@ -66,12 +67,14 @@ def scored_nll(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     return log_sum - x[np.arange(len(targets)), np.asarray(targets)]
 
 
-def window_nll(backend, window: Sequence[int]) -> np.ndarray:
-    """The nll of the scored half of one window, from an empty cache."""
+def window_nll(backend, window: Sequence[int], number: int = 1) -> np.ndarray:
+    """The nll of the scored half of one window (the `number`-th), from an empty cache;
+    NonFiniteError naming the position when a logit is NaN or inf."""
     first = len(window) // 2
     backend.reset()
     backend.forward(window[:first])
     logits = backend.forward(window[first:], all_logits=True)  # positions first .. n_ctx - 1
+    check_finite(logits, first, f" of window {number}")
     return scored_nll(logits[:-1], window[first + 1:])
 
 
@@ -93,8 +96,8 @@ def perplexity(backend, tokens: Sequence[int], n_ctx: int, bos_id: int | None = 
     windows = cut_windows(tokens, n_ctx, bos_id)
     all_nll, running = [], []
     bar = tqdm(windows, desc="perplexity", unit="window", disable=not progress)
-    for window in bar:
-        all_nll.append(window_nll(backend, window))
+    for number, window in enumerate(bar, 1):
+        all_nll.append(window_nll(backend, window, number))
         running.append(summarize(np.concatenate(all_nll))[0])
         bar.set_postfix(ppl=f"{running[-1]:.4f}")
     nll = np.concatenate(all_nll)

@@ -284,7 +284,7 @@ def _refused(fn) -> dict:
 
 
 def non_finite(runtime, package) -> dict:
-    from airframe.megakernel.cuda.runtime import NonFiniteLogitError
+    from airframe.errors import NonFiniteError
 
     plan = package.plan
     name = "output.weight" if "output.weight" in plan.tensors else "token_embd.weight"
@@ -294,7 +294,7 @@ def non_finite(runtime, package) -> dict:
     try:
         runtime.launch([TOKEN0], 0, n_steps=3)
         outcome = {"raised": False}
-    except NonFiniteLogitError as e:
+    except NonFiniteError as e:
         outcome = {"raised": True, "error": str(e)}
     finally:
         runtime.poke_weights(offset, original)

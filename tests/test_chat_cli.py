@@ -107,7 +107,7 @@ def test_run_reports_a_bad_parameter_without_a_traceback():
                "--top-p", "7"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert "top_p = 7.0, expected a number in 0.0..1.0" in done.stderr and "Traceback" not in done.stderr
+    assert "--top-p = 7.0, expected a number in 0.0..1.0" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_run_chat_sends_the_prompt_through_the_template(capsys):

@@ -30,7 +30,7 @@ def test_run_passes_the_scaling_to_the_backend(monkeypatch, capsys):
         seen.update(name=name, override=model.rope_override)
         raise ParameterError("stop here: the options were seen")
 
-    monkeypatch.setattr("airframe.engine.open_model", fake_open_model)
+    monkeypatch.setattr("airframe.model.open_model", fake_open_model)
     monkeypatch.setattr("airframe.engine.open_backend", fake_open_backend)
     code = main(["run", "smollm2-135m", "hi", "--backend", "reference", "--rope-scaling", "linear", "--rope-scale", "2"])
     assert seen == {"name": "reference", "rope_scaling": "linear", "rope_scale": 2.0,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from airframe.backend import Backend
 from airframe.chat_template import ChatTemplate
 from airframe.engine import Engine, Finish, GenerationParams, Piece
-from airframe.errors import ContextOverflowError, ParameterError, UnsupportedError
+from airframe.errors import ContextOverflowError, NonFiniteError, ParameterError, UnsupportedError
 from airframe.gguf_file import GGUFFile
 from airframe.model import open_model
 from airframe.options import RunOptions
@@ -474,3 +474,91 @@ def test_streamed_in_kernel_greedy_asks_cancel_before_every_token(smollm2):
     text, finish, _ = engine.generate("Count:", GenerationParams(sampling=GREEDY), cancel)
     assert finish.reason == "cancelled" and finish.completion_tokens == 3 and backend.closed
     assert text == smollm2.tokenizer.decode(script[:3])
+
+
+# ---- non-finite logits, sizes, long prompts -------------------------------------------------------
+class NaNAfterBackend(ScriptedBackend):
+    """A scripted backend whose logits turn NaN from the `bad`-th forward after reset (0: the prompt's)."""
+
+    def __init__(self, config, script, bad: int, **kwargs):
+        super().__init__(config, script, **kwargs)
+        self.bad = bad
+
+    def forward(self, tokens, all_logits=False):
+        logits = super().forward(tokens, all_logits)
+        if len(self.fed) > self.bad:
+            logits[7] = np.nan
+        return logits
+
+
+def test_non_finite_logits_name_the_generated_token_and_keep_what_came_before(smollm2):
+    script = script_for(smollm2, " one two three four")
+    engine = Engine(NaNAfterBackend(smollm2.config, script, bad=2), smollm2.tokenizer, smollm2.template, "nan")
+    n_prompt = len(engine.tokenize_prompt("Count:"))
+    stream = engine.stream("Count:", GenerationParams(max_tokens=8, sampling=SamplingParams(seed=1)))
+    pieces = []
+    with pytest.raises(NonFiniteError, match=rf"logits at position {n_prompt + 1} \(for generated token 3\) "
+                                              r"hold 1 NaN and 0 infinite values of \d+"):
+        for item in stream:
+            pieces.append(item)
+    assert "".join(p.text for p in pieces) == smollm2.tokenizer.decode(script[:2])
+
+
+def test_a_non_finite_error_from_on_device_greedy_reaches_the_caller(smollm2):
+    class Failing(StreamingGreedyBackend):
+        def greedy_stream(self, prompt, max_new_tokens, eos=()):
+            yield [script[0]], None
+            raise NonFiniteError("a non-finite logit at position 9")
+
+    script = script_for(smollm2, " one two")
+    engine = Engine(Failing(smollm2.config, script), smollm2.tokenizer, smollm2.template, "fused")
+    with pytest.raises(NonFiniteError, match="position 9"):
+        engine.generate("Count:", GenerationParams(max_tokens=4, sampling=GREEDY))
+
+
+def test_nan_weights_give_a_non_finite_error_on_the_reference_backend(nan_model_path):
+    engine = Engine.load(nan_model_path, backend="reference", options=RunOptions(n_ctx=32))
+    n_prompt = len(engine.tokenize_prompt("Hi"))
+    for sampling in (GREEDY, SamplingParams(seed=2)):
+        with pytest.raises(NonFiniteError, match=rf"position {n_prompt - 1} \(for generated token 1\) hold \d+ NaN"):
+            engine.generate("Hi", GenerationParams(max_tokens=3, sampling=sampling))
+
+
+def test_max_tokens_beyond_the_context_is_refused_before_the_backend_runs(smollm2):
+    engine = smollm2.engine([1, 2], n_ctx=64)
+    with pytest.raises(ParameterError, match="max_tokens = 1000000000000, expected at most the context's 64 tokens"):
+        engine.stream("x", GenerationParams(max_tokens=10**12))
+    assert engine.backend.fed == []
+    _, finish = collect(engine, "x", GenerationParams(max_tokens=64, sampling=GREEDY))  # the context's size is allowed
+    assert finish.reason in ("length", "stop")
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_a_progress_bar(smollm2, capsys):
+    script = script_for(smollm2, " yes")
+    prompt = " ".join(["word"] * 40)
+    quiet = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s",
+                   prefill_chunk=16)
+    shown = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s",
+                   progress=True, prefill_chunk=16)
+    ids = quiet.tokenize_prompt(prompt)
+    quiet.generate(prompt, GenerationParams(max_tokens=1, sampling=GREEDY))
+    assert quiet.backend.fed == [ids[i:i + 16] for i in range(0, len(ids), 16)]
+    assert "prefill" not in capsys.readouterr().err
+    shown.generate(prompt, GenerationParams(max_tokens=1, sampling=GREEDY))
+    assert f"prefill:   0%|          | 0/{len(ids)}" in capsys.readouterr().err
+    assert shown.backend.fed == quiet.backend.fed
+    shown.generate("short", GenerationParams(max_tokens=1, sampling=GREEDY))
+    assert "prefill" not in capsys.readouterr().err  # one chunk: no bar
+
+
+def test_a_prompt_prefilled_in_chunks_gives_the_same_answer(tmp_path):
+    from airframe.synthetic import write_synthetic_gguf
+
+    whole = Engine.load(write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "F32"), backend="reference",
+                        options=RunOptions(n_ctx=64))
+    chunked = Engine(whole.backend, whole.tokenizer, whole.template, "chunked", prefill_chunk=4)
+    prompt = "The capital of France is Paris, and the capital of Italy is"
+    assert len(whole.tokenize_prompt(prompt)) > 8
+    params = GenerationParams(max_tokens=6, sampling=GREEDY)
+    text = whole.generate(prompt, params)[0]
+    assert text and chunked.generate(prompt, params)[0] == text

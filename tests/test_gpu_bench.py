@@ -2,6 +2,9 @@
 is there and labelled, the per-op breakdown covers every op class, and a failing measurement keeps
 the others."""
 
+import contextlib
+import io
+
 import pytest
 
 from airframe.gpu import bench
@@ -14,13 +17,23 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def result(tiny):
-    return bench.bench_webgpu(tiny, [1, 70], steps=4, prefill_tokens=64, depth=100, ttft_tokens=150)
+def run(tiny):
+    """One run's result and what it wrote on stderr, announced as slow (slow_s 0) to see that line."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result = bench.bench_webgpu(tiny, [1, 70], steps=4, prefill_tokens=64, slow_s=0.0)
+    return result, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def result(run):
+    return run[0]
 
 
 def test_bench_reports_prefill_decode_and_the_floor(result):
     p = result["prefill"]
     assert p["tokens_per_s"] > 0 and p["tokens_per_s_at_depth"] > 0 and p["ttft_s"] > 0
+    assert (p["tokens"], p["depth"], p["ttft_tokens"]) == (64, 70, 70)  # sized to what was asked
     assert [d["context"] for d in result["decode"]] == [1, 70]
     assert all(d["chained_ms"] > 0 and d["sampled_ms"] > 0 and d["sampled_full_ms"] > 0 and d["floor_ms"] > 0
                for d in result["decode"])
@@ -41,12 +54,34 @@ def test_the_gpu_breakdown_covers_every_op_class(result):
     assert "rope" in chunk["ops_ms"] and "rope" not in decode["ops_ms"]  # a decode token's attention rotates
 
 
-def test_a_failing_chained_measurement_keeps_the_other_numbers(tiny, monkeypatch):
+def test_a_failing_chained_measurement_keeps_the_other_numbers(tiny, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(bench, "chained_decode_ms", broken)
-    r = bench.bench_webgpu(tiny, [1], steps=2, prefill_tokens=16, depth=16, ttft_tokens=20)
+    r = bench.bench_webgpu(tiny, [1], steps=2, prefill_tokens=16, progress=False, slow_s=0.0)
     assert r["decode"][0]["sampled_ms"] > 0 and "chained_ms" not in r["decode"][0]
     assert r["decode"][0]["chained_ms_error"] == "RuntimeError: device lost"
     assert "FAILED (RuntimeError: device lost)" in bench.format_result(r)
+    assert r["prefill"]["ttft_tokens"] is None  # a context of 1 asks for no prompt longer than the chunk
+    assert r["estimated_s"] > 0 and capsys.readouterr().err == ""  # no progress: nothing on stderr
+
+
+def test_every_phase_shows_progress_and_a_slow_run_says_how_long(run):
+    result, err = run
+    assert f"airframe: bench: this run will take about {result['estimated_s']:.0f} s on " in err
+    for phase in ("streaming read", "prefill of 64 tokens", "GPU time per op class", "decode"):
+        assert f"bench: {phase}" in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prefill", "0"], "--prefill = 0, expected an integer >= 1"),
+    (["--steps", "0"], "--steps = 0, expected an integer >= 1"),
+    (["--ctx-list", "1,x"], "--ctx-list = '1,x', expected comma-separated positive integers"),
+    (["--backend", "cuda", "--prefill", "64"], "expected no --prefill: the CUDA bench times decode launches only"),
+])
+def test_bench_flags_are_checked_before_loading(tiny, flags, message, capsys):
+    from airframe.cli import main
+
+    assert main(["bench", str(tiny), *flags]) == 1
+    assert message in capsys.readouterr().err

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from airframe.errors import ContextOverflowError, GPUError, ParameterError, UnsupportedError
+from airframe.errors import ContextOverflowError, GPUError, NonFiniteError, ParameterError, UnsupportedError
 from airframe.family import ModelConfig
 from airframe.megakernel.cuda import bench, build, runtime
 from airframe.megakernel.cuda.backend import CudaBackend
@@ -281,6 +281,20 @@ def test_sampling_options_the_kernel_cannot_honour():
 
 
 # ---- host logic -----------------------------------------------------------------------------------
+def control_words(error: int, error_step: int) -> np.ndarray:
+    ctl = np.zeros(runtime.CONTROL_WORDS, dtype=np.uint32)
+    ctl[runtime.CONTROL_FIELDS["error"]], ctl[runtime.CONTROL_FIELDS["error_step"]] = error, error_step
+    return ctl
+
+
+def test_the_error_word_becomes_a_non_finite_error_naming_the_position():
+    runtime.check_error_word(control_words(0, 0), pos0=10)  # no error bit: nothing to say
+    with pytest.raises(NonFiniteError, match=r"a non-finite logit at position 13 \(step 3 of the launch\)"):
+        runtime.check_error_word(control_words(runtime.ERROR_NON_FINITE, 3), pos0=10)
+    with pytest.raises(NonFiniteError, match="FFN output .* at position 10 "):
+        runtime.check_error_word(control_words(runtime.ERROR_FFN_RANGE, 3), pos0=10, hold_pos=True)
+
+
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")

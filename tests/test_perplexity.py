@@ -132,3 +132,11 @@ def test_command_rejects_bad_input(tmp_path, capsys):
     assert "byte 3 is not UTF-8" in capsys.readouterr().err
     assert main(["perplexity", "smollm2-135m", "--file", str(tmp_path / "none.txt")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [(["--ctx", "2"], "--ctx = 2, expected an integer >= 4"),
+                                           (["--chunks", "1"], "--chunks = 1, expected an integer >= 2")])
+def test_command_checks_its_flags_before_reading_anything(flags, message, tmp_path, capsys):
+    missing = tmp_path / "none.txt"  # not read: the flags are refused first
+    assert main(["perplexity", "no-such-model", "--file", str(missing), *flags]) == 1
+    assert capsys.readouterr().err == f"airframe: error: {message}\n"

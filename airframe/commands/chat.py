@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import AirframeError
-from .run import add_generation_arguments, generation_params, load_engine, speed_line, stream_to
+from .run import add_generation_arguments, load_engine, read_flags, speed_line, stream_to
 
 HELP = "chat with a model in the terminal (/reset starts over, /exit leaves)"
 PROMPT = "> "
@@ -26,8 +26,8 @@ def run(args) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    params = generation_params(args)
-    engine = load_engine(args)
+    params, options = read_flags(args)
+    engine = load_engine(args, params, options, chat=True)
     first = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(first)
     print(f"chatting with {engine.model_id} ({engine.backend.name} backend); /reset starts over, /exit leaves",
@@ -46,7 +46,7 @@ def run(args) -> int:
         try:
             answer, finish = stream_to(sys.stdout, engine, asked, params)
         except KeyboardInterrupt:
-            print("\n(answer interrupted)", file=sys.stderr)
+            print("(answer interrupted)", file=sys.stderr)
             continue
         except AirframeError as e:  # e.g. the conversation outgrew the context: /reset helps
             print(f"airframe: error: {e}", file=sys.stderr)

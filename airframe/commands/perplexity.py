@@ -4,7 +4,7 @@ from ..backend import BACKENDS, DEFAULT_BACKEND, open_backend
 from ..errors import ParameterError
 from ..model import open_model
 from ..options import RunOptions
-from ..perplexity import cut_windows, perplexity
+from ..perplexity import MIN_CTX, cut_windows, perplexity
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "perplexity of a model on a text file, scored like llama.cpp's llama-perplexity"
@@ -43,7 +43,10 @@ def run(args) -> int:
     from ..tokenizer import load_tokenizer
 
     if args.chunks is not None and args.chunks < 2:
-        raise ParameterError(f"--chunks {args.chunks}, expected at least 2")
+        raise ParameterError(f"--chunks = {args.chunks}, expected an integer >= 2")
+    if args.ctx < MIN_CTX:
+        raise ParameterError(f"--ctx = {args.ctx}, expected an integer >= {MIN_CTX}")
+    options = RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet)
     text = _read_text(args.file)
     model = open_model(args.model, **rope_options(args))
     tokenizer = load_tokenizer(model.gguf)
@@ -52,7 +55,7 @@ def run(args) -> int:
         tokens = tokens[:args.chunks * args.ctx]
     bos_id = tokenizer.bos_id if tokenizer.add_bos else None
     cut_windows(tokens, args.ctx, bos_id)  # too short a text fails before the model loads
-    backend = open_backend(args.backend, model, RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet))
+    backend = open_backend(args.backend, model, options)
     result = perplexity(backend, tokens, args.ctx, bos_id, progress=not args.quiet)
     print(f"{len(tokens)} tokens, {result.n_windows} windows of {args.ctx}, {result.n_scored} scored "
           f"({args.backend} backend)")

@@ -1,24 +1,34 @@
 """`airframe run MODEL "prompt"`: stream one answer to the terminal, then a speed line on stderr.
 
-The generation flags and the speed line are shared with `airframe chat`.
+The generation flags, their checks and the speed line are shared with `airframe chat`. Every flag
+is checked before the model loads, and an error names the flag as typed (`-n`, `--temp`).
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
+from ..errors import ContextOverflowError, ParameterError
 from ..sampling import SamplingParams
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "generate text from a prompt, streamed to the terminal"
+# the flag that sets each field a ParameterError may name (SamplingParams, RunOptions)
+FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+         "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n", "seed": "--seed",
+         "n_ctx": "--ctx"}
+UNTIL_FULL = "or -1 (until the context is full)"
+DEFAULT_MAX_TOKENS = 256
 
 
 def add_generation_arguments(p) -> None:
     defaults = SamplingParams()
     p.add_argument("model", metavar="MODEL", help="a GGUF path or a known model name")
-    p.add_argument("-n", "--max-tokens", type=int, default=256, metavar="N",
-                   help="most tokens to generate (default 256; -1 = until the context is full)")
+    p.add_argument("-n", "--max-tokens", type=int, default=None, metavar="N",
+                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS} or the context's size if smaller; "
+                        f"-1 = until the context is full)")
     p.add_argument("--temp", type=float, default=defaults.temperature, metavar="T",
                    help=f"temperature, 0 = greedy (default {defaults.temperature})")
     p.add_argument("--top-k", type=int, default=defaults.top_k, metavar="K", help=f"0 = off (default {defaults.top_k})")
@@ -42,22 +52,89 @@ def add_arguments(p) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
 
 
-def generation_params(args):
+@contextmanager
+def in_flag_words():
+    """A ParameterError about a field ("top_p = 7.0, expected ...") names its flag instead ("--top-p = 7.0")."""
+    try:
+        yield
+    except ParameterError as e:
+        field, equals, rest = str(e).partition(" = ")
+        if not equals or field not in FLAGS:
+            raise
+        raise type(e)(f"{FLAGS[field]} = {rest}") from None
+
+
+def read_flags(args):
+    """The GenerationParams and RunOptions the flags ask for; ParameterError naming the flag, before
+    any file is read."""
     from ..engine import GenerationParams
-
-    sampling = SamplingParams(
-        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
-    max_tokens = None if args.max_tokens == -1 else args.max_tokens
-    return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=list(args.stop))
-
-
-def load_engine(args):
-    from ..engine import Engine
     from ..options import RunOptions
 
-    options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
-    return Engine.load(args.model, backend=args.backend, options=options, **rope_options(args))
+    with in_flag_words():
+        options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
+        sampling = SamplingParams(
+            temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+    n = args.max_tokens
+    if n is not None and n < -1:
+        raise ParameterError(f"-n = {n}, expected an integer >= 0, {UNTIL_FULL}")
+    if n is not None and args.ctx is not None and n > args.ctx:
+        raise ParameterError(f"-n = {n}, expected at most --ctx ({args.ctx}), {UNTIL_FULL}")
+    max_tokens = DEFAULT_MAX_TOKENS if n is None else None if n == -1 else n
+    return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=list(args.stop)), options
+
+
+@contextmanager
+def in_context_words():
+    """A prompt too long for the context says what would help, in the command line's terms."""
+    try:
+        yield
+    except ContextOverflowError as e:
+        raise ContextOverflowError(f"{e}; shorten the prompt or raise --ctx") from None
+
+
+def load_engine(args, params, options, chat: bool, prompt: str | list[dict] | None = None):
+    """Check the flags against the model's file (its context, its chat template) and, with --ctx,
+    that `prompt` fits, then load the model. Without -n, params.max_tokens is cut to the context."""
+    from ..engine import Engine, check_fits, encode_prompt, prompt_parts
+    from ..model import open_model
+
+    model = open_model(args.model, **rope_options(args))
+    trained = model.config.ctx_train  # the default context is never longer (--ctx was checked above)
+    asked = args.max_tokens is not None and params.max_tokens is not None
+    if asked and args.ctx is None and params.max_tokens > trained:
+        raise ParameterError(f"-n = {params.max_tokens}, expected at most the {trained} tokens the model was "
+                             f"trained on (a longer context needs --ctx), {UNTIL_FULL}")
+    if chat:
+        warn_without_template(model)
+    parts = prompt_parts(model)
+    if prompt is not None and args.ctx is not None and args.backend != "cuda":  # cuda's context is its plan's
+        with in_context_words():
+            check_fits(len(encode_prompt(*parts, prompt)), args.ctx)
+    engine = Engine.load(model, backend=args.backend, options=options, parts=parts)
+    if asked and params.max_tokens > engine.n_ctx:
+        raise ParameterError(f"-n = {params.max_tokens}, expected at most the context's {engine.n_ctx} tokens "
+                             f"(--ctx), {UNTIL_FULL}")
+    if params.max_tokens is not None:
+        params.max_tokens = min(params.max_tokens, engine.n_ctx)
+    return engine
+
+
+def warn_without_template(model) -> None:
+    """A file without a chat template is most likely a base model: it continues text, and chat
+    answers through the built-in turn format are poor. Said, not refused: the format is the family's
+    own, and a fine-tune whose file lost its template still answers through it."""
+    from ..chat_template import FAMILY_TEMPLATES
+
+    source = model.gguf.get("tokenizer.chat_template")
+    if isinstance(source, str) and source.strip():
+        return
+    family = model.config.family
+    fallback = f"the built-in {family} turn format" if family in FAMILY_TEMPLATES else "ChatML"
+    print(f"airframe: warning: {model.path.name} has no chat template (tokenizer.chat_template), so it is "
+          f"most likely a base model, which continues text instead of answering; chatting through "
+          f"{fallback}, expect poor answers (`airframe run` without --chat continues a prompt as text)",
+          file=sys.stderr, flush=True)
 
 
 def speed_line(finish) -> str:
@@ -82,27 +159,39 @@ def speed_line(finish) -> str:
     return line + f", decode {decoded / finish.decode_seconds:.1f} tokens/s ({ms:.1f} ms/token)"
 
 
-def stream_to(out, engine, prompt, params, cancel=None):
-    """Print every piece as it comes; return (the whole text, the Finish)."""
+def stream_to(out, engine, prompt, params, cancel=None, echo: str = ""):
+    """Print `echo`, then every piece as it comes; return (the whole text, the Finish).
+
+    A prompt that does not fit is refused before anything is printed. Whatever stops the answer
+    midway (an error, Ctrl-C) first ends the line, so its message starts a line of its own.
+    """
     from ..engine import Finish
 
+    with in_context_words():
+        items = engine.stream(prompt, params, cancel)
     texts = []
-    for item in engine.stream(prompt, params, cancel):
-        if isinstance(item, Finish):
-            return "".join(texts), item
-        texts.append(item.text)
-        out.write(item.text)
-        out.flush()
+    out.write(echo)
+    out.flush()
+    try:
+        for item in items:
+            if isinstance(item, Finish):
+                return "".join(texts), item
+            texts.append(item.text)
+            out.write(item.text)
+            out.flush()
+    except BaseException:
+        if not (echo + "".join(texts)).endswith("\n") and (echo or any(texts)):
+            out.write("\n")
+            out.flush()
+        raise
     raise AssertionError("stream ended without a Finish")
 
 
 def run(args) -> int:
-    params = generation_params(args)
-    engine = load_engine(args)
+    params, options = read_flags(args)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    if not args.chat:
-        sys.stdout.write(args.prompt)
-    _, finish = stream_to(sys.stdout, engine, prompt, params)
+    engine = load_engine(args, params, options, chat=args.chat, prompt=prompt)
+    _, finish = stream_to(sys.stdout, engine, prompt, params, echo="" if args.chat else args.prompt)
     sys.stdout.write("\n")
     sys.stdout.flush()
     print(speed_line(finish), file=sys.stderr)

@@ -1,18 +1,22 @@
-"""WebGPU measurements for `airframe bench`: prefill tokens/s of a 512-token chunk at depth 0 and at
-a deeper position (llama-bench's pp512 and pp512 @ d4096), the time to the first token of a long
-prompt, decode ms/token at several contexts (greedy chained on the GPU, and a sampled request:
-the GPU's candidates read back and sampled on the host), where a token's and a chunk's GPU time goes per op class, and the
-share of the bandwidth floor, against a streaming read measured in the same run.
+"""WebGPU measurements for `airframe bench`: prefill tokens/s of an N-token chunk at depth 0 and at
+the largest context asked (llama-bench's pp512 and pp512 @ d4096 by default), the time to the first
+token of a longer prompt, decode ms/token at several contexts (greedy chained on the GPU, and a sampled
+request: from the GPU's candidates and from the full logits), where a token's and a chunk's GPU time goes per op
+class, and the share of the bandwidth floor, against a streaming read measured in the same run.
 
 GPU times come from timestamp queries at the start and end of compute passes where the adapter has
 them (wall time around a submit otherwise). Every measurement starts after WARM_S seconds of GPU
 work: GPUs lower their clocks when idle, and a probe right after a pause reads half the bandwidth.
+One progress bar counts the timed steps of every phase; where the run would take longer than
+SLOW_S (a CPU adapter such as lavapipe), it first says how long, from one timed token and chunk.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import wgpu
@@ -30,6 +34,9 @@ from .greedy import chain
 PROBE_BYTES = 1 << 30
 PROBE_THREADS = 256 * 1024  # enough loads in flight to saturate an H200 (64K threads read half as fast)
 WARM_S = 0.5
+TTFT_TOKENS = 2000  # the long prompt of the time to first token, cut to the largest context asked
+PROMPT_RUNS = 3     # timed runs of each prompt, after one that compiles its chunks' pipelines
+SLOW_S = 60.0       # a run expected to take longer is announced with its length
 
 
 class GpuTimer:
@@ -179,9 +186,10 @@ def gpu_breakdown(be: WebGPUBackend, timer: GpuTimer, n_tokens: int, position: i
 
 
 # ---- prefill --------------------------------------------------------------------------------
-def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int = 3) -> float:
+def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int = PROMPT_RUNS, bar=None) -> float:
     """Seconds from a prompt of n_tokens after `depth` cached positions (their K/V contents do not
-    change the speed) to the logits of its last position on the host, median of `runs`."""
+    change the speed) to the logits of its last position on the host, median of `runs`; `bar`
+    (a tqdm) advances by one per run."""
     ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, n_tokens))
     times = []
     for _ in range(runs + 1):  # the first run compiles the pipelines of this prompt's chunks
@@ -190,6 +198,8 @@ def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int =
         started = time.perf_counter()
         be.forward(ids)
         times.append(time.perf_counter() - started)
+        if bar is not None:
+            bar.update(1)
     be.reset()
     return statistics.median(times[1:])
 
@@ -275,51 +285,109 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
 
 
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
-                 timer: GpuTimer) -> list[dict]:
+                 timer: GpuTimer, bar) -> list[dict]:
     rows = []
-    with tqdm(total=len(ctx_list), desc="decode", unit="ctx") as bar:
-        for context in ctx_list:
-            n_bytes = weights + kv_bytes_per_token(be, context)
-            floor_ms = 1000 * n_bytes / bandwidth
-            row = {"context": context, "bytes_per_token": n_bytes, "floor_ms": floor_ms}
-            be.n_past = context - 1
-            row["dispatches"] = be.dispatch_count(1) + len(be.argmax.dispatches)
-            measures = (("chained_ms", chained_decode_ms), ("sampled_ms", sampled_decode_ms),
-                        ("sampled_full_ms", lambda *a: sampled_decode_ms(*a, on_gpu=False)))
-            for name, measure in measures:
-                try:  # the other numbers must survive a failure here
-                    row[name] = measure(be, context, steps)
-                except Exception as e:  # noqa: BLE001 - reported in the result instead
-                    row[name + "_error"] = f"{type(e).__name__}: {e}"
-            if timer.enabled:
-                row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
-            rows.append(row)
+    for context in ctx_list:
+        n_bytes = weights + kv_bytes_per_token(be, context)
+        floor_ms = 1000 * n_bytes / bandwidth
+        row = {"context": context, "bytes_per_token": n_bytes, "floor_ms": floor_ms}
+        be.n_past = context - 1
+        row["dispatches"] = be.dispatch_count(1) + len(be.argmax.dispatches)
+        measures = (("chained_ms", chained_decode_ms), ("sampled_ms", sampled_decode_ms),
+                    ("sampled_full_ms", lambda *a: sampled_decode_ms(*a, on_gpu=False)))
+        for name, measure in measures:
+            try:  # the other numbers must survive a failure here
+                row[name] = measure(be, context, steps)
+            except Exception as e:  # noqa: BLE001 - reported in the result instead
+                row[name + "_error"] = f"{type(e).__name__}: {e}"
             bar.update(1)
+        if timer.enabled:
+            row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
+        rows.append(row)
     return rows
 
 
-def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512, depth: int = 4096,
-                 ttft_tokens: int = 2000, matmul: str = "auto") -> dict:
-    """All numbers of one run as a dict (format_result prints them)."""
+@dataclass(frozen=True)
+class Sizes:
+    """The prompts one run times, from what was asked: an N-token chunk at depth 0 and at the largest
+    context, and the time to the first token of a TTFT_TOKENS prompt cut to that context (None when
+    that is no longer than the chunk: it would time the same prompt again)."""
+
+    prefill: int
+    depth: int
+    ttft: int | None
+
+    @classmethod
+    def asked(cls, ctx_list: list[int], prefill: int) -> "Sizes":
+        depth = max(ctx_list)
+        ttft = min(TTFT_TOKENS, depth)
+        return cls(prefill, depth, ttft if ttft > prefill else None)
+
+    def n_ctx(self, ctx_list: list[int], steps: int) -> int:
+        return max(max(ctx_list) + steps + 1, self.depth + self.prefill, self.ttft or 0)
+
+    def prompts(self) -> list[tuple[int, int]]:
+        """(tokens, depth) of every prompt timed: the chunk, the chunk at depth, the long prompt."""
+        return [(self.prefill, 0), (self.prefill, self.depth)] + ([(self.ttft, 0)] if self.ttft else [])
+
+
+def estimate_seconds(be: WebGPUBackend, sizes: Sizes, ctx_list: list[int], steps: int) -> float:
+    """How long the measurements after the streaming read take, from one timed decode token and one
+    short chunk (attention's growth with the context left out: a lower bound on long contexts)."""
+    token_s = prompt_seconds(be, 1, runs=1)
+    probe = min(sizes.prefill, 32)
+    per_prompt_token = prompt_seconds(be, probe, runs=1) / probe
+    prompt_tokens = (PROMPT_RUNS + 1) * sum(n for n, _ in sizes.prompts())
+    prompt_tokens += 10 * sizes.prefill  # the chunk's GPU breakdown: 5 passes, 5 timestamped runs
+    tokens = len(ctx_list) * (105 + 6 * steps + 2)  # per context: the breakdown, then the decode runs
+    return prompt_tokens * per_prompt_token + tokens * token_s
+
+
+def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int = 512, matmul: str = "auto",
+                 progress: bool = True, slow_s: float = SLOW_S) -> dict:
+    """All numbers of one run as a dict (format_result prints them). With `progress`, a bar on stderr
+    counts the timed steps, and a run longer than `slow_s` seconds is announced there first."""
     ctx = get_context()
-    n_ctx = max(max(ctx_list) + steps + 1, depth + prefill_tokens, ttft_tokens)
-    be = WebGPUBackend.load(open_model(path), RunOptions.from_env(n_ctx=n_ctx, progress=True, matmul=matmul))
+    sizes = Sizes.asked(ctx_list, prefill_tokens)
+    options = RunOptions.from_env(n_ctx=sizes.n_ctx(ctx_list, steps), progress=progress, matmul=matmul)
+    be = WebGPUBackend.load(open_model(path), options)
     timer = GpuTimer(ctx)
-    probe = streaming_bandwidth(ctx, timer)
-    bandwidth = probe["bytes_per_s"]
-    weights = weight_bytes_per_token(be)
-    result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "matmul": be.pipes.matmul,
-              "bandwidth_GBps": bandwidth / 1e9, "bandwidth_spread_GBps": (probe["min"] / 1e9, probe["max"] / 1e9),
-              "gpu_timestamps": timer.enabled, "weight_bytes_per_token": weights, "record_ms": record_ms(be)}
-    result["prefill"] = {"tokens": prefill_tokens, "depth": depth,
-                         "tokens_per_s": prefill_tokens / prompt_seconds(be, prefill_tokens),
-                         "tokens_per_s_at_depth": prefill_tokens / prompt_seconds(be, prefill_tokens, depth),
-                         "ttft_tokens": ttft_tokens, "ttft_s": prompt_seconds(be, ttft_tokens)}
-    warm_up(ctx, timer, be.token_dispatches(1), 0.2)
-    result["gpu"] = [gpu_breakdown(be, timer, 1, c - 1, 20) for c in ctx_list]
-    result["gpu"].append(gpu_breakdown(be, timer, prefill_tokens, 0, 1))
-    result["decode"] = _decode_rows(be, ctx_list, steps, bandwidth, weights, timer)
+    n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + 1 + 3 * len(ctx_list)
+    with tqdm(total=n_steps, desc="bench", unit="step", disable=not progress) as bar:
+        bar.set_description("bench: streaming read")
+        probe = streaming_bandwidth(ctx, timer)
+        bar.update(1)
+        bar.set_description("bench: estimating the run")
+        estimate = estimate_seconds(be, sizes, ctx_list, steps)
+        if progress and estimate > slow_s:
+            bar.write(f"airframe: bench: this run will take about {_duration(estimate)} on {ctx.name}; "
+                      f"--prefill, --ctx-list and --steps make it shorter", file=sys.stderr)
+        bandwidth = probe["bytes_per_s"]
+        weights = weight_bytes_per_token(be)
+        result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "matmul": be.pipes.matmul,
+                  "bandwidth_GBps": bandwidth / 1e9, "bandwidth_spread_GBps": (probe["min"] / 1e9, probe["max"] / 1e9),
+                  "gpu_timestamps": timer.enabled, "weight_bytes_per_token": weights, "record_ms": record_ms(be),
+                  "estimated_s": estimate}
+        bar.update(1)
+        bar.set_description(f"bench: prefill of {sizes.prefill} tokens")
+        seconds = [prompt_seconds(be, n, depth, bar=bar) for n, depth in sizes.prompts()]
+        result["prefill"] = {"tokens": sizes.prefill, "depth": sizes.depth,
+                             "tokens_per_s": sizes.prefill / seconds[0],
+                             "tokens_per_s_at_depth": sizes.prefill / seconds[1],
+                             "ttft_tokens": sizes.ttft, "ttft_s": seconds[2] if sizes.ttft else None}
+        bar.set_description("bench: GPU time per op class")
+        warm_up(ctx, timer, be.token_dispatches(1), 0.2)
+        result["gpu"] = []
+        for n_tokens, position, repeats in [(1, c - 1, 20) for c in ctx_list] + [(sizes.prefill, 0, 1)]:
+            result["gpu"].append(gpu_breakdown(be, timer, n_tokens, position, repeats))
+            bar.update(1)
+        bar.set_description("bench: decode")
+        result["decode"] = _decode_rows(be, ctx_list, steps, bandwidth, weights, timer, bar)
     return result
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
 
 
 def _decode_lines(r: dict) -> list[str]:
@@ -344,8 +412,9 @@ def format_result(r: dict) -> str:
              f"weights per token {r['weight_bytes_per_token'] / 1e6:.1f} MB; recording a token: "
              + ", ".join(f"{k} {v:.3f}" for k, v in r["record_ms"].items()) + " ms",
              f"prefill, {p['tokens']}-token chunk: {p['tokens_per_s']:.1f} tokens/s at depth 0, "
-             f"{p['tokens_per_s_at_depth']:.1f} at depth {p['depth']}; "
-             f"time to first token of a {p['ttft_tokens']}-token prompt: {p['ttft_s']:.3f} s"]
+             f"{p['tokens_per_s_at_depth']:.1f} at depth {p['depth']}"
+             + (f"; time to first token of a {p['ttft_tokens']}-token prompt: {p['ttft_s']:.3f} s"
+                if p["ttft_tokens"] else "")]
     lines += _decode_lines(r)
     for d in r["decode"]:
         if d.get("chained_gpu"):

@@ -1,7 +1,7 @@
 """Every error the server answers with, in OpenAI's JSON shape.
 
-`{"error": {"message", "type", "param", "code"}}` with a 4xx or 503 status; the message says what
-was found and what was expected, like every AirframeError.
+`{"error": {"message", "type", "param", "code"}}` with a 4xx, 500 or 503 status; the message says
+what was found and what was expected, like every AirframeError.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from ..errors import AirframeError, ContextOverflowError, ParameterError, UnsupportedError
+from ..errors import AirframeError, ContextOverflowError, NonFiniteError, ParameterError, UnsupportedError
 from .queue import QueueFullError
 from . import schemas
 from .schemas import ErrorDetail, ErrorResponse
@@ -35,6 +35,8 @@ def from_airframe(error: AirframeError, param: str | None = None) -> ApiError:
     """Map one of the engine's errors to its HTTP status."""
     if isinstance(error, ContextOverflowError):
         return ApiError(400, str(error), param="messages" if param is None else param, code="context_length_exceeded")
+    if isinstance(error, NonFiniteError):  # the served model is damaged, not the request: a server error
+        return ApiError(500, str(error), type="server_error", code="non_finite_logits")
     if isinstance(error, QueueFullError):
         return overloaded(str(error))
     if isinstance(error, UnsupportedError):

@@ -16,7 +16,7 @@ fi
 python3 dev/webgpu/probe.py ${PROBE_ARGS:-} --json $OUT/probe.json 2>&1 | grep -v XDG | tee $OUT/probe.txt
 wait
 for q in $types; do
-  python3 - "$q" "$ctxs" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|ctx/s" | tee -a $OUT/bench.txt
+  python3 - "$q" "$ctxs" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|step/s\|s/step" | tee -a $OUT/bench.txt
 import json, os, sys
 from airframe.gpu.bench import bench_webgpu, format_result
 q, ctxs = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]

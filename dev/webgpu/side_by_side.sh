@@ -38,7 +38,7 @@ for q in $types; do
     | grep -E "^\||ggml_vulkan: 0" | tee -a $OUT/llamacpp.txt
 done
 for q in $types; do
-  python3 - "$q" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|ctx/s" | tee -a $OUT/bench.txt
+  python3 - "$q" <<'PY' 2>&1 | grep -v "XDG\|it/s\|tok/s\|part/s\|step/s\|s/step" | tee -a $OUT/bench.txt
 import json, os, sys
 from airframe.gpu.bench import bench_webgpu, format_result
 q = sys.argv[1]

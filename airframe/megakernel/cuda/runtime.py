@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ...errors import AirframeError, GPUError, UnsupportedError
+from ...errors import GPUError, NonFiniteError, UnsupportedError
 from ..plan.opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from ..plan.package import Package
 from ..plan.validator import PlanError
@@ -51,9 +51,18 @@ ERROR_NON_FINITE = 1
 ERROR_FFN_RANGE = 2  # op_ffn: an FFN partial not finite or |v| >= 2^22 (its fixed-point sum's range)
 
 
-class NonFiniteLogitError(AirframeError):
-    """The worker met a NaN or infinite logit, or an FFN output that is not finite or too large for
-    its fixed-point sum: the weights or the arithmetic produced garbage."""
+def check_error_word(ctl: np.ndarray, pos0: int, hold_pos: bool = False) -> None:
+    """NonFiniteError naming the position where the worker met a NaN or infinite logit, or an FFN
+    output that is not finite or too large for its fixed-point sum (the error word of af_control)."""
+    f = CONTROL_FIELDS
+    error = int(ctl[f["error"]])
+    if not error & (ERROR_NON_FINITE | ERROR_FFN_RANGE):
+        return
+    step = int(ctl[f["error_step"]])
+    what = ("an FFN output that is not finite or reaches 2^22 in magnitude (the range of its fixed-point "
+            "sum)" if error & ERROR_FFN_RANGE else "a non-finite logit")
+    raise NonFiniteError(f"{what} at position {pos0 + (0 if hold_pos else step)} (step {step} of the launch); "
+                         "expected finite logits: the weights or activations hold NaN or inf")
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -453,7 +462,7 @@ class Runtime:
                all_logits: bool = False, trace_step: int | None = None, hold_pos: bool = False) -> LaunchResult:
         """Run steps at positions pos0..: the first len(tokens) take `tokens`, later ones the greedy
         token of the step before. With `hold_pos` every step runs at pos0, writing its K/V there
-        (benchmarks: the cost of a token at one context). Raises NonFiniteLogitError when a logit
+        (benchmarks: the cost of a token at one context). Raises NonFiniteError when a logit
         was not finite."""
         k = self.k
         n_steps = len(tokens) if n_steps is None else n_steps
@@ -485,12 +494,7 @@ class Runtime:
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)
         f = CONTROL_FIELDS
         done = int(ctl[f["steps_done"]])
-        if ctl[f["error"]] & (ERROR_NON_FINITE | ERROR_FFN_RANGE):
-            step = int(ctl[f["error_step"]])
-            what = ("an FFN output that is not finite or reaches 2^22 in magnitude (the range of its fixed-point "
-                    "sum)" if ctl[f["error"]] & ERROR_FFN_RANGE else "a non-finite logit")
-            raise NonFiniteLogitError(f"{what} at position {pos0 + (0 if hold_pos else step)} (step {step} of the launch); "
-                                      "expected finite logits: the weights or activations hold NaN or inf")
+        check_error_word(ctl, pos0, hold_pos)
         result = LaunchResult(done, [int(t) for t in ctl[f["tokens_out"]:f["tokens_out"] + done]],
                               bool(ctl[f["stopped"]]), ms)
         if trace:
