@@ -8,7 +8,7 @@ from airframe.models import resolve_model
 
 
 def pytest_addoption(parser):
-    parser.addoption("--sampled-tokens", type=int, default=16,
+    parser.addoption("--sampled-tokens", type=int, default=8,
                      help="tokens per setting of the real-model sampled-path checks (the issue's check: 200)")
 
 
