@@ -107,3 +107,20 @@ def test_debug_raw_takes_the_host_loop_with_the_same_tokens(tiny, monkeypatch):
     monkeypatch.setattr(tiny, "debug_raw", True)
     assert tiny.generate_greedy(PROMPT, 6) == (want, "length")
     assert tiny.generate_greedy(PROMPT, 6, eos=[want[3]]) == (want[:want.index(want[3])], "stop")
+
+
+def test_cancel_stops_the_chain_and_the_prefill_at_once(tiny, monkeypatch):
+    submitted = []
+    write_step = tiny.write_step
+    monkeypatch.setattr(tiny, "write_step", lambda n: submitted.append(n) or write_step(n))
+    cancelled = []
+    stream = tiny.greedy_stream(PROMPT, 30, cancel=lambda: bool(cancelled))
+    first, _ = next(stream)
+    at_cancel = len(submitted)
+    cancelled.append(True)
+    assert list(stream) == []  # nothing more is handed over ...
+    assert len(submitted) == at_cancel  # ... and nothing more is submitted
+    assert len(first) == 1
+    submitted.clear()
+    assert list(tiny.greedy_stream(PROMPT, 30, cancel=lambda: True)) == []
+    assert submitted == []  # a cancelled request runs not even its prefill

@@ -185,11 +185,13 @@ class WebGPUBackend(Backend):
         for first in range(0, ids.size, self.scratch.tokens):
             self._chunk(ids[first:first + self.scratch.tokens], all_logits=False, last=False)
 
-    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int,
-                      eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
+    greedy_cancel = True  # greedy_stream asks cancel before each prefill chunk and each token
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
+                      cancel=None) -> Iterator[tuple[list[int], str | None]]:
         """Greedy tokens after `prompt` in batches as they are read back: (ids, None) ... then
         (ids, reason). The argmax runs on the GPU and feeds the next token there (greedy.py)."""
-        return greedy_stream(self, prompt, max_new_tokens, eos)
+        return greedy_stream(self, prompt, max_new_tokens, eos, cancel)
 
     candidate_limits = (cand.PEN_MAX, cand.MAX_WANT)
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import wgpu
 
 from ..errors import NonFiniteError, ParameterError
 from . import pipelines as pl
@@ -25,6 +26,8 @@ from . import pipelines as pl
 NON_FINITE = pl.shader_constant("argmax.wgsl", "NON_FINITE")  # set in a ring id: a logit was NaN or infinite
 GREEDY_BATCH = 16     # ids read back together after the first token
 READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
+LEAD = 2              # tokens submitted and not finished at most: bounds what runs after a cancel
+FENCE_BYTES = 16      # a token's id copied into a small buffer whose mapping says the token is done
 ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
 
 
@@ -36,6 +39,7 @@ class ArgmaxOps:
     ring: object        # (n_ctx,) u32: the id chosen from position p's logits at p
     staging: list       # two MAP_READ buffers of `batch` ids, used by alternate batches
     batch: int
+    fences: list        # LEAD + 1 MAP_READ buffers: token step's id lands in fences[step % (LEAD + 1)]
 
 
 def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
@@ -51,7 +55,8 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     dispatches = [pl.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
                   for stage, grid in ((1, (n_groups, 1, 1)), (2, (1, 1, 1)))]
     staging = [k.readback(batch * 4, f"greedy_readback#{i}") for i in range(2)]
-    return ArgmaxOps(dispatches, ring, staging, batch)
+    fences = [k.readback(FENCE_BYTES, f"greedy_fence#{i}") for i in range(LEAD + 1)]
+    return ArgmaxOps(dispatches, ring, staging, batch, fences)
 
 
 def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
@@ -64,12 +69,14 @@ def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (),
-          timestamps=None) -> Iterator[tuple[list[int], str | None]]:
+def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestamps=None,
+          cancel: Callable[[], bool] | None = None) -> Iterator[tuple[list[int], str | None]]:
     """Greedy tokens after `token`, fed at position be.n_past: yields (ids, None) per batch and ends
     with (ids, "stop") at an `eos` id (not included) or (ids, "length") at max_new_tokens or the
-    full context. n_past ends after the last token run whose output was kept. `timestamps` (a
-    callable giving each token's pass its timestamp_writes) times the tokens on the GPU (bench)."""
+    full context; once `cancel()` is True it submits nothing more and ends. n_past ends after the
+    last token run whose output was kept. The host keeps at most LEAD tokens unfinished on the GPU.
+    `timestamps` (a callable giving each token's pass its timestamp_writes) times the tokens on the
+    GPU (bench)."""
     first = be.n_past
     total = max(0, min(max_new_tokens, be.n_ctx - first))
     if total == 0:
@@ -83,14 +90,23 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (),
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
     be.write_head_step(1, 0)
     in_flight: deque[int] = deque()  # batches submitted, not read
+    unfinished: deque = deque()       # (fence, its map promise) per submitted token, oldest first
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
     try:
         commands = _record(be, ops, first, bounds, 0, timestamps)
         for step in range(total):
+            if cancel is not None and cancel():
+                return
+            while len(unfinished) >= LEAD:
+                fence, mapped = unfinished.popleft()
+                mapped.sync_wait()
+                fence.unmap()
             be.n_past = first + step
             be.write_step(1)
             queue.submit([commands])
+            fence = ops.fences[step % len(ops.fences)]
+            unfinished.append((fence, fence.map_async(wgpu.MapMode.READ, 0, FENCE_BYTES)))
             if step + 1 < total:
                 be.n_past = first + step + 1
                 commands = _record(be, ops, first, bounds, step + 1, timestamps)
@@ -118,6 +134,9 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (),
                 kept = hi
                 yield ids, "length" if hi == total else None
     finally:
+        for fence, mapped in unfinished:
+            mapped.sync_wait()
+            fence.unmap()
         be.n_past = first + kept
 
 
@@ -126,6 +145,7 @@ def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step:
     batch's ids to its read-back buffer."""
     encoder = be.ctx.device.create_command_encoder()
     pl.record(encoder, be.token_dispatches(1) + ops.dispatches, timestamps() if timestamps else None)
+    encoder.copy_buffer_to_buffer(ops.ring, be.n_past * 4, ops.fences[step % len(ops.fences)], 0, 4)
     b = 0 if step == 0 else 1 + (step - 1) // ops.batch
     lo, hi = bounds[b]
     if step == hi - 1:
@@ -137,9 +157,10 @@ def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
     return [int(t) for t in pl.read_mapped(ops.staging[b % 2], count * 4, np.uint32)]
 
 
-def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,
-                  eos: Sequence[int] = ()) -> Iterator[tuple[list[int], str | None]]:
-    """A new request: reset, prefill all of `prompt` but its last token (no logits), then chain()."""
+def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
+                  cancel: Callable[[], bool] | None = None) -> Iterator[tuple[list[int], str | None]]:
+    """A new request: reset, prefill all of `prompt` but its last token (no logits) a chunk at a
+    time, asking `cancel` before each, then chain()."""
     if max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
     be.reset()
@@ -150,9 +171,12 @@ def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int,
     if be.debug_raw:  # SHIMMY_DEBUG_RAW=1 logs every op of forward(): take the host's loop
         yield from _host_loop(be, prompt, max_new_tokens, eos)
         return
-    if len(prompt) > 1:
-        be.prefill(prompt[:-1])
-    yield from chain(be, prompt[-1], max_new_tokens, eos)
+    chunk = be.scratch.tokens
+    for lo in range(0, len(prompt) - 1, chunk):
+        if cancel is not None and cancel():
+            return
+        be.prefill(prompt[lo:min(lo + chunk, len(prompt) - 1)])
+    yield from chain(be, prompt[-1], max_new_tokens, eos, cancel=cancel)
 
 
 def _host_loop(be, prompt: list[int], max_new_tokens: int, eos: Sequence[int]):
