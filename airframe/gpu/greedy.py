@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
-import wgpu
 
 from ..errors import NonFiniteError, ParameterError
 from . import pipelines as pl
@@ -26,8 +25,6 @@ from . import pipelines as pl
 NON_FINITE = pl.shader_constant("argmax.wgsl", "NON_FINITE")  # set in a ring id: a logit was NaN or infinite
 GREEDY_BATCH = 16     # ids read back together after the first token
 READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
-LEAD = 2              # tokens submitted and not finished at most: bounds what runs after a cancel
-FENCE_BYTES = 16      # a token's id copied into a small buffer whose mapping says the token is done
 ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
 
 
@@ -39,7 +36,6 @@ class ArgmaxOps:
     ring: object        # (n_ctx,) u32: the id chosen from position p's logits at p
     staging: list       # two MAP_READ buffers of `batch` ids, used by alternate batches
     batch: int
-    fences: list        # LEAD + 1 MAP_READ buffers: token step's id lands in fences[step % (LEAD + 1)]
 
 
 def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
@@ -55,8 +51,7 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     dispatches = [pl.Dispatch(f"argmax#{stage}", k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}), group, grid)
                   for stage, grid in ((1, (n_groups, 1, 1)), (2, (1, 1, 1)))]
     staging = [k.readback(batch * 4, f"greedy_readback#{i}") for i in range(2)]
-    fences = [k.readback(FENCE_BYTES, f"greedy_fence#{i}") for i in range(LEAD + 1)]
-    return ArgmaxOps(dispatches, ring, staging, batch, fences)
+    return ArgmaxOps(dispatches, ring, staging, batch)
 
 
 def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
@@ -74,7 +69,7 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
     """Greedy tokens after `token`, fed at position be.n_past: yields (ids, None) per batch and ends
     with (ids, "stop") at an `eos` id (not included) or (ids, "length") at max_new_tokens or the
     full context; once `cancel()` is True it submits nothing more and ends. n_past ends after the
-    last token run whose output was kept. The host keeps at most LEAD tokens unfinished on the GPU.
+    last token run whose output was kept (tokens already queued still run on the GPU).
     `timestamps` (a callable giving each token's pass its timestamp_writes) times the tokens on the
     GPU (bench)."""
     first = be.n_past
@@ -90,7 +85,6 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
     be.write_head_step(1, 0)
     in_flight: deque[int] = deque()  # batches submitted, not read
-    unfinished: deque = deque()       # (fence, its map promise) per submitted token, oldest first
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
     try:
@@ -98,15 +92,9 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
         for step in range(total):
             if cancel is not None and cancel():
                 return
-            while len(unfinished) >= LEAD:
-                fence, mapped = unfinished.popleft()
-                mapped.sync_wait()
-                fence.unmap()
             be.n_past = first + step
             be.write_step(1)
             queue.submit([commands])
-            fence = ops.fences[step % len(ops.fences)]
-            unfinished.append((fence, fence.map_async(wgpu.MapMode.READ, 0, FENCE_BYTES)))
             if step + 1 < total:
                 be.n_past = first + step + 1
                 commands = _record(be, ops, first, bounds, step + 1, timestamps)
@@ -134,9 +122,6 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
                 kept = hi
                 yield ids, "length" if hi == total else None
     finally:
-        for fence, mapped in unfinished:
-            mapped.sync_wait()
-            fence.unmap()
         be.n_past = first + kept
 
 
@@ -145,7 +130,6 @@ def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step:
     batch's ids to its read-back buffer."""
     encoder = be.ctx.device.create_command_encoder()
     pl.record(encoder, be.token_dispatches(1) + ops.dispatches, timestamps() if timestamps else None)
-    encoder.copy_buffer_to_buffer(ops.ring, be.n_past * 4, ops.fences[step % len(ops.fences)], 0, 4)
     b = 0 if step == 0 else 1 + (step - 1) // ops.batch
     lo, hi = bounds[b]
     if step == hi - 1:
