@@ -4,11 +4,19 @@ A backend holds one model and one K/V cache. `forward` runs tokens at consecutiv
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
 overrides `greedy_stream`; the engine asks that flag, it never probes for methods.
+
+Cancellation: the engine hands every request's `cancel` (a callable, True once the client has
+left) to the backend. `forward_prompt` asks it before each prefill chunk of `prefill_chunk`
+tokens; a backend whose `greedy_stream` takes `cancel=` and asks it before each device step (at
+most 2 tokens after it turned True) says so with `greedy_cancel`, and the engine then passes it.
+Either way the engine asks it before every token it takes, so a cancelled request costs at most
+one prefill chunk or a backend's batch of greedy steps. A backend stops quietly (returns None
+from forward_prompt, ends its batches early); the engine reports the finish as "cancelled".
 """
 
 from __future__ import annotations
 
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -35,6 +43,8 @@ class Backend:
     # False where greedy_stream hands every token over at the end, the prompt run in the same
     # launches (CUDA): the time to the first token is unknown and the engine reports it as 0.
     greedy_first_token_timed = True
+    greedy_cancel = False  # True: greedy_stream takes cancel= and asks it before each device step
+    prefill_chunk = 512  # prompt tokens per forward in forward_prompt, and per cancel check
 
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "Backend":
@@ -52,6 +62,16 @@ class Backend:
         shape (len(tokens), vocab), when all_logits is set.
         """
         raise NotImplementedError
+
+    def forward_prompt(self, tokens: Sequence[int], cancel: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """forward() over a request's prompt in chunks of prefill_chunk tokens, asking `cancel`
+        before each: the last position's logits, or None when cancel said stop."""
+        logits = None
+        for first in range(0, max(len(tokens), 1), self.prefill_chunk):
+            if cancel is not None and cancel():
+                return None
+            logits = self.forward(tokens[first:first + self.prefill_chunk])
+        return logits
 
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
         """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands

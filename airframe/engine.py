@@ -11,7 +11,7 @@ Either way the tokens go through the same loop below.
 
 Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
 a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token). Every sampled token counts as a completion token, the one that
+it is asked before every token and between prefill chunks). Every sampled token counts as a completion token, the one that
 stopped generation included; neither an end-of-generation token nor a stop string is ever shown.
 """
 
@@ -25,7 +25,7 @@ from typing import Callable, Generator, Iterator
 import numpy as np
 
 from .backend import DEFAULT_BACKEND, Backend, open_backend
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, normalize_messages
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model, open_model
@@ -114,19 +114,41 @@ class Engine:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
-    def tokenize_prompt(self, prompt: str | list[dict]) -> list[int]:
+    def tokenize_prompt(self, prompt: str | list[dict], parse_special_in_content: bool = False,
+                        add_generation_prompt: bool = True) -> list[int]:
         """A string is a raw completion prompt; a list is chat messages rendered by the template.
 
-        Special tokens written in the text (`<|im_start|>`) are parsed as such, and the model's BOS
-        is added unless the text already starts with it.
+        Special tokens written in a raw prompt (`<|im_start|>`) are parsed as such; in chat messages
+        only the template's own markup gives them, and message content is plain text unless
+        `parse_special_in_content` is set. The model's BOS is added unless the text starts with it.
         """
         if isinstance(prompt, list):
-            prompt = self.render_chat(prompt)
+            if not parse_special_in_content:
+                return self._tokenize_chat(prompt, add_generation_prompt)
+            prompt = self.render_chat(prompt, add_generation_prompt)
         if not isinstance(prompt, str):
             raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
+        return list(self.tokenizer.encode(prompt, add_special=not self._starts_with_bos(prompt), parse_special=True))
+
+    def _tokenize_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        parts = self.template.render_parts(messages, add_generation_prompt)
+        if parts is None:  # the template rewrites content: safe only if no content holds control token text
+            text = self.render_chat(messages, add_generation_prompt)
+            for i, message in enumerate(normalize_messages(messages)):
+                found = self.tokenizer.special_in(message["content"])
+                if found:
+                    raise ParameterError(
+                        f"message {i}: content holds the control token text {found!r}, which {self.template.name} "
+                        f"does not let airframe keep as plain text; expected content without control tokens "
+                        f"(or parse_special_in_content to read them as control tokens)")
+            return list(self.tokenizer.encode(text, add_special=not self._starts_with_bos(text), parse_special=True))
+        text = "".join(t for t, _ in parts)
+        return self.tokenizer.encode_parts([(t, not is_content) for t, is_content in parts],
+                                           add_special=not self._starts_with_bos(text))
+
+    def _starts_with_bos(self, text: str) -> bool:
         bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
-        starts_with_bos = bool(bos) and prompt.startswith(bos)
-        return list(self.tokenizer.encode(prompt, add_special=not starts_with_bos, parse_special=True))
+        return bool(bos) and text.startswith(bos)
 
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt + 1 > self.n_ctx:
@@ -137,20 +159,36 @@ class Engine:
             raise ParameterError("the prompt is empty after tokenization, expected at least one token")
 
     # ---- generation -----------------------------------------------------------------------------
+    def prepare(self, prompt: str | list[dict], params: GenerationParams,
+                parse_special_in_content: bool = False) -> list[int]:
+        """Everything a request can get wrong, checked before any work: the parameters, the
+        prompt's tokens (see tokenize_prompt) and their fit in the context. Returns the tokens."""
+        _check_params(params)
+        prompt_ids = self.tokenize_prompt(prompt, parse_special_in_content)
+        self.check_fits(len(prompt_ids))
+        return prompt_ids
+
     def stream(self, prompt: str | list[dict], params: GenerationParams,
                cancel: Callable[[], bool] | None = None) -> Iterator[Piece | Finish]:
         """Yield Pieces of text as they are decoded, then exactly one Finish.
 
         Bad parameters and a prompt that does not fit raise here, before the first item.
         """
+        return self.stream_ids(self.prepare(prompt, params), params, cancel)
+
+    def stream_ids(self, prompt_ids: list[int], params: GenerationParams,
+                   cancel: Callable[[], bool] | None = None) -> Iterator[Piece | Finish]:
+        """stream() for the tokens prepare() returned: the prompt is not rendered again.
+
+        `cancel` is asked before every token and handed to the backend, which asks it between
+        prefill chunks (and, where it says so, between on-device greedy steps)."""
         _check_params(params)
-        prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
         if self._greedy_on_device(params):
-            source = self._device_tokens(prompt_ids, params)
+            source = self._device_tokens(prompt_ids, params, cancel)
             timed = self.backend.greedy_first_token_timed
         else:
-            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size))
+            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size), cancel)
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel)
 
@@ -160,11 +198,14 @@ class Engine:
         return (self.backend.greedy_on_device and params.logprobs is None
                 and not greedy_blockers(params.sampling))
 
-    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler) -> _TokenSource:
+    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler,
+                     cancel: Callable[[], bool] | None) -> _TokenSource:
         """Tokens sampled on the host from the logits forward() reads back, one per request for the next."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
-        logits = self.backend.forward(prompt_ids)
+        logits = self.backend.forward_prompt(prompt_ids, cancel)
+        if logits is None:
+            return  # cancelled during the prefill
         while True:
             token = sampler.sample(history, logits)
             history.tokens.append(token)
@@ -173,11 +214,15 @@ class Engine:
                 return  # the context is full: no room to run the last token
             logits = self.backend.forward([token])
 
-    def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
+    def _device_tokens(self, prompt_ids: list[int], params: GenerationParams,
+                       cancel: Callable[[], bool] | None) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
         limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
         eos = sorted(self.eog_ids | set(params.stop_token_ids))
-        batches = self.backend.greedy_stream(prompt_ids, limit, eos)
+        if self.backend.greedy_cancel:
+            batches = self.backend.greedy_stream(prompt_ids, limit, eos, cancel=cancel)
+        else:  # asked between batches only, by _consume
+            batches = self.backend.greedy_stream(prompt_ids, limit, eos)
         try:
             for tokens, finish in batches:
                 for token in tokens:
@@ -214,6 +259,8 @@ class Engine:
                 return "cancelled", n_sampled, first_token_at
             step = next(source, None)  # asked only now: the host path runs the next forward here
             if step is None:
+                if cancel is not None and cancel():  # the backend stopped early because of it
+                    return "cancelled", n_sampled, first_token_at
                 break
             token, logits = step
             n_sampled += 1

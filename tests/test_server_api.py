@@ -46,23 +46,28 @@ class FakeEngine:
         self.model_id = "fake-model"
         self.config = SimpleNamespace(vocab_size=300)
         self.tokenizer = FakeTokenizer()
-        self.calls: list[tuple] = []  # (prompt, params) per stream()
+        self.prepared: list[tuple] = []  # (prompt, parse_special_in_content) per prepare()
+        self.calls: list[tuple] = []  # (prompt ids, params) per stream_ids()
         self.resets = 0
 
     def render_chat(self, messages, add_generation_prompt=True):
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
-    def tokenize_prompt(self, prompt):
-        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+    def tokenize_prompt(self, prompt, parse_special_in_content=False, add_generation_prompt=True):
+        text = self.render_chat(prompt, add_generation_prompt) if isinstance(prompt, list) else prompt
         return [BOS, *text.encode("utf-8")]
 
-    def stream(self, prompt, params, cancel=None):
+    def prepare(self, prompt, params, parse_special_in_content=False):
+        self.prepared.append((prompt, parse_special_in_content))
         ids = self.tokenize_prompt(prompt)
         if len(ids) + 1 > self.n_ctx:
             raise ContextOverflowError(f"the prompt has {len(ids)} tokens and the context holds {self.n_ctx}")
-        self.calls.append((prompt, params))
-        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+        return ids
+
+    def stream_ids(self, ids, params, cancel=None):
+        self.calls.append((ids, params))
+        text = bytes(ids[1:]).decode("utf-8")
         reply = text.rstrip("<assistant>\n")[-12:] if "echo" in text else self.reply
         return self._generate(len(ids), reply, params, cancel)
 
@@ -289,7 +294,7 @@ def test_content_parts_and_developer_role_reach_the_template(client, engine):
     client.post("/v1/chat/completions", json={"messages": [
         {"role": "developer", "content": "Rules."},
         {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]})
-    prompt, _ = engine.calls[-1]
+    prompt, _ = engine.prepared[-1]
     assert prompt == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Hello"}]
 
 
@@ -499,7 +504,7 @@ class _RecordingEngine:
     def __init__(self):
         self.order, self.gate = [], threading.Event()
 
-    def stream(self, prompt, params, cancel=None):
+    def stream_ids(self, prompt, params, cancel=None):
         self.gate.wait(5)
         self.order.append(prompt)
         yield Finish("stop", 1, 0, 0.0, 0.0)

@@ -171,7 +171,7 @@ def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastA
     app.add_middleware(CORSMiddleware, allow_origins=list(state.options.cors_origins),
                        allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST", "OPTIONS"],
                        allow_headers=["*"])
-    if hasattr(engine_or_factory, "stream"):
+    if hasattr(engine_or_factory, "stream_ids"):
         state.serve(engine_or_factory)
     else:
         threading.Thread(target=_load, args=(state, engine_or_factory), name="airframe-load", daemon=True).start()
