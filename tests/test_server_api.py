@@ -154,6 +154,26 @@ def sse_events(lines) -> list:
     return events
 
 
+def sse_data(lines):
+    """The data of each event, read as any conforming SSE client reads a stream: comment lines
+    (`: waiting`) and other fields skipped, `data:` with or without its space, lines of one event
+    joined, an event ended by a blank line. Lazy, so that a test can stop reading at any event."""
+    data = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
 def post_stream(client, path, body) -> list:
     with client.stream("POST", path, json=body) as response:
         assert response.status_code == 200, response.read()
@@ -500,6 +520,49 @@ def test_queue_full_answers_503_with_retry_after():
         first.join()
 
 
+class _GatedEngine(FakeEngine):
+    """The fake engine whose generations wait for `gate`."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def stream_ids(self, ids, params, cancel=None):
+        self.gate.wait(60)
+        return super().stream_ids(ids, params, cancel)
+
+
+def test_200_concurrent_requests_with_max_queue_64_leave_exactly_64_waiting():
+    import asyncio
+
+    engine = _GatedEngine()
+    app = create_app(engine, ServerOptions(max_queue=64))
+    state = app.state.airframe
+
+    async def flood(url):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+            async def one():
+                response = await http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+                if response.status_code == 503:
+                    refused.append(response.headers["retry-after"])
+                return response.status_code
+
+            tasks = [asyncio.create_task(one()) for _ in range(200)]
+            while len(refused) < 200 - 65:  # one runs, 64 wait: every other one is refused at once
+                await asyncio.wait(tasks, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+            assert (state.queue.running, state.queue.depth) == (1, 64)
+            engine.gate.set()
+            statuses = await asyncio.gather(*tasks)
+            assert state.queue.depth == 0
+            return statuses
+
+    refused: list[str] = []
+    with serving(app) as url:
+        statuses = asyncio.run(asyncio.wait_for(flood(url), 120))
+    assert statuses.count(200) == 65 and statuses.count(503) == 135 and set(refused) == {"1"}
+
+
 class _RecordingEngine:
     def __init__(self):
         self.order, self.gate = [], threading.Event()
@@ -571,9 +634,9 @@ def test_client_disconnect_cancels_the_generation_within_a_token():
     with serving(app) as url:
         body = {"prompt": "go", "max_tokens": 2000, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
-            lines = response.iter_lines()
-            for _ in range(6):
-                next(lines)
+            events = sse_data(response.iter_lines())
+            for _ in range(3):
+                assert json.loads(next(events))["choices"][0]["text"] == "z"
         metrics = app.state.airframe.metrics
         deadline = time.monotonic() + 10
         while metrics.cancelled.value() == 0:
