@@ -15,3 +15,8 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return resolve_model("gemma3-270m")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--server-fuzz-examples", type=int, default=25, metavar="N",
+                     help="schemathesis examples per operation in test_server_live.py (default 25, for CI)")
