@@ -675,6 +675,24 @@ def test_models_retrieve_answers_for_the_id_and_aliases_only(engine):
         assert_openai_error(c.get("/v1/models/gpt-4o"), 404, "model")
 
 
+def test_without_an_api_key_the_host_header_must_name_this_machine(engine):
+    body = {"prompt": "hi", "max_tokens": 1}
+    with TestClient(create_app(engine, ServerOptions(bind_host="127.0.0.1", allowed_hosts=("box.lan",)))) as c:
+        for host in ("localhost:8080", "127.0.0.1:8080", "[::1]:8080", "LOCALHOST", "box.lan:80", "localhost."):
+            assert c.post("/v1/completions", json=body, headers={"Host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example"):
+            refused = c.post("/v1/completions", json=body, headers={"Host": host})
+            error = assert_openai_error(refused, 403)
+            assert error["code"] == "host_not_allowed" and "--allowed-host" in error["message"]
+        assert c.get("/health", headers={"Host": "evil.example"}).status_code == 403
+    open_ones = [ServerOptions(bind_host="127.0.0.1", api_key="k"), ServerOptions(bind_host="0.0.0.0"),
+                 ServerOptions(bind_host="127.0.0.1", allowed_hosts=("*",)), ServerOptions()]
+    for options in open_ones:
+        with TestClient(create_app(engine, options)) as c:
+            answer = c.post("/v1/completions", json=body, headers={"Host": "evil.example", "Authorization": "Bearer k"})
+            assert answer.status_code == 200, options
+
+
 def _preflight(client, origin):
     return client.options("/v1/chat/completions", headers={
         "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
