@@ -5,13 +5,16 @@ appending their K/V to the cache, and returns logits; `reset` empties the cache 
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
 overrides `greedy_stream`; the engine asks that flag, it never probes for methods.
 
-Cancellation: the engine hands every request's `cancel` (a callable, True once the client has
-left) to the backend. `forward_prompt` asks it before each prefill chunk of `prefill_chunk`
-tokens; a backend whose `greedy_stream` takes `cancel=` and asks it before each device step (at
-most 2 tokens after it turned True) says so with `greedy_cancel`, and the engine then passes it.
-Either way the engine asks it before every token it takes, so a cancelled request costs at most
-one prefill chunk or a backend's batch of greedy steps. A backend stops quietly (returns None
-from forward_prompt, ends its batches early); the engine reports the finish as "cancelled".
+Cancellation, the hook's contract: `cancel` is a callable without arguments, cheap to call from
+the thread that runs the backend, that turns True once the request's client has left and stays
+True. The engine asks it before every token it takes and hands it to the backend:
+- `forward_prompt(tokens, cancel)` (the host path's prefill) asks it before each chunk of
+  `prefill_chunk` tokens and returns None once it is True; an override must do the same.
+- `greedy_stream(..., cancel=cancel)` is called so only where `greedy_cancel` is True; such a
+  backend asks it before each prefill chunk and before each token it queues on the device, so that
+  at most 2 tokens run after it turned True, and then simply ends its batches (the last one may
+  carry reason None). Elsewhere the engine asks it between batches only.
+A backend never raises because of it; the engine reports the finish as "cancelled".
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ class Backend:
             logits = self.forward(tokens[first:first + self.prefill_chunk])
         return logits
 
-    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
+                      cancel: Callable[[], bool] | None = None) -> GreedyBatches:
         """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands
         them over: (ids, None) ..., then (ids, reason), reason "stop" at an `eos` id (not included)
-        or "length" at max_new_tokens or the full context. Only where greedy_on_device is set."""
+        or "length" at max_new_tokens or the full context. Only where greedy_on_device is set;
+        `cancel` is passed only where greedy_cancel is set (the module docstring says how)."""
         raise UnsupportedError(f"the {self.name} backend does not pick greedy tokens on the device; "
                                f"expected a backend with greedy_on_device set")
 

@@ -11,8 +11,9 @@ Either way the tokens go through the same loop below.
 
 Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
 a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token and between prefill chunks). Every sampled token counts as a completion token, the one that
-stopped generation included; neither an end-of-generation token nor a stop string is ever shown.
+it is asked before every token and every prefill chunk). Every sampled token counts as a
+completion token, the one that stopped generation included; neither an end-of-generation token
+nor a stop string is ever shown.
 """
 
 from __future__ import annotations

@@ -552,3 +552,40 @@ def test_streamed_in_kernel_greedy_asks_cancel_before_every_token(smollm2):
     text, finish, _ = engine.generate("Count:", GenerationParams(sampling=GREEDY), cancel)
     assert finish.reason == "cancelled" and finish.completion_tokens == 3 and backend.closed
     assert text == smollm2.tokenizer.decode(script[:3])
+
+
+class CancellableGreedyBackend(InKernelGreedyBackend):
+    """A greedy-on-device backend that takes the request's cancel and asks it before each step."""
+
+    greedy_cancel = True
+
+    def greedy_stream(self, prompt, max_new_tokens, eos=(), cancel=None):
+        self.reset()
+        logits = self.forward_prompt(prompt, cancel)
+        for _ in range(max_new_tokens):
+            if logits is None or cancel():
+                return
+            token = int(np.argmax(logits))
+            if token in eos:
+                yield [], "stop"
+                return
+            yield [token], None
+            logits = self.forward([token])
+        yield [], "length"
+
+
+def test_a_backend_with_greedy_cancel_gets_the_request_cancel(smollm2):
+    script = script_for(smollm2, " one two three four five six seven")
+    backend = CancellableGreedyBackend(smollm2.config, script)
+    engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+
+    def cancel():
+        return len(backend.fed) >= 3  # the prompt and two tokens have run
+
+    text, finish, _ = engine.generate("Count:", GenerationParams(max_tokens=20, sampling=GREEDY), cancel)
+    assert finish.reason == "cancelled" and len(backend.fed) == 3
+    assert finish.completion_tokens == 2 and text == smollm2.tokenizer.decode(script[:2])
+    # a backend without the flag is called as before, with no cancel argument
+    text, finish, _ = Engine(StreamingGreedyBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template,
+                             "fused").generate("Count:", GenerationParams(max_tokens=4, sampling=GREEDY))
+    assert finish.reason == "length"
