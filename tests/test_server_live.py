@@ -20,6 +20,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
@@ -130,6 +131,47 @@ def test_live_requests_get_no_server_error_and_streams_agree(live, request, mode
                               suppress_health_check=list(HealthCheck))(run))()
         except Unsatisfiable:  # an operation without inputs has no invalid request
             assert mode == GenerationMode.NEGATIVE, operation.label
+
+
+# Within every documented range, at its edges too: the sampler must always find a token.
+finite = {"allow_nan": False, "allow_infinity": False}
+sampling_fields = st.fixed_dictionaries({}, optional={
+    "temperature": st.floats(0, 2, **finite),
+    "top_p": st.floats(0, 1, **finite),
+    "top_k": st.integers(0, 512),
+    "min_p": st.floats(0, 1, **finite),
+    "repeat_penalty": st.floats(5e-324, 1e308, **finite) | st.sampled_from([5e-324, 1e-300, 1e300, 1.0]),
+    "presence_penalty": st.floats(-2, 2, **finite),
+    "frequency_penalty": st.floats(-2, 2, **finite),
+    "logit_bias": st.dictionaries(st.integers(0, 511).map(str), st.floats(-100, 100, **finite), max_size=4),
+    "seed": st.integers(0, 2**64 - 1),
+    "logprobs": st.integers(0, 5),
+})
+
+
+@pytest.mark.slow
+def test_live_sampling_settings_within_their_ranges_always_give_tokens(live, request):
+    url = live[0]
+
+    @given(fields=sampling_fields, stream=st.booleans(), chat=st.booleans())
+    @seed(31)
+    @settings(max_examples=4 * request.config.getoption("--server-fuzz-examples"), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def one(fields, stream, chat):
+        body = {**fields, "max_tokens": 4, "stream": stream}
+        if chat:
+            body.pop("logprobs", None)
+            body["messages"] = [{"role": "user", "content": "the the the the the"}]
+        else:
+            body["prompt"] = "the the the the the"
+        response = httpx.post(f"{url}{COMPLETIONS[0] if chat else COMPLETIONS[1]}", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        if stream:
+            assert stream_errors(response.text) == [], response.text[-500:]
+        else:
+            assert response.json()["usage"]["completion_tokens"] >= 1
+
+    one()
 
 
 # ---- requests a hostile client sends ----------------------------------------------------------------
