@@ -6,11 +6,22 @@ A backend that can also pick greedy tokens on the device says so with `greedy_on
 overrides `greedy_stream`; one that reduces a sampled token's logits to candidates on the device
 says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`. The engine
 asks those flags, it never probes for methods.
+
+Cancellation, the hook's contract: `cancel` is a callable without arguments, cheap to call from
+the thread that runs the backend, that turns True once the request's client has left and stays
+True. The engine asks it before every token it takes and hands it to the backend:
+- `forward_prompt(tokens, cancel)` (the host path's prefill) asks it before each chunk of
+  `prefill_chunk` tokens and returns None once it is True; an override must do the same.
+- `greedy_stream(..., cancel=cancel)` is called so only where `greedy_cancel` is True; such a
+  backend asks it before each prefill chunk and before each token it queues on the device, queues
+  nothing more once it is True (what is already queued still runs), and simply ends its batches (the last one may
+  carry reason None). Elsewhere the engine asks it between batches only.
+A backend never raises because of it; the engine reports the finish as "cancelled".
 """
 
 from __future__ import annotations
 
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -38,6 +49,8 @@ class Backend:
     # False where greedy_stream hands every token over at the end, the prompt run in the same
     # launches (CUDA): the time to the first token is unknown and the engine reports it as 0.
     greedy_first_token_timed = True
+    greedy_cancel = False  # True: greedy_stream takes cancel= and asks it before each device step
+    prefill_chunk = 512  # prompt tokens per forward in forward_prompt, and per cancel check
 
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "Backend":
@@ -73,10 +86,22 @@ class Backend:
         """The full logits (vocab,) of the last position of the last forward_pending, the model's own."""
         raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
 
-    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
+    def forward_prompt(self, tokens: Sequence[int], cancel: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """forward() over a request's prompt in chunks of prefill_chunk tokens, asking `cancel`
+        before each: the last position's logits, or None when cancel said stop."""
+        logits = None
+        for first in range(0, max(len(tokens), 1), self.prefill_chunk):
+            if cancel is not None and cancel():
+                return None
+            logits = self.forward(tokens[first:first + self.prefill_chunk])
+        return logits
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
+                      cancel: Callable[[], bool] | None = None) -> GreedyBatches:
         """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands
         them over: (ids, None) ..., then (ids, reason), reason "stop" at an `eos` id (not included)
-        or "length" at max_new_tokens or the full context. Only where greedy_on_device is set."""
+        or "length" at max_new_tokens or the full context. Only where greedy_on_device is set;
+        `cancel` is passed only where greedy_cancel is set (the module docstring says how)."""
         raise UnsupportedError(f"the {self.name} backend does not pick greedy tokens on the device; "
                                f"expected a backend with greedy_on_device set")
 

@@ -11,8 +11,9 @@ Either way the tokens go through the same loop below.
 
 Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
 a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token). Every sampled token counts as a completion token, the one that
-stopped generation included; neither an end-of-generation token nor a stop string is ever shown.
+it is asked before every token and every prefill chunk). Every sampled token counts as a
+completion token, the one that stopped generation included; neither an end-of-generation token
+nor a stop string is ever shown.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .backend import DEFAULT_BACKEND, Backend, check_finite, open_backend
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, normalize_messages
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model, open_model
@@ -124,36 +125,80 @@ class Engine:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
-    def tokenize_prompt(self, prompt: str | list[dict]) -> list[int]:
+    def tokenize_prompt(self, prompt: str | list[dict], parse_special_in_content: bool = False,
+                        add_generation_prompt: bool = True) -> list[int]:
         """A string is a raw completion prompt; a list is chat messages rendered by the template.
 
-        Special tokens written in the text (`<|im_start|>`) are parsed as such, and the model's BOS
-        is added unless the text already starts with it.
+        Special tokens written in a raw prompt (`<|im_start|>`) are parsed as such; in chat messages
+        only the template's own markup gives them, and message content is plain text unless
+        `parse_special_in_content` is set. The model's BOS is added unless the text starts with it.
         """
-        return encode_prompt(self.tokenizer, self.template, prompt)
+        if isinstance(prompt, list):
+            if not parse_special_in_content:
+                return self._tokenize_chat(prompt, add_generation_prompt)
+            prompt = self.render_chat(prompt, add_generation_prompt)
+        if not isinstance(prompt, str):
+            raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
+        return list(self.tokenizer.encode(prompt, add_special=not self._starts_with_bos(prompt), parse_special=True))
+
+    def _tokenize_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        parts = self.template.render_parts(messages, add_generation_prompt)
+        if parts is None:  # the template rewrites content: safe only if no content holds control token text
+            text = self.render_chat(messages, add_generation_prompt)
+            for i, message in enumerate(normalize_messages(messages)):
+                found = self.tokenizer.special_in(message["content"])
+                if found:
+                    raise ParameterError(
+                        f"message {i}: content holds the control token text {found!r}, which {self.template.name} "
+                        f"does not let airframe keep as plain text; expected content without control tokens "
+                        f"(or parse_special_in_content to read them as control tokens)")
+            return list(self.tokenizer.encode(text, add_special=not self._starts_with_bos(text), parse_special=True))
+        text = "".join(t for t, _ in parts)
+        return self.tokenizer.encode_parts([(t, not is_content) for t, is_content in parts],
+                                           add_special=not self._starts_with_bos(text))
+
+    def _starts_with_bos(self, text: str) -> bool:
+        bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
+        return bool(bos) and text.startswith(bos)
 
     def check_fits(self, n_prompt: int) -> None:
         check_fits(n_prompt, self.n_ctx)
 
     # ---- generation -----------------------------------------------------------------------------
+    def prepare(self, prompt: str | list[dict], params: GenerationParams,
+                parse_special_in_content: bool = False) -> list[int]:
+        """Everything a request can get wrong, checked before any work: the parameters, the
+        prompt's tokens (see tokenize_prompt) and their fit in the context. Returns the tokens."""
+        _check_params(params)
+        prompt_ids = self.tokenize_prompt(prompt, parse_special_in_content)
+        self.check_fits(len(prompt_ids))
+        return prompt_ids
+
     def stream(self, prompt: str | list[dict], params: GenerationParams,
                cancel: Callable[[], bool] | None = None) -> Iterator[Piece | Finish]:
         """Yield Pieces of text as they are decoded, then exactly one Finish.
 
         Bad parameters and a prompt that does not fit raise here, before the first item.
         """
+        return self.stream_ids(self.prepare(prompt, params), params, cancel)
+
+    def stream_ids(self, prompt_ids: list[int], params: GenerationParams,
+                   cancel: Callable[[], bool] | None = None) -> Iterator[Piece | Finish]:
+        """stream() for the tokens prepare() returned: the prompt is not rendered again.
+
+        `cancel` is asked before every token and handed to the backend, which asks it between
+        prefill chunks (and, where it says so, between on-device greedy steps)."""
         _check_params(params)
-        prompt_ids = self.tokenize_prompt(prompt)
         self.check_fits(len(prompt_ids))
         if params.max_tokens is not None and params.max_tokens > self.n_ctx:
             raise ParameterError(f"max_tokens = {params.max_tokens}, expected at most the context's {self.n_ctx} "
                                  f"tokens, or null (until the context is full)")
         if self._greedy_on_device(params):
-            source = self._device_tokens(prompt_ids, params)
+            source = self._device_tokens(prompt_ids, params, cancel)
             timed = self.backend.greedy_first_token_timed
         else:
             source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size),
-                                       with_logits=params.logprobs is not None)
+                                       params.logprobs is not None, cancel)
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel)
 
@@ -163,12 +208,15 @@ class Engine:
         return (self.backend.greedy_on_device and params.logprobs is None
                 and not greedy_blockers(params.sampling))
 
-    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool) -> _TokenSource:
+    def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
+                     cancel: Callable[[], bool] | None) -> _TokenSource:
         """Tokens sampled on the host, one forward per token (sample_next); logits holding NaN or
         inf raise NonFiniteError before they reach the sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
-        tokens = self._prefill(prompt_ids)
+        tokens = self._prefill(prompt_ids, cancel)
+        if tokens is None:
+            return  # cancelled during the prefill
         while True:
             token, logits = sample_next(self.backend, sampler, history, tokens, with_logits)
             history.tokens.append(token)
@@ -177,10 +225,11 @@ class Engine:
                 return  # the context is full: no room to run the last token
             tokens = [token]
 
-    def _prefill(self, prompt_ids: list[int]) -> list[int]:
+    def _prefill(self, prompt_ids: list[int], cancel: Callable[[], bool] | None = None) -> list[int] | None:
         """All of the prompt's chunks of prefill_chunk tokens (what a backend runs per pass) but the
-        last through forward(), with a progress bar on stderr when there is more than one and progress
-        is on; returns the last chunk, whose logits the first token is sampled from."""
+        last through forward(), asking `cancel` before each, with a progress bar on stderr when there
+        is more than one and progress is on; returns the last chunk, whose logits the first token is
+        sampled from, or None when cancelled."""
         chunk = self.prefill_chunk
         last = (len(prompt_ids) - 1) // chunk * chunk
         if last == 0:
@@ -188,15 +237,21 @@ class Engine:
         with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress,
                   leave=False) as bar:
             for first in range(0, last, chunk):
+                if cancel is not None and cancel():
+                    return None
                 self.backend.forward(prompt_ids[first:first + chunk])
                 bar.update(chunk)
         return prompt_ids[last:]
 
-    def _device_tokens(self, prompt_ids: list[int], params: GenerationParams) -> _TokenSource:
+    def _device_tokens(self, prompt_ids: list[int], params: GenerationParams,
+                       cancel: Callable[[], bool] | None) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
         limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
         eos = sorted(self.eog_ids | set(params.stop_token_ids))
-        batches = self.backend.greedy_stream(prompt_ids, limit, eos)
+        if self.backend.greedy_cancel:
+            batches = self.backend.greedy_stream(prompt_ids, limit, eos, cancel=cancel)
+        else:  # asked between batches only, by _consume
+            batches = self.backend.greedy_stream(prompt_ids, limit, eos)
         try:
             for tokens, finish in batches:
                 for token in tokens:
@@ -233,6 +288,8 @@ class Engine:
                 return "cancelled", n_sampled, first_token_at
             step = next(source, None)  # asked only now: the host path runs the next forward here
             if step is None:
+                if cancel is not None and cancel():  # the backend stopped early because of it
+                    return "cancelled", n_sampled, first_token_at
                 break
             token, logits = step
             n_sampled += 1

@@ -23,7 +23,7 @@ DEBUG_VARIABLES = {"debug_raw": "SHIMMY_DEBUG_RAW", "trace_prefill_chunks": "AIR
 class RunOptions:
     n_ctx: int | None = None  # K/V cache positions; None: the backend's default
     progress: bool = False  # progress bars while loading
-    prefill_chunk: int = 512  # WebGPU: prompt tokens per pass
+    prefill_chunk: int = 512  # prompt tokens per pass (WebGPU) and per cancel check (every backend)
     max_binding: int | None = None  # WebGPU: a lower binding limit than the adapter's (tests of chunked tensors)
     matmul: str = "auto"  # WebGPU: "rows" (gemm_rows.wgsl) or "tiled" (gemv + gemm); auto: rows on CPU adapters
     reduce: str = "auto"  # WebGPU: gemv sums by "subgroup" ops or "shared" memory; auto: subgroup where supported

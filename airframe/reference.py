@@ -161,7 +161,9 @@ class ReferenceBackend(Backend):
         weights = ReferenceModel(model.gguf, model.config)
         for i in tqdm(range(model.config.n_layers), desc="dequantizing", disable=not options.progress, leave=False):
             weights.layer(i)
-        return cls(weights, options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX))
+        backend = cls(weights, options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX))
+        backend.prefill_chunk = options.prefill_chunk
+        return backend
 
     def reset(self) -> None:
         self.n_past = 0

@@ -169,7 +169,8 @@ def repetition_penalty(penalty: float, last_n: int) -> Step | None:
             return logits
         out = logits.copy()
         values = out[seen]
-        out[seen] = np.where(values > 0, values / penalty, values * penalty)
+        with np.errstate(over="ignore"):  # a tiny penalty may overflow to +inf: the later steps take it
+            out[seen] = np.where(values > 0, values / penalty, values * penalty)
         return out
 
     return step
@@ -218,7 +219,11 @@ def top_k(k: int) -> Callable[[np.ndarray], np.ndarray] | None:
 
 
 def _probabilities(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - np.max(logits))
+    top = np.max(logits)
+    if np.isposinf(top):  # a penalty or bias overflowed: the +inf tokens share all the probability
+        infinite = np.isposinf(logits)
+        return infinite / np.count_nonzero(infinite)
+    shifted = np.exp(logits - top)
     return shifted / shifted.sum()
 
 
@@ -229,7 +234,9 @@ def top_p(p: float) -> Step | None:
         return None
 
     def step(history: History, logits: np.ndarray) -> np.ndarray:
-        alive = np.flatnonzero(np.isfinite(logits))
+        alive = np.flatnonzero(logits > -np.inf)  # +inf is a candidate too (an overflowed penalty)
+        if alive.size == 0:
+            return logits  # nothing left to cut: draw() reports it
         probs = _probabilities(logits[alive])
         order = _most_likely_reaching(probs, p)
         n_keep = _reaching(probs[order], p)
@@ -270,7 +277,10 @@ def min_p(p: float) -> Step | None:
     log_p = math.log(p)
 
     def step(history: History, logits: np.ndarray) -> np.ndarray:
-        return np.where(logits - np.max(logits) >= log_p, logits, -np.inf)
+        top = np.max(logits)
+        if not np.isfinite(top):  # +inf: only the +inf tokens are within any share of it; -inf: none left
+            return np.where(logits == top, logits, -np.inf)
+        return np.where(logits - top >= log_p, logits, -np.inf)
 
     return step
 
@@ -284,7 +294,13 @@ def temperature(t: float) -> Step | None:
         return None
 
     def step(history: History, logits: np.ndarray) -> np.ndarray:
-        return logits / t
+        with np.errstate(over="ignore"):
+            out = logits / t
+        top = np.max(logits)
+        if np.isfinite(top) and np.isposinf(out).any():  # a tiny t overflowed: the same distribution, shifted
+            with np.errstate(over="ignore"):
+                out = (logits - top) / t
+        return out
 
     return step
 
@@ -457,7 +473,7 @@ class Sampler:
 
 def draw(logits: np.ndarray, rng: np.random.Generator) -> int:
     """One token from softmax(logits) by inverting the cumulative distribution."""
-    alive = np.flatnonzero(np.isfinite(logits))
+    alive = np.flatnonzero(logits > -np.inf)
     if alive.size == 0:
         raise ParameterError("every token was removed by the sampler (all logits are -inf)")
     probs = _probabilities(logits[alive])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -405,6 +406,9 @@ class GGUFTokenizer:
         special = vocab.ids_of_type(TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
         eog_texts = _eog_text_ids(vocab)
         self.special_tokens: dict[str, int] = {vocab.tokens[i]: i for i in special + eog_texts}
+        # what only parse_special reads as one id (user-defined tokens are matched in any text)
+        self.control_texts: tuple[str, ...] = tuple(
+            vocab.tokens[i] for i in vocab.ids_of_type(TokenType.CONTROL, TokenType.UNKNOWN) + eog_texts if vocab.tokens[i])
         eog = set(eog_texts) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
         self.eog_ids: frozenset[int] = frozenset(i for i in eog if i is not None)
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared hf object
@@ -421,6 +425,44 @@ class GGUFTokenizer:
                 return self.hf.encode(text, add_special_tokens=add_special).ids
             finally:
                 self.hf.encode_special_tokens = True
+
+    def encode_parts(self, parts: list[tuple[str, bool]], add_special: bool = True) -> list[int]:
+        """Token ids of the concatenated texts, control tokens read only in the parts whose flag
+        is True: the same ids as encode(joined, parse_special=True) where the other parts hold no
+        control token text, and that text as plain text where they do."""
+        pieces: list[str | int] = []
+        for text, parse_special in parts:
+            if not isinstance(text, str):
+                raise ParameterError(f"text to encode is {type(text).__name__}, expected str")
+            for piece in self._split_special(text) if parse_special else [text]:
+                if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+                    pieces[-1] += piece  # text runs are cut only at control tokens, as encode() cuts them
+                else:
+                    pieces.append(piece)
+        ids: list[int] = []
+        with self._lock:  # encode_special_tokens stays True: the runs are plain text
+            for piece in pieces:
+                ids += [piece] if isinstance(piece, int) else self.hf.encode(piece, add_special_tokens=False).ids
+        if add_special:
+            ids = ([self.bos_id] if self.add_bos else []) + ids + ([self.eos_id] if self.add_eos else [])
+        return ids
+
+    def special_in(self, text: str) -> str | None:
+        """The first control token text found in `text` (None: none)."""
+        return next((t for t in self.control_texts if t in text), None)
+
+    def _split_special(self, text: str) -> list[str | int]:
+        """`text` cut at the control tokens written in it (leftmost, longest first), as ids."""
+        present = sorted((t for t in self.special_tokens if t and t in text), key=len, reverse=True)
+        if not present:
+            return [text]
+        pieces: list[str | int] = []
+        pos = 0
+        for match in re.finditer("|".join(map(re.escape, present)), text):
+            pieces += [text[pos:match.start()], self.special_tokens[match.group()]]
+            pos = match.end()
+        pieces.append(text[pos:])
+        return [p for p in pieces if p != ""]
 
     def decode(self, ids, skip_special: bool = False) -> str:
         ids = [self._check_id(i) for i in ids]

@@ -10,6 +10,7 @@ from airframe.models import resolve_model
 def pytest_addoption(parser):
     parser.addoption("--sampled-tokens", type=int, default=8,
                      help="tokens per setting of the real-model sampled-path checks (the issue's check: 200)")
+    _server_options(parser)
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +45,8 @@ def nan_model_path(tmp_path_factory) -> Path:
         f.seek(offset)
         f.write(np.float32(np.nan).tobytes())
     return path
+
+
+def _server_options(parser):
+    parser.addoption("--server-fuzz-examples", type=int, default=25, metavar="N",
+                     help="schemathesis examples per operation in test_server_live.py (default 25, for CI)")

@@ -3,10 +3,13 @@ format, and hostile templates refused by the sandbox."""
 
 import datetime
 import json
+import re
+import time
 
 import jinja2
 import pytest
 
+from airframe import chat_template
 from airframe.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
 from airframe.errors import ParameterError
 from airframe.gguf_file import GGUFFile
@@ -90,7 +93,7 @@ def test_hostile_templates_are_refused_with_a_clear_error(source):
 
 
 def test_a_huge_range_is_refused():
-    with pytest.raises(ChatTemplateError, match="rendering failed.*range"):
+    with pytest.raises(ChatTemplateError, match="went over a limit.*1000000000"):
         ChatTemplate("{% for i in range(10**9) %}x{% endfor %}", origin="hostile").render(CONVERSATION)
 
 
@@ -124,3 +127,88 @@ def test_messages_are_checked_and_content_parts_flattened():
         normalize_messages([])
     with pytest.raises(ParameterError, match="content part"):
         normalize_messages([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+
+
+# ---- render limits: a template is code from the file ----------------------------------------------
+@pytest.fixture
+def quick_limit(monkeypatch):
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.2)
+
+
+@pytest.mark.parametrize("source", [
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "{% set r = range(100000) | list %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
+    "{% for m in messages recursive %}{% for k in range(100000) %}{{ loop([m]) if k > 99998 }}{% endfor %}{% endfor %}",
+], ids=["nested ranges", "nested lists", "branching recursion", "recursive loop"])
+def test_a_template_that_runs_too_long_is_stopped(quick_limit, source):
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="the model's chat template went over a limit: rendering took longer than 0.2 s"):
+        ChatTemplate.for_model(source, "llama", "", "", "/models/private/model.gguf").render(CONVERSATION)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("source, found", [
+    ('{{ "a" * 1000000000 }}', "a product of 1 items by 1000000000"),
+    ("{{ [1, 2] * 100000000 }}", "a product of 2 items by 100000000"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "a concatenation of 33554432 items"),
+    ("{{ 10 ** 1000000 }}", "a power of about 4000000 bits"),
+    ("{{ 'a' | center(1000000000) }}", "a call with the argument 1000000000"),
+    ("{{ 'a'.ljust(1000000000) }}", "a call with the argument 1000000000"),
+], ids=["string product", "list product", "doubling", "power", "filter width", "method width"])
+def test_a_template_that_builds_too_much_is_refused_before_building_it(source, found):
+    # compiling works (a product is not folded into a constant at compile time); rendering refuses
+    template = ChatTemplate(source, origin="/models/private/model.gguf")
+    with pytest.raises(ChatTemplateError, match=re.escape(found)) as info:
+        template.render(CONVERSATION)
+    assert "/models/private" not in str(info.value)
+
+
+def test_endless_recursion_is_a_clear_error():
+    source = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    with pytest.raises(ChatTemplateError, match="rendering failed: RecursionError"):
+        ChatTemplate(source).render(CONVERSATION)
+
+
+def test_a_template_that_cannot_compile_is_refused_at_load_naming_the_file():
+    with pytest.raises(ChatTemplateError, match="model.gguf tokenizer.chat_template: cannot compile.*RecursionError"):
+        ChatTemplate.for_model("{{" + "(" * 5000 + "1" + ")" * 5000 + "}}", "llama", "", "", "model.gguf")
+    with pytest.raises(ChatTemplateError, match="model.gguf tokenizer.chat_template: a chat template of type list"):
+        ChatTemplate.for_model(["{{ x }}"], "llama", "", "", "model.gguf")
+
+
+def test_a_sandbox_refusal_does_not_show_the_file_path():
+    template = ChatTemplate.for_model("{{ ''.__class__ }}", "llama", "", "", "/models/private/model.gguf")
+    with pytest.raises(ChatTemplateError) as info:
+        template.render(CONVERSATION)
+    assert str(info.value).startswith("the model's chat template: the sandbox refused")
+    assert "/models/private" not in str(info.value)
+
+
+def test_the_output_size_is_limited(monkeypatch):
+    monkeypatch.setattr(chat_template, "MAX_TEXT", 1000)
+    with pytest.raises(ChatTemplateError, match="the rendered prompt is over 1000 characters"):
+        ChatTemplate("{% for i in range(200) %}{{ messages[0]['content'] }}{% endfor %}").render(CONVERSATION)
+
+
+# ---- markup and content told apart -----------------------------------------------------------------
+def test_render_parts_joins_to_render_and_marks_only_content():
+    template = ChatTemplate.for_model(None, "llama", "<s>", "</s>", "test")
+    messages = [{"role": "user", "content": "  <|im_end|>hi  "}]
+    parts = template.render_parts(messages)
+    assert "".join(text for text, _ in parts) == template.render(messages)
+    assert [text for text, is_content in parts if is_content] == ["<|im_end|>hi"]
+
+
+def test_render_parts_follows_a_template_that_trims_content():
+    template = ChatTemplate.for_model(None, "gemma3", "<bos>", "<eos>", "gemma3")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n <end_of_turn> x \n"}]
+    parts = template.render_parts(messages)
+    assert "".join(text for text, _ in parts) == template.render(messages)
+    assert [text for text, is_content in parts if is_content] == ["Be brief.", "<end_of_turn> x"]
+
+
+def test_render_parts_gives_up_on_a_template_that_cuts_content():
+    source = "{% for m in messages %}<|im_start|>{{ m['content'][:3] }}<|im_end|>{% endfor %}"
+    assert ChatTemplate(source).render_parts([{"role": "user", "content": "abcdef"}]) is None

@@ -277,3 +277,30 @@ def test_only_truncating_settings_are_reduced_and_large_requests_are_not():
     assert r.table[:, 0].tolist() == [6, 8, 9]  # window (6, 8), generated (6, 8), bias 9; 4 and 5 untouched
     assert r.table[:, 1].view(np.float32).tolist() == [0.0, 0.0, 2.0]
     assert r.table[:, 2].tolist() == [1, 1, 0] and r.table[:, 3].tolist() == [2, 1, 0]
+
+
+# ---- overflow: a legal but extreme setting sends logits to +inf ---------------------------------
+def test_a_repeat_penalty_that_overflows_still_samples_a_seen_token():
+    # 5e-324 divides a seen token's positive logit to +inf; every step must still leave a candidate.
+    logits = np.array([3.0, 1.0, -1.0, 2.0], dtype=np.float32)
+    history = History([0, 3, 3], n_prompt=3)
+    for top_k_value, expected in ((1, ({0}, {3})), (2, ({0, 3},)), (0, ({0, 3},))):
+        sampler = Sampler(SamplingParams(repeat_penalty=5e-324, top_k=top_k_value, temperature=0.7, seed=1), 4)
+        assert {sampler.sample(history, logits) for _ in range(40)} in expected
+
+
+def test_top_p_and_min_p_keep_the_infinite_tokens():
+    logits = np.array([np.inf, 1.0, np.inf, -np.inf])
+    assert np.isposinf(top_p(0.9)(NO_HISTORY, logits)).tolist() == [True, False, True, False]
+    assert np.isposinf(top_p(0.5)(NO_HISTORY, logits)).sum() == 1  # each +inf token holds half
+    assert np.isposinf(min_p(0.5)(NO_HISTORY, logits)).tolist() == [True, False, True, False]
+    removed = np.full(3, -np.inf)
+    assert np.isneginf(top_p(0.5)(NO_HISTORY, removed)).all()
+
+
+def test_a_tiny_temperature_is_greedy_not_an_overflow():
+    rng = np.random.default_rng(5)
+    logits = np.array([1.0, 2.0, 1.5])
+    out = temperature(5e-324)(NO_HISTORY, logits)
+    assert out[1] == 0.0 and np.isneginf(out[[0, 2]]).all()
+    assert {draw(out, rng) for _ in range(20)} == {1}

@@ -46,23 +46,28 @@ class FakeEngine:
         self.model_id = "fake-model"
         self.config = SimpleNamespace(vocab_size=300)
         self.tokenizer = FakeTokenizer()
-        self.calls: list[tuple] = []  # (prompt, params) per stream()
+        self.prepared: list[tuple] = []  # (prompt, parse_special_in_content) per prepare()
+        self.calls: list[tuple] = []  # (prompt ids, params) per stream_ids()
         self.resets = 0
 
     def render_chat(self, messages, add_generation_prompt=True):
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
-    def tokenize_prompt(self, prompt):
-        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+    def tokenize_prompt(self, prompt, parse_special_in_content=False, add_generation_prompt=True):
+        text = self.render_chat(prompt, add_generation_prompt) if isinstance(prompt, list) else prompt
         return [BOS, *text.encode("utf-8")]
 
-    def stream(self, prompt, params, cancel=None):
+    def prepare(self, prompt, params, parse_special_in_content=False):
+        self.prepared.append((prompt, parse_special_in_content))
         ids = self.tokenize_prompt(prompt)
         if len(ids) + 1 > self.n_ctx:
             raise ContextOverflowError(f"the prompt has {len(ids)} tokens and the context holds {self.n_ctx}")
-        self.calls.append((prompt, params))
-        text = self.render_chat(prompt) if isinstance(prompt, list) else prompt
+        return ids
+
+    def stream_ids(self, ids, params, cancel=None):
+        self.calls.append((ids, params))
+        text = bytes(ids[1:]).decode("utf-8")
         reply = text.rstrip("<assistant>\n")[-12:] if "echo" in text else self.reply
         return self._generate(len(ids), reply, params, cancel)
 
@@ -147,6 +152,26 @@ def sse_events(lines) -> list:
         events.append(payload if payload == "[DONE]" else json.loads(payload))
         expect_blank = True
     return events
+
+
+def sse_data(lines):
+    """The data of each event, read as any conforming SSE client reads a stream: comment lines
+    (`: waiting`) and other fields skipped, `data:` with or without its space, lines of one event
+    joined, an event ended by a blank line. Lazy, so that a test can stop reading at any event."""
+    data = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
 
 
 def post_stream(client, path, body) -> list:
@@ -289,7 +314,7 @@ def test_content_parts_and_developer_role_reach_the_template(client, engine):
     client.post("/v1/chat/completions", json={"messages": [
         {"role": "developer", "content": "Rules."},
         {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]})
-    prompt, _ = engine.calls[-1]
+    prompt, _ = engine.prepared[-1]
     assert prompt == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Hello"}]
 
 
@@ -495,11 +520,54 @@ def test_queue_full_answers_503_with_retry_after():
         first.join()
 
 
+class _GatedEngine(FakeEngine):
+    """The fake engine whose generations wait for `gate`."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def stream_ids(self, ids, params, cancel=None):
+        self.gate.wait(60)
+        return super().stream_ids(ids, params, cancel)
+
+
+def test_200_concurrent_requests_with_max_queue_64_leave_exactly_64_waiting():
+    import asyncio
+
+    engine = _GatedEngine()
+    app = create_app(engine, ServerOptions(max_queue=64))
+    state = app.state.airframe
+
+    async def flood(url):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+            async def one():
+                response = await http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+                if response.status_code == 503:
+                    refused.append(response.headers["retry-after"])
+                return response.status_code
+
+            tasks = [asyncio.create_task(one()) for _ in range(200)]
+            while len(refused) < 200 - 65:  # one runs, 64 wait: every other one is refused at once
+                await asyncio.wait(tasks, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+            assert (state.queue.running, state.queue.depth) == (1, 64)
+            engine.gate.set()
+            statuses = await asyncio.gather(*tasks)
+            assert state.queue.depth == 0
+            return statuses
+
+    refused: list[str] = []
+    with serving(app) as url:
+        statuses = asyncio.run(asyncio.wait_for(flood(url), 120))
+    assert statuses.count(200) == 65 and statuses.count(503) == 135 and set(refused) == {"1"}
+
+
 class _RecordingEngine:
     def __init__(self):
         self.order, self.gate = [], threading.Event()
 
-    def stream(self, prompt, params, cancel=None):
+    def stream_ids(self, prompt, params, cancel=None):
         self.gate.wait(5)
         self.order.append(prompt)
         yield Finish("stop", 1, 0, 0.0, 0.0)
@@ -566,9 +634,9 @@ def test_client_disconnect_cancels_the_generation_within_a_token():
     with serving(app) as url:
         body = {"prompt": "go", "max_tokens": 2000, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
-            lines = response.iter_lines()
-            for _ in range(6):
-                next(lines)
+            events = sse_data(response.iter_lines())
+            for _ in range(3):
+                assert json.loads(next(events))["choices"][0]["text"] == "z"
         metrics = app.state.airframe.metrics
         deadline = time.monotonic() + 10
         while metrics.cancelled.value() == 0:
@@ -605,6 +673,24 @@ def test_models_retrieve_answers_for_the_id_and_aliases_only(engine):
         api = openai_client(c)
         assert api.models.retrieve("smol").context_length == engine.n_ctx
         assert_openai_error(c.get("/v1/models/gpt-4o"), 404, "model")
+
+
+def test_without_an_api_key_the_host_header_must_name_this_machine(engine):
+    body = {"prompt": "hi", "max_tokens": 1}
+    with TestClient(create_app(engine, ServerOptions(bind_host="127.0.0.1", allowed_hosts=("box.lan",)))) as c:
+        for host in ("localhost:8080", "127.0.0.1:8080", "[::1]:8080", "LOCALHOST", "box.lan:80", "localhost."):
+            assert c.post("/v1/completions", json=body, headers={"Host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example"):
+            refused = c.post("/v1/completions", json=body, headers={"Host": host})
+            error = assert_openai_error(refused, 403)
+            assert error["code"] == "host_not_allowed" and "--allowed-host" in error["message"]
+        assert c.get("/health", headers={"Host": "evil.example"}).status_code == 403
+    open_ones = [ServerOptions(bind_host="127.0.0.1", api_key="k"), ServerOptions(bind_host="0.0.0.0"),
+                 ServerOptions(bind_host="127.0.0.1", allowed_hosts=("*",)), ServerOptions()]
+    for options in open_ones:
+        with TestClient(create_app(engine, options)) as c:
+            answer = c.post("/v1/completions", json=body, headers={"Host": "evil.example", "Authorization": "Bearer k"})
+            assert answer.status_code == 200, options
 
 
 def _preflight(client, origin):

@@ -8,6 +8,7 @@ from airframe.cli import build_parser, main
 from airframe.engine import Engine
 from airframe.errors import ParameterError
 from airframe.models import resolve_model
+from airframe.server import create_app
 
 
 def test_defaults_bind_to_loopback():
@@ -48,3 +49,20 @@ def test_a_model_that_fails_to_load_stops_the_server_with_status_1(monkeypatch, 
 def test_bad_choices_are_argparse_errors(flag):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "m", flag, "nonsense"])
+
+
+def test_serve_checks_the_host_header_against_its_address_and_allowed_hosts(monkeypatch):
+    import uvicorn
+
+    import airframe.server
+    from airframe.server.app import allowed_hosts
+
+    made = []
+    monkeypatch.setattr(airframe.server, "create_app", lambda load, options: made.append(options) or create_app(load, options))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: (_ for _ in ()).throw(ParameterError("not loaded here")))
+    # (the server itself does not run: only the options it was given are looked at)
+    main(["serve", "smollm2-135m", "--host", "127.0.0.2", "--allowed-host", "box.lan", "--allowed-host", "Pi.local"])
+    assert allowed_hosts(made[0]) == {"localhost", "127.0.0.1", "::1", "127.0.0.2", "box.lan", "pi.local"}
+    main(["serve", "smollm2-135m", "--api-key", "k"])
+    assert allowed_hosts(made[1]) is None  # the key guards every model route

@@ -9,6 +9,7 @@ requests do not disturb each other, and that a client who leaves stops its gener
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from airframe.models import resolve_model
+from test_server_api import sse_data
 
 MODEL = "smollm2-135m"
 BACKEND = "webgpu"
@@ -169,9 +171,8 @@ def test_client_disconnect_cancels_the_generation(server, api, alone):
     body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 400, "stream": True,
             "logit_bias": {str(i): -100 for i in end_ids}, **GREEDY}  # counting, with no way to stop
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=600) as response:
-        lines = response.iter_lines()
-        received = [line for line, _ in zip(lines, range(6))]  # three chunks and their blank lines
-    assert all(line.startswith("data: {") for line in received[::2]), received
+        received = [json.loads(data) for data, _ in zip(sse_data(response.iter_lines()), range(3))]
+    assert all(event["choices"][0]["text"] for event in received), received
     deadline = time.monotonic() + 120
     while (_metric(server, "airframe_requests_cancelled_total") == cancelled_before
            or _metric(server, "airframe_requests_running") != 0):

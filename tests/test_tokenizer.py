@@ -413,3 +413,21 @@ def _finish(writer):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+MARKUP_AND_TEXT = [("<|im_start|>user\n", True), ("Hi <|im_end|> and <start_of_turn>x", False),
+                   ("<|im_end|>\n<start_of_turn>model\n", True), ("  中文 🙂\n\n", False)]
+
+
+def test_encode_parts_reads_control_tokens_only_where_asked(any_tokenizer):
+    tok = any_tokenizer
+    text = "".join(t for t, _ in MARKUP_AND_TEXT)
+    # every part read as markup, or every part as text: exactly encode() of the joined text
+    assert tok.encode_parts([(t, True) for t, _ in MARKUP_AND_TEXT]) == tok.encode(text, parse_special=True)
+    assert tok.encode_parts([(t, False) for t, _ in MARKUP_AND_TEXT]) == tok.encode(text, parse_special=False)
+    mixed = tok.encode_parts(MARKUP_AND_TEXT, add_special=False)
+    controls = {tok.special_tokens[t] for t in tok.control_texts}
+    markup_controls = [i for i in tok.encode("".join(t for t, m in MARKUP_AND_TEXT if m), add_special=False,
+                                             parse_special=True) if i in controls]
+    assert [i for i in mixed if i in controls] == markup_controls
+    assert tok.decode(mixed) == text

@@ -28,6 +28,9 @@ def add_arguments(p):
                    help="answer 404 to a `model` that is neither the model's id nor an alias")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed to call the API besides localhost ('*' for any; repeatable)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name requests may use besides localhost and --host, when no --api-key is set "
+                        "('*' for any; repeatable)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -61,7 +64,8 @@ def run(args) -> int:
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                             aliases=tuple(args.alias), strict_model=args.strict_model,
-                            cors_origins=tuple(args.cors_origin))
+                            cors_origins=tuple(args.cors_origin), bind_host=args.host,
+                            allowed_hosts=tuple(args.allowed_host))
     app = create_app(load, options)
     # On Ctrl-C, open streams get a few seconds; then their tasks are cancelled, which cancels
     # their generations, instead of waiting for every answer to run to max_tokens.

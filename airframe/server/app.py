@@ -25,6 +25,8 @@ from .routes import ENDPOINTS, health_router, router
 
 
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
 
 
 @dataclass
@@ -35,6 +37,11 @@ class ServerOptions:
     strict_model: bool = False  # refuse (404) a `model` that is neither the id nor an alias
     model_id: str | None = None  # the id to serve under; default: the engine's model_id
     cors_origins: tuple[str, ...] = ()  # browser origins allowed besides http(s)://localhost and 127.0.0.1
+    # The address the server listens on. With no api_key and a specific address (not 0.0.0.0 or
+    # ::), a request's Host header must be a localhost name, that address or one of allowed_hosts:
+    # a web page that rebinds its own DNS name to 127.0.0.1 is refused. None: Host is not checked.
+    bind_host: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # more Host names to accept ("*": any)
 
 
 @dataclass
@@ -107,6 +114,42 @@ def _load(state: ServerState, factory: Callable[[], Any]) -> None:
         state.fail(e)
 
 
+def allowed_hosts(options: ServerOptions) -> frozenset[str] | None:
+    """The Host names a request may name, lower case and without port; None: any."""
+    if options.api_key is not None or options.bind_host is None or "*" in options.allowed_hosts:
+        return None
+    if options.bind_host.strip("[]") in WILDCARD_ADDRESSES:
+        return None
+    return frozenset(h.lower().strip("[]") for h in (*LOCAL_HOSTS, options.bind_host, *options.allowed_hosts))
+
+
+def _host_name(header: str) -> str:
+    """The name in a Host header: example.com:8080 -> example.com, [::1]:8080 -> ::1."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class _CheckHost:
+    """ASGI middleware: refuse (403) a request whose Host header names another machine (see
+    ServerOptions.bind_host); a request without one is not from a browser and passes."""
+
+    def __init__(self, app, allowed: frozenset[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.allowed is not None:
+            header = dict(scope["headers"]).get(b"host")
+            name = None if header is None else _host_name(header.decode("latin-1"))
+            if name is not None and name.rstrip(".") not in self.allowed:
+                error = ApiError(403, f"Host {header.decode('latin-1')[:80]!r} is not this server's: expected one of "
+                                 f"{', '.join(sorted(self.allowed))} (add names with --allowed-host, or set "
+                                 f"--api-key)", code="host_not_allowed")
+                return await error.response()(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class _CountRequests:
     """ASGI middleware: count every answered request by endpoint and status code."""
 
@@ -166,12 +209,13 @@ def create_app(engine_or_factory, options: ServerOptions | None = None) -> FastA
     app.include_router(health_router)
     app.include_router(router)
     _install_error_handlers(app)
+    app.add_middleware(_CheckHost, allowed=allowed_hosts(state.options))
     app.add_middleware(_CountRequests, metrics=state.metrics)
     # Browser front ends on this machine may call the API; other origins only when named.
     app.add_middleware(CORSMiddleware, allow_origins=list(state.options.cors_origins),
                        allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST", "OPTIONS"],
                        allow_headers=["*"])
-    if hasattr(engine_or_factory, "stream"):
+    if hasattr(engine_or_factory, "stream_ids"):
         state.serve(engine_or_factory)
     else:
         threading.Thread(target=_load, args=(state, engine_or_factory), name="airframe-load", daemon=True).start()

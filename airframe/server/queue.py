@@ -1,9 +1,10 @@
 """One model, one GPU: a bounded FIFO of requests served one at a time by a worker thread.
 
-The HTTP side puts a `Job` in the queue and reads its events from an asyncio queue; the worker
-thread runs `engine.stream` for the job at the head and hands every Piece and the Finish back to
-the event loop. Cancelling a job that is still waiting takes it out of the line at once; cancelling
-the running job makes the engine stop before its next token (the engine polls `job.cancelled`).
+The HTTP side puts a `Job` (the prompt's token ids, from `engine.prepare`) in the queue and reads
+its events from an asyncio queue; the worker thread runs `engine.stream_ids` for the job at the
+head and hands every Piece and the Finish back to the event loop. Cancelling a job that is still
+waiting takes it out of the line at once; cancelling the running job makes the engine stop before
+its next token or prefill chunk (the engine polls `job.cancelled`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class QueueFullError(AirframeError):
 
 
 class Job:
-    """One request on its way through the queue: the prompt, the params and the events back."""
+    """One request on its way through the queue: the prompt's ids, the params and the events back."""
 
     def __init__(self, prompt: Any, params: Any, loop: asyncio.AbstractEventLoop):
         self.prompt = prompt
@@ -82,13 +83,16 @@ class RequestQueue:
         with self._cond:
             if self._closed:
                 raise QueueFullError("the server is shutting down and takes no new requests")
-            if len(self._waiting) >= self.max_waiting and self._running is not None:
+            if self._running is not None and len(self._waiting) >= self.max_waiting:
                 raise QueueFullError(
                     f"the request queue is full: {len(self._waiting)} requests wait behind the "
                     f"running one and --max-queue is {self.max_waiting}; retry later"
                 )
             job._queue = self
-            self._waiting.append(job)
+            if self._running is None:  # an idle worker: the job is the running one from now on
+                self._running = job
+            else:
+                self._waiting.append(job)
             self._cond.notify()
 
     def withdraw(self, job: Job) -> None:
@@ -115,30 +119,32 @@ class RequestQueue:
             job.emit(END)
         self._thread.join(timeout=5)
 
-    def _next(self) -> Job | None:
+    def _next(self, finished: Job | None) -> Job | None:
+        """The job to run after `finished`: the head of the line takes its place in the same lock
+        hold, so a job counts as waiting or as running at every moment and the bound is exact."""
         with self._cond:
-            while not self._waiting and not self._closed:
+            if finished is not None:
+                finished.emit(END)
+                self._running = self._waiting.popleft() if self._waiting else None
+            while self._running is None and not self._closed:
                 self._cond.wait()
             if self._closed:
+                if self._running is not None:  # handed over but never started
+                    self._running.emit(END)
                 return None
-            self._running = self._waiting.popleft()
             return self._running
 
     def _work(self) -> None:
-        while (job := self._next()) is not None:
-            try:
-                self._run(job)
-            finally:
-                with self._cond:
-                    self._running = None
-                job.emit(END)
+        job = None
+        while (job := self._next(job)) is not None:
+            self._run(job)
 
     def _run(self, job: Job) -> None:
         if job.cancelled():
             self._on_skip(job)
             return
         try:
-            for event in self.engine.stream(job.prompt, job.params, cancel=job.cancelled):
+            for event in self.engine.stream_ids(job.prompt, job.params, cancel=job.cancelled):
                 if isinstance(event, Finish):
                     self._on_finish(event)
                 job.emit(event)

@@ -1,10 +1,12 @@
 """The endpoints: OpenAI's chat and text completions (streamed or not), models, tokenize,
 detokenize, health and metrics.
 
-A completion request is checked, turned into engine params, measured against the context, put in
-the queue, and answered from the events the worker sends back. Everything a client can get wrong
-(parameters, a prompt longer than the context) is found before queueing and answered with a plain
-400; a stream then starts at once and sends SSE comments while it waits for its turn.
+A completion request is checked, turned into engine params, tokenized and measured against the
+context (engine.prepare), put in the queue as token ids, and answered from the events the worker
+sends back. Everything a client can get wrong (parameters, the chat template refusing the
+messages, a prompt that is empty or longer than the context) is found before queueing and
+answered with a plain 400, streamed or not; a stream then starts at once and sends SSE comments
+while it waits for its turn.
 """
 
 from __future__ import annotations
@@ -91,16 +93,12 @@ def _served_name(state, requested: str | None) -> str:
     return state.model_id
 
 
-def _prompt_tokens(engine, prompt, param: str) -> list[int]:
+def _prepare(engine, prompt, params, param: str, parse_special_in_content: bool) -> list[int]:
+    """The prompt's tokens, with everything engine.prepare checks (run before the first byte)."""
     try:
-        tokens = engine.tokenize_prompt(prompt)
+        return engine.prepare(prompt, params, parse_special_in_content)
     except AirframeError as e:
         raise from_airframe(e, param) from None
-    if len(tokens) + 1 > engine.n_ctx:
-        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {engine.n_ctx}: expected at "
-                       f"most {engine.n_ctx - 1} prompt tokens, to leave room for one generated token",
-                       param=param, code="context_length_exceeded")
-    return tokens
 
 
 async def _next_event(job: Job, request: Request):
@@ -243,9 +241,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
     translate.check_chat(body)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
     messages = translate.chat_messages(body.messages)
-    params = translate.chat_params(body, engine.config.vocab_size)
-    await run_in_threadpool(_prompt_tokens, engine, messages, "messages")
-    job = _submit(request, messages, params)
+    params = translate.chat_params(body, engine.config.vocab_size, engine.n_ctx)
+    ids = await run_in_threadpool(_prepare, engine, messages, params, "messages", body.parse_special_in_content)
+    job = _submit(request, ids, params)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream_response(job, _chat_stream(state, job, meta, include_usage))
@@ -299,9 +297,9 @@ async def completions(body: CompletionRequest, request: Request, engine=Depends(
     translate.check_completion(body)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
     prompt = translate.completion_prompt(body)
-    params = translate.completion_params(body, engine.config.vocab_size)
-    await run_in_threadpool(_prompt_tokens, engine, prompt, "prompt")
-    job = _submit(request, prompt, params)
+    params = translate.completion_params(body, engine.config.vocab_size, engine.n_ctx)
+    ids = await run_in_threadpool(_prepare, engine, prompt, params, "prompt", False)
+    job = _submit(request, ids, params)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream_response(job, _completion_stream(state, job, meta, include_usage))
@@ -341,10 +339,11 @@ async def tokenize(body: TokenizeRequest, request: Request, engine=Depends(_engi
     try:
         if body.messages is not None:
             messages = translate.chat_messages(body.messages)
-            prompt = await run_in_threadpool(engine.render_chat, messages, body.add_generation_prompt)
+            tokens = await run_in_threadpool(engine.tokenize_prompt, messages, body.parse_special_in_content,
+                                             body.add_generation_prompt)
         else:
             prompt = body.prompt if body.prompt is not None else body.content
-        tokens = await run_in_threadpool(engine.tokenize_prompt, prompt)
+            tokens = await run_in_threadpool(engine.tokenize_prompt, prompt)
     except AirframeError as e:
         raise from_airframe(e, given[0]) from None
     return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=engine.n_ctx)

@@ -86,6 +86,9 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     modalities: list[str] | None = None
     audio: Any = None
+    # airframe's own: read control tokens written in message content (`<|im_end|>`) as control
+    # tokens, as the template's markup is; off, content is plain text and cannot forge a turn.
+    parse_special_in_content: bool = False
 
 
 class CompletionRequest(_Sampling):
@@ -102,6 +105,7 @@ class TokenizeRequest(_Lenient):
     content: Text | None = None  # llama-server's name for `prompt`
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_generation_prompt: bool = True  # with messages: end with the assistant's turn opening
+    parse_special_in_content: bool = False  # with messages: as in ChatCompletionRequest
 
 
 class DetokenizeRequest(_Lenient):

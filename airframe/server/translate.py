@@ -133,7 +133,19 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
     return out
 
 
+def _max_tokens(value: int | None, param: str, n_ctx: int) -> int | None:
+    """max_tokens up to the whole context (a longer prompt then ends at the full context, with
+    finish_reason "length", as llama-server does); more can never be generated: a 400, as OpenAI's."""
+    if value is not None and value > n_ctx:
+        raise ApiError(400, f"{param} = {value}, expected at most {n_ctx}, the context of this server "
+                       f"(prompt and completion together)", param=param, code="invalid_value")
+    return value
+
+
 def sampling_params(req: _Sampling, vocab_size: int) -> SamplingParams:
+    if req.top_k is not None and req.top_k > vocab_size:
+        raise ApiError(400, f"top_k = {req.top_k}, expected an integer in 0..{vocab_size} (the vocabulary size; 0 = off)",
+                       param="top_k", code="invalid_value")
     given = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None}
     seed = None if req.seed is None else req.seed % 2**64  # a negative seed is taken modulo 2**64
     try:
@@ -142,19 +154,19 @@ def sampling_params(req: _Sampling, vocab_size: int) -> SamplingParams:
         raise ApiError(400, str(e), code="invalid_value") from None
 
 
-def chat_params(req: ChatCompletionRequest, vocab_size: int) -> GenerationParams:
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int) -> GenerationParams:
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     return GenerationParams(
-        max_tokens=max_tokens,
+        max_tokens=_max_tokens(getattr(req, param), param, n_ctx),
         sampling=sampling_params(req, vocab_size),
         stop=_stop(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
     )
 
 
-def completion_params(req: CompletionRequest, vocab_size: int) -> GenerationParams:
+def completion_params(req: CompletionRequest, vocab_size: int, n_ctx: int) -> GenerationParams:
     return GenerationParams(
-        max_tokens=req.max_tokens,
+        max_tokens=_max_tokens(req.max_tokens, "max_tokens", n_ctx),
         sampling=sampling_params(req, vocab_size),
         stop=_stop(req.stop),
         logprobs=req.logprobs,
