@@ -103,11 +103,16 @@ class Engine:
         scaling the file declares (open_model).
         """
         opened = open_model(model, rope_scaling, rope_scale)
-        tokenizer = load_tokenizer(opened.gguf)
-        template = ChatTemplate.for_model(
-            opened.gguf.get("tokenizer.chat_template"), opened.config.family,
-            _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
-        loaded = _open_backend(backend, opened, options or RunOptions.from_env())
+        try:
+            tokenizer = load_tokenizer(opened.gguf)
+            template = ChatTemplate.for_model(
+                opened.gguf.value("tokenizer.chat_template", "string"), opened.config.family,
+                _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id),
+                str(opened.path))
+            loaded = _open_backend(backend, opened, options or RunOptions.from_env())
+        except BaseException:
+            opened.gguf.close()  # a file refused halfway is not left mapped
+            raise
         return cls(loaded, tokenizer, template, model_id=model if model in KNOWN_MODELS else opened.path.stem)
 
     # ---- prompts --------------------------------------------------------------------------------
