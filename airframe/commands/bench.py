@@ -2,6 +2,7 @@ import json
 
 from ..errors import ParameterError
 from ..models import resolve_model
+from ._load import add_load_arguments
 
 HELP = "measure prefill and decode speed of a model (tokens/s, ms/token, share of the bandwidth floor)"
 
@@ -12,6 +13,7 @@ def add_arguments(p):
     p.add_argument("--ctx-list", default="1,512,4096", help="decode contexts, comma-separated (default 1,512,4096)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per context (median)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_load_arguments(p)
 
 
 def _contexts(text: str) -> list[int]:
@@ -27,6 +29,12 @@ def _contexts(text: str) -> list[int]:
 def run(args) -> int:
     if args.steps < 1:
         raise ParameterError(f"--steps {args.steps}, expected a positive number")
+    if args.check_tensors:
+        from ..gguf_file import GGUFFile
+        from ..tensor_check import check_tensors
+
+        with GGUFFile(resolve_model(args.model)) as gf:
+            check_tensors(gf, progress=True)
     if args.backend == "cuda":
         from ..megakernel.cuda.bench import run as bench_cuda
 

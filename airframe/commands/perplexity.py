@@ -5,6 +5,7 @@ from ..errors import ParameterError
 from ..model import open_model
 from ..options import RunOptions
 from ..perplexity import cut_windows, perplexity
+from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "perplexity of a model on a text file, scored like llama.cpp's llama-perplexity"
@@ -26,6 +27,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, default=512, help="window size in tokens (default 512, as llama.cpp)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
     add_rope_arguments(p)
+    add_load_arguments(p)
     p.add_argument("--chunks", type=int, default=None, help="score only the first N windows")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -52,7 +54,8 @@ def run(args) -> int:
         tokens = tokens[:args.chunks * args.ctx]
     bos_id = tokenizer.bos_id if tokenizer.add_bos else None
     cut_windows(tokens, args.ctx, bos_id)  # too short a text fails before the model loads
-    backend = open_backend(args.backend, model, RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet))
+    backend = open_backend(args.backend, model, RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet,
+                                                                  check_tensors=args.check_tensors))
     result = perplexity(backend, tokens, args.ctx, bos_id, progress=not args.quiet)
     print(f"{len(tokens)} tokens, {result.n_windows} windows of {args.ctx}, {result.n_scored} scored "
           f"({args.backend} backend)")

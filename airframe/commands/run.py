@@ -9,6 +9,7 @@ import sys
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..sampling import SamplingParams
+from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "generate text from a prompt, streamed to the terminal"
@@ -34,6 +35,7 @@ def add_generation_arguments(p) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context size in tokens (default: the backend's)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
     add_rope_arguments(p)
+    add_load_arguments(p)
 
 
 def add_arguments(p) -> None:
@@ -56,7 +58,7 @@ def load_engine(args):
     from ..engine import Engine
     from ..options import RunOptions
 
-    options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
+    options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=args.check_tensors)
     return Engine.load(args.model, backend=args.backend, options=options, **rope_options(args))
 
 
