@@ -306,7 +306,7 @@ def load_config(gf: GGUFFile, rope_scaling: RopeScaling | None = None) -> ModelC
 
 
 def _check_shapes(gf: GGUFFile, hp: dict) -> None:
-    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "head_dim_v", "vocab_size"):
+    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "head_dim_v", "vocab_size", "ctx_train"):
         if hp[name] <= 0:
             raise GGUFError(f"{gf.path}: {name} = {hp[name]}, expected a positive value")
     if hp["n_head_kv"] <= 0 or hp["n_head"] % hp["n_head_kv"]:
