@@ -15,3 +15,8 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return resolve_model("gemma3-270m")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true",
+                     help="tests/test_gguf_fuzz.py: 10,000 mutants of every base model instead of CI's few")
