@@ -3,7 +3,7 @@ model gives the project's own error or loads, within the time limit and the memo
 
 CI runs a few cases of every mutation class on a tiny synthetic model of each family and on the
 real SmolLM2 and Gemma 3 files; `pytest tests/test_gguf_fuzz.py --fuzz-long -s` runs 10,000 of
-each base and prints the table docs/ROBUSTNESS.md records.
+each base and prints the tables docs/ROBUSTNESS.md records (`-k Gemma` picks one base).
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ CI_CASES = {"tiny": 30, "real": 10}  # per base: each class 3 (tiny) or 1 (real)
 LONG_CASES = 10_000
 
 
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory, smollm2_path, gemma3_path) -> list[fz.Base]:
-    folder = tmp_path_factory.mktemp("fuzz-bases")
-    tiny = [fz.Base(f"tiny {family}", write_synthetic_gguf(folder / f"{family}.gguf", family, "tiny", "Q8_0"),
-                    deep=True) for family in sorted(families_by_name())]
-    return tiny + [fz.Base("SmolLM2 135M", smollm2_path, deep=False), fz.Base("Gemma 3 270M", gemma3_path, deep=False)]
+TINY = sorted(families_by_name())
+BASES = [f"tiny {family}" for family in TINY] + ["SmolLM2 135M", "Gemma 3 270M"]
+
+
+@pytest.fixture
+def base(request, tmp_path, smollm2_path, gemma3_path) -> fz.Base:
+    name = request.param
+    if name == "SmolLM2 135M":
+        return fz.Base(name, smollm2_path, deep=False)
+    if name == "Gemma 3 270M":
+        return fz.Base(name, gemma3_path, deep=False)
+    family = name.removeprefix("tiny ")
+    return fz.Base(name, write_synthetic_gguf(tmp_path / f"{family}.gguf", family, "tiny", "Q8_0"), deep=True)
 
 
 @pytest.fixture
@@ -45,25 +52,25 @@ def work_folder(tmp_path):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_every_mutant_loads_or_gives_the_projects_error(bases, work_folder, request):
+@pytest.mark.parametrize("base", BASES, indirect=True)
+def test_every_mutant_loads_or_gives_the_projects_error(base, work_folder, request):
     long = request.config.getoption("--fuzz-long")
-    cases = []
-    for b in bases:
-        cases += fz.plan([b], LONG_CASES if long else CI_CASES["tiny" if b.deep else "real"])
+    cases = fz.plan([base], LONG_CASES if long else CI_CASES["tiny" if base.deep else "real"])
     done = [0]
     start = time.monotonic()
 
     def progress(case):
         done[0] += 1
-        if long and done[0] % 2000 == 0:
-            print(f"{done[0]:,}/{len(cases):,} cases, {time.monotonic() - start:.0f} s\n"
+        if long and done[0] % 500 == 0:
+            print(f"{base.name}: {done[0]:,}/{len(cases):,} cases, {time.monotonic() - start:.0f} s\n"
                   f"{fz.table([c for c in cases if c.outcome])}", file=sys.stderr, flush=True)
 
-    fz.Fuzzer(bases, work_folder).run(cases, progress)
+    fz.Fuzzer([base], work_folder, request.config.getoption("--fuzz-workers")).run(cases, progress)
     print("\n" + fz.table(cases))
     bugs = [c for c in cases if c.outcome.startswith("BUG")]
     assert not bugs, f"{len(bugs)} of {len(cases)} cases escaped; first:\n" + "\n".join(
         f"{c.base} / {c.mutation} #{c.index} ({c.what}):\n{c.outcome}" for c in bugs[:3])
-    for mutation in fz.MUTATIONS:  # each class reaches the checks: some of its mutants are refused
-        assert any(c.outcome.startswith("error") for c in cases if c.mutation == mutation), mutation
-    assert any(c.outcome.startswith("loaded") for c in cases), "no mutant loaded: the loading path never ran"
+    refused = {c.mutation for c in cases if c.outcome.startswith("error")}
+    assert refused, "no mutant was refused: the mutations never reached the checks"
+    if long:  # each class reaches the checks: some of its mutants are refused
+        assert refused == set(fz.MUTATIONS), set(fz.MUTATIONS) - refused
