@@ -129,3 +129,22 @@ def test_scale_fields_are_where_gguf_reads_scales():
             bad = raw.copy()
             bad[0, at:at + 2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
             assert not np.isfinite(dequantize_rows(bad, qtype)).all(), (qtype.name, at)
+
+
+@pytest.mark.parametrize("command", [["run", "{path}", "Hi", "-n", "1"], ["perplexity", "{path}", "-f", "{text}"]])
+def test_check_tensors_on_the_command_line(tmp_path, capsys, command):
+    from airframe.cli import main
+    from airframe.gguf_file import GGUFFile
+    from airframe.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "nan.gguf", "llama", "tiny", "Q8_0")
+    with GGUFFile(path) as gf:
+        norm = gf.tensor("output_norm.weight")
+    data = bytearray(path.read_bytes())
+    data[norm.offset:norm.offset + 4] = np.float32(np.inf).tobytes()
+    path.write_bytes(bytes(data))
+    (tmp_path / "text.txt").write_text("one two three four five six seven eight nine ten " * 20)
+    argv = [a.format(path=path, text=tmp_path / "text.txt") for a in command] + ["--backend", "reference", "--ctx", "32"]
+    assert main(argv + ["--check-tensors"]) == 1
+    err = capsys.readouterr().err
+    assert "airframe: error: " in err and "tensor 'output_norm.weight' (F32 [64]) has a value that is NaN or infinite" in err
