@@ -21,3 +21,5 @@ def pytest_addoption(parser):
     parser.addoption("--fuzz-long", action="store_true",
                      help="tests/test_gguf_fuzz.py: 10,000 mutants of every base model instead of CI's few")
     parser.addoption("--fuzz-workers", type=int, default=2, help="tests/test_gguf_fuzz.py: worker processes")
+    parser.addoption("--fuzz-first", type=int, default=0,
+                     help="tests/test_gguf_fuzz.py: start at this case number (to split a long run)")

@@ -589,10 +589,11 @@ class Fuzzer:
         return cases
 
 
-def plan(bases: list[Base], per_base: int) -> list[Case]:
-    """per_base cases of each base, the mutation classes taking turns."""
+def plan(bases: list[Base], per_base: int, first: int = 0) -> list[Case]:
+    """Cases first..per_base - 1 of each base, the mutation classes taking turns (a long run can
+    be split between machines by `first`)."""
     names = list(MUTATIONS)
-    return [Case(b.name, names[i % len(names)], i // len(names)) for b in bases for i in range(per_base)]
+    return [Case(b.name, names[i % len(names)], i // len(names)) for b in bases for i in range(first, per_base)]
 
 
 def table(cases: list[Case]) -> str:

@@ -55,7 +55,8 @@ def work_folder(tmp_path):
 @pytest.mark.parametrize("base", BASES, indirect=True)
 def test_every_mutant_loads_or_gives_the_projects_error(base, work_folder, request):
     long = request.config.getoption("--fuzz-long")
-    cases = fz.plan([base], LONG_CASES if long else CI_CASES["tiny" if base.deep else "real"])
+    cases = fz.plan([base], LONG_CASES if long else CI_CASES["tiny" if base.deep else "real"],
+                    request.config.getoption("--fuzz-first"))
     done = [0]
     start = time.monotonic()
 
@@ -72,5 +73,5 @@ def test_every_mutant_loads_or_gives_the_projects_error(base, work_folder, reque
         f"{c.base} / {c.mutation} #{c.index} ({c.what}):\n{c.outcome}" for c in bugs[:3])
     refused = {c.mutation for c in cases if c.outcome.startswith("error")}
     assert refused, "no mutant was refused: the mutations never reached the checks"
-    if long:  # each class reaches the checks: some of its mutants are refused
+    if long and len(cases) >= 1000:  # each class reaches the checks: some of its mutants are refused
         assert refused == set(fz.MUTATIONS), set(fz.MUTATIONS) - refused
