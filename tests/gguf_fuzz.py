@@ -174,6 +174,7 @@ class Base:
         with open(self.path, "rb") as f:
             self.head = f.read(16 << 20)  # every header here is smaller
         self.layout = layout(self.head)
+        self.layout.size = self.path.stat().st_size  # layout() saw only the header's bytes
         self.head = self.head[:self.layout.data_offset]
         self.data_size = self.layout.size - self.layout.data_offset
 

@@ -40,6 +40,24 @@ def base(request, tmp_path, smollm2_path, gemma3_path) -> fz.Base:
     return fz.Base(name, write_synthetic_gguf(tmp_path / f"{family}.gguf", family, "tiny", "Q8_0"), deep=True)
 
 
+def test_the_working_copy_is_each_mutant_exactly(smollm2_path, tmp_path):
+    """The harness itself: after each write the copy holds head + data, patched and cut, whatever
+    the mutant before it did."""
+    base = fz.Base("SmolLM2 135M", smollm2_path, deep=False)
+    data = smollm2_path.read_bytes()[base.layout.data_offset:]
+    work = fz.WorkFile(base, tmp_path / "work.gguf")
+    for case in fz.plan([base], 30):
+        m = fz.mutant(base, case.mutation, case.index)
+        work.write(m)
+        expected = bytearray(m.head + data)
+        for pos, patch in m.patches:
+            expected[len(m.head) + pos:len(m.head) + pos + len(patch)] = patch
+        if m.cut is not None:
+            del expected[m.cut:]
+        assert work.path.read_bytes() == expected, m.what
+        work.restore()
+
+
 @pytest.fixture
 def work_folder(tmp_path):
     """Where the workers' copies live: memory (/dev/shm) when there is one, as they are rewritten often."""
