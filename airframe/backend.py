@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Callable, Generator, Sequence
 
+import os
+import resource
+
 import numpy as np
 
 from .errors import ContextOverflowError, NonFiniteError, ParameterError, UnsupportedError
@@ -30,9 +33,13 @@ from .family import ModelConfig
 from .model import Model
 from .options import RunOptions
 from .sampling import Candidates, Reduction
+from .rope_scaling import MAX_POSITIONS
 
 BACKENDS = ("webgpu", "reference", "cuda")
 DEFAULT_BACKEND = "webgpu"
+DEFAULT_CTX = 4096  # K/V positions when no context is asked for (or the trained context, if shorter)
+KV_BYTES = 4  # the K/V caches of the reference and WebGPU backends are F32
+ACTIVATIONS = "prefill activations"  # the part of memory_needed that does not grow with the context
 
 GreedyBatches = Generator[tuple[list[int], str | None], None, None]  # (ids, finish reason or None)
 
@@ -151,10 +158,89 @@ def check_finite(logits: np.ndarray, position: int, step: str = "") -> None:
                          f"are damaged")
 
 
+def default_context(config: ModelConfig, options: RunOptions) -> int:
+    """The K/V positions a backend allocates: the asked-for context, else the trained one up to DEFAULT_CTX."""
+    return options.n_ctx or min(config.ctx_train, DEFAULT_CTX)
+
+
+def kv_bytes_per_position(config: ModelConfig) -> int:
+    return config.n_layers * config.n_head_kv * (config.head_dim + config.head_dim_v) * KV_BYTES
+
+
+def memory_needed(name: str, config: ModelConfig, n_ctx: int, options: RunOptions) -> dict[str, int]:
+    """Bytes a backend allocates that grow with the context and the prefill chunk: the K/V cache,
+    WebGPU's RoPE tables (built in float64 on the host, one per RoPE base) and one prefill
+    chunk's activations and logits. The weights, already mapped, are not counted."""
+    parts = {"K/V cache": n_ctx * kv_bytes_per_position(config)}
+    if name == "webgpu":
+        bases = len({config.layer_rope_base(i) for i in range(config.n_layers)})
+        parts["RoPE tables"] = bases * n_ctx * (config.rope_dim // 2) * 2 * 8
+        chunk = min(options.prefill_chunk, n_ctx)
+        width = 3 * config.n_embd + 2 * config.n_ff + config.n_q + 2 * config.n_kv + config.vocab_size
+        parts[ACTIVATIONS] = chunk * width * 4
+    return parts
+
+
+def check_memory(name: str, config: ModelConfig, options: RunOptions) -> None:
+    """ParameterError, before anything is allocated, when the context is beyond the positions a
+    backend can index or what it needs is more than the memory available, stating both."""
+    n_ctx = default_context(config, options)
+    if n_ctx > MAX_POSITIONS:
+        raise ParameterError(f"context = {n_ctx:,} positions, expected at most {MAX_POSITIONS:,} (int32 positions)")
+    if name == "cuda":  # its plan sizes its buffers on the device, whose memory is not visible here
+        return
+    parts = memory_needed(name, config, n_ctx, options)
+    needed, available = sum(parts.values()), available_memory()
+    if needed > available:
+        per_position = sum(v for k, v in memory_needed(name, config, 1, options).items() if k != ACTIVATIONS)
+        most = max(0, (available - parts.get(ACTIVATIONS, 0)) // per_position)
+        shown = " + ".join(f"{format_bytes(v)} {k}" for k, v in parts.items())
+        raise ParameterError(f"a context of {n_ctx:,} positions needs {format_bytes(needed)} ({needed:,} bytes: {shown}) "
+                             f"but {format_bytes(available)} ({available:,} bytes) of memory are available; expected "
+                             f"a context of at most {most:,} positions")
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate: the system's available memory (MemAvailable), or
+    less under an address-space limit (ulimit -v)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            used = 0
+        available = min(available, max(0, limit - used))
+    return available
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def open_backend(name: str, model: Model, options: RunOptions) -> Backend:
-    """Load an opened model into the named backend."""
+    """Load an opened model into the named backend, once the context fits in memory (and, with
+    options.check_tensors, once every weight is finite)."""
     from .rope_scaling import warn_beyond_training
 
+    if name not in BACKENDS:
+        raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    check_memory(name, model.config, options)
+    if options.check_tensors:
+        from .tensor_check import check_tensors
+
+        check_tensors(model.gguf, options.progress)
     if name == "reference":
         from .reference import ReferenceBackend
 
@@ -163,14 +249,12 @@ def open_backend(name: str, model: Model, options: RunOptions) -> Backend:
         from .gpu.backend import WebGPUBackend
 
         backend = WebGPUBackend.load(model, options)
-    elif name == "cuda":
+    else:
         if model.rope_override is not None:
             raise ParameterError("the cuda backend takes no rope scaling override; "
                                  "expected rope_scaling=None with --backend cuda")
         from .megakernel.cuda.backend import CudaBackend
 
         return CudaBackend.load(model, options)  # its context is fixed by its plan
-    else:
-        raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     warn_beyond_training(backend.config, backend.n_ctx)
     return backend

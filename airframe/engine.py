@@ -116,9 +116,13 @@ class Engine:
             opened = model
         else:
             opened = open_model(model, rope_scaling, rope_scale)
-        tokenizer, template = parts or prompt_parts(opened)
-        options = options or RunOptions.from_env()
-        loaded = _open_backend(backend, opened, options)
+        try:
+            tokenizer, template = parts or prompt_parts(opened)
+            options = options or RunOptions.from_env()
+            loaded = _open_backend(backend, opened, options)
+        except BaseException:
+            opened.gguf.close()  # a file refused halfway is not left mapped
+            raise
         return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk)
 
     # ---- prompts --------------------------------------------------------------------------------
@@ -335,7 +339,7 @@ def prompt_parts(opened: Model) -> tuple[GGUFTokenizer, ChatTemplate]:
     """The tokenizer and chat template of an opened model: all a prompt needs, without the weights."""
     tokenizer = load_tokenizer(opened.gguf)
     template = ChatTemplate.for_model(
-        opened.gguf.get("tokenizer.chat_template"), opened.config.family,
+        opened.gguf.value("tokenizer.chat_template", "string"), opened.config.family,
         _special_text(tokenizer, tokenizer.bos_id), _special_text(tokenizer, tokenizer.eos_id), str(opened.path))
     return tokenizer, template
 

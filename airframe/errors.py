@@ -39,3 +39,24 @@ class GPUError(AirframeError):
 
 class NonFiniteError(AirframeError):
     """A forward pass produced NaN or infinite logits: the weights (or an activation) are damaged."""
+
+
+
+EXCERPT_CHARS = 80
+
+
+def excerpt(value, limit: int = EXCERPT_CHARS) -> str:
+    """repr(value), cut to about `limit` characters with its full length said: a hostile file's
+    megabyte string or 262,144-entry array must not become a megabyte error message."""
+    if isinstance(value, (str, bytes)):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
+        items = value.tolist() if hasattr(value, "tolist") else list(value)
+        if len(items) <= 8 and len(text := repr(items)) <= limit:
+            return text
+        items = ", ".join(excerpt(v, 16) for v in items[:4])
+        return f"[{items}, ...] ({len(value)} items)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"

@@ -14,7 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFError, UnsupportedError
+from gguf import GGMLQuantizationType
+
+from .errors import GGUFError, UnsupportedError, excerpt
 from .gguf_file import GGUFFile
 from .resources import family_dir
 from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, read_rope_scaling
@@ -190,6 +192,7 @@ INT_HPARAMS = ("n_layers", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", 
 FLOAT_HPARAMS = ("rope_base", "rms_eps")
 CAP_HPARAMS = ("attn_logit_softcap", "final_logit_softcap")  # 0 means off
 MAX_HPARAM = (1 << 31) - 1  # every size must fit the int32 indices of the GPU kernels
+INTEGER_TYPES = frozenset(GGMLQuantizationType[t] for t in ("I8", "I16", "I32", "I64"))
 
 # Expected GGUF shapes (row length first) of the tensors every family shares, in hyperparameters.
 TENSOR_SHAPES = {
@@ -250,7 +253,7 @@ def _hparam(gf: GGUFFile, fam: Family, name: str, spec: dict, resolved: dict) ->
     elif hasattr(value, "shape"):  # per-layer arrays (e.g. head counts) must be uniform here
         values = value.tolist()
         if len(set(values)) != 1:
-            raise UnsupportedError(f"{gf.path}: {key} = {values[:8]}, expected one value for every layer")
+            raise UnsupportedError(f"{gf.path}: {key} = {excerpt(values)}, expected one value for every layer")
         value = values[0]
     return _checked(gf, key, name, value)
 
@@ -259,15 +262,15 @@ def _checked(gf: GGUFFile, key: str, name: str, value: Any) -> Any:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if name in INT_HPARAMS:
         if not number or not math.isfinite(value) or value != int(value) or not 0 <= value <= MAX_HPARAM:
-            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected an integer in 0..{MAX_HPARAM}")
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {excerpt(value)}, expected an integer in 0..{MAX_HPARAM}")
         return int(value)
     if name in FLOAT_HPARAMS:
         if not number or not math.isfinite(value) or value <= 0:
-            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected a finite positive number")
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {excerpt(value)}, expected a finite positive number")
         return float(value)
     if name in CAP_HPARAMS:
         if not number or not math.isfinite(value) or value < 0:
-            raise GGUFError(f"{gf.path}: {key} ({name}) = {value!r}, expected a finite number >= 0 (0: off)")
+            raise GGUFError(f"{gf.path}: {key} ({name}) = {excerpt(value)}, expected a finite number >= 0 (0: off)")
         return float(value)
     return value
 
@@ -303,7 +306,7 @@ def load_config(gf: GGUFFile, rope_scaling: RopeScaling | None = None) -> ModelC
 
 
 def _check_shapes(gf: GGUFFile, hp: dict) -> None:
-    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "head_dim_v", "vocab_size"):
+    for name in ("n_layers", "n_embd", "n_ff", "n_head", "head_dim", "head_dim_v", "vocab_size", "ctx_train"):
         if hp[name] <= 0:
             raise GGUFError(f"{gf.path}: {name} = {hp[name]}, expected a positive value")
     if hp["n_head_kv"] <= 0 or hp["n_head"] % hp["n_head_kv"]:
@@ -313,23 +316,53 @@ def _check_shapes(gf: GGUFFile, hp: dict) -> None:
 
 
 def _check_tensors(gf: GGUFFile, fam: Family, hp: dict) -> None:
-    if hp["n_layers"] > len(gf.tensors):  # before looping over layers: the count may be hostile
-        raise GGUFError(f"{gf.path}: n_layers = {hp['n_layers']}, but the file has only {len(gf.tensors)} tensors")
+    """The file's tensors are exactly the family's for hp["n_layers"] layers: every required one
+    present, an optional layer tensor in every layer or in none, nothing else (a tensor of a
+    layer beyond the count, an unknown name), each of the expected shape and of a float or
+    quantized type. A damaged block count or tensor list is refused instead of run."""
+    n_layers = hp["n_layers"]
+    if n_layers > len(gf.tensors):  # before looping over layers: the count may be hostile
+        raise GGUFError(f"{gf.path}: n_layers = {n_layers}, but the file has only {len(gf.tensors)} tensors")
     missing = [t for t in fam.global_tensors if t not in gf.tensors]
-    for i in range(hp["n_layers"]):
+    for i in range(n_layers):
         missing += [f"blk.{i}.{t}" for t in fam.layer_tensors if f"blk.{i}.{t}" not in gf.tensors]
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {shown}")
+        raise GGUFError(f"{gf.path}: {fam.name} model is missing tensors: {_listed(missing)}")
+    known = set(fam.global_tensors) | set(fam.global_optional)
+    for t in fam.layer_optional:
+        present = [i for i in range(n_layers) if f"blk.{i}.{t}" in gf.tensors]
+        if present and len(present) != n_layers:
+            absent = [f"blk.{i}.{t}" for i in range(n_layers) if i not in present]
+            raise GGUFError(f"{gf.path}: {t} is in {len(present)} of {n_layers} layers, expected every "
+                            f"layer or none; missing: {_listed(absent)}")
+    layer_names = set(fam.layer_tensors) | set(fam.layer_optional)
+    unexpected = [name for name in gf.tensors if name not in known and not _in_layers(name, layer_names, n_layers)]
+    if unexpected:
+        raise GGUFError(f"{gf.path}: tensors {_listed(unexpected)} are not part of a {n_layers}-layer "
+                        f"{fam.name} model; expected only its tensors (is the block count right?)")
     shapes = tensor_shapes(fam)
     for name, t in gf.tensors.items():
-        base = name.split(".", 2)[2] if name.startswith("blk.") and name.count(".") >= 2 else name
+        if t.qtype in INTEGER_TYPES:
+            raise GGUFError(f"{gf.path}: tensor {name!r} has type {t.qtype.name}, expected a float or quantized type")
+        base = name.split(".", 2)[2] if name.startswith("blk.") else name
         if base in shapes:
             expected = shape_of(shapes[base], hp)
             if t.shape != expected:
                 dims = ", ".join(shapes[base])
                 raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.shape)}, "
                                 f"expected [{dims}] = {list(expected)}")
+
+
+def _in_layers(name: str, layer_names: set[str], n_layers: int) -> bool:
+    """`name` is blk.<i>.<t> with i < n_layers (written without leading zeros) and t a layer tensor."""
+    parts = name.split(".", 2)
+    return len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[1] == str(int(parts[1])) \
+        and int(parts[1]) < n_layers and parts[2] in layer_names
+
+
+def _listed(names: list[str]) -> str:
+    """Up to five tensor names (each at most gguf_file.MAX_NAME characters), and how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def tensor_shapes(fam: Family) -> dict[str, tuple[str, ...]]:

@@ -34,4 +34,8 @@ def open_model(model: str | Path, rope_scaling: str | None = None, rope_scale: f
     override = requested(rope_scaling, rope_scale)  # a bad request fails before the file is read
     path = resolve_model(model)
     gguf = GGUFFile(path)
-    return Model(path, gguf, load_config(gguf, override), override)
+    try:
+        return Model(path, gguf, load_config(gguf, override), override)
+    except BaseException:
+        gguf.close()
+        raise

@@ -16,14 +16,12 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from .backend import Backend, check_tokens
+from .backend import Backend, check_tokens, default_context
 from .family import ModelConfig
 from .gguf_file import GGUFFile
 from .model import Model
 from .options import RunOptions
 from .rope_scaling import NONE as NO_ROPE_SCALING, RopeScaling, cos_sin, freq_factors
-
-DEFAULT_CTX = 4096
 
 
 # ---- ops -------------------------------------------------------------------------------------
@@ -161,7 +159,7 @@ class ReferenceBackend(Backend):
         weights = ReferenceModel(model.gguf, model.config)
         for i in tqdm(range(model.config.n_layers), desc="dequantizing", disable=not options.progress, leave=False):
             weights.layer(i)
-        backend = cls(weights, options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX))
+        backend = cls(weights, default_context(model.config, options))
         backend.prefill_chunk = options.prefill_chunk
         return backend
 

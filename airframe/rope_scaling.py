@@ -25,10 +25,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import GGUFError, ParameterError
+from .errors import GGUFError, ParameterError, excerpt
 
 TYPES = ("none", "linear", "yarn", "llama3", "longrope")
 LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+MAX_POSITIONS = (1 << 31) - 1  # positions are int32 on every backend
 log = logging.getLogger("airframe.rope")
 
 
@@ -77,27 +78,29 @@ def read_rope_scaling(gf, prefix: str, ctx_train: int) -> RopeScaling:
     """The scaling a GGUF file declares; NONE when it declares none (or factor 1 of a linear type)."""
     if LONGROPE_TENSORS[0] in gf.tensors:
         return _longrope(gf, prefix, ctx_train)
-    kind = gf.get(f"{prefix}.rope.scaling.type")
-    factor = gf.get(f"{prefix}.rope.scaling.factor")
+    kind = gf.value(f"{prefix}.rope.scaling.type", "string")
+    factor = gf.value(f"{prefix}.rope.scaling.factor", "number")
     if kind is None and factor is None:
         # older files: {arch}.rope.scale_linear
-        linear = gf.get(f"{prefix}.rope.scale_linear")
+        linear = gf.value(f"{prefix}.rope.scale_linear", "number")
         if linear is None or float(linear) == 1.0:
             return NONE
+        if linear <= 0:
+            raise GGUFError(f"{gf.path}: {prefix}.rope.scale_linear = {linear}, expected a positive number")
         return RopeScaling("linear", float(linear), ctx_train)
-    kind = "linear" if kind is None else str(kind)
+    kind = "linear" if kind is None else kind
     if kind == "longrope":
         raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = 'longrope' without the tensors "
                         f"{' and '.join(LONGROPE_TENSORS)}; expected both")
     if kind not in TYPES:
-        raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = {kind!r}, expected one of {', '.join(TYPES)}")
+        raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.type = {excerpt(kind)}, expected one of {', '.join(TYPES)}")
     fields = {}
     for key, name in _KEYS.items():
-        value = gf.get(f"{prefix}.rope.scaling.{key}")
+        value = gf.value(f"{prefix}.rope.scaling.{key}", "number")
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.{key} = {value!r}, expected a finite number")
+        if name == "original_ctx" and (value != int(value) or not 0 <= value <= MAX_POSITIONS):
+            raise GGUFError(f"{gf.path}: {prefix}.rope.scaling.{key} = {value}, expected an integer in 0..{MAX_POSITIONS}")
         fields[name] = int(value) if name == "original_ctx" else float(value)
     scaling = RopeScaling(kind, **fields)
     if scaling.type == "none" or (scaling.type == "linear" and scaling.factor == 1.0):
@@ -113,11 +116,10 @@ def _longrope(gf, prefix: str, ctx_train: int) -> RopeScaling:
     missing = [t for t in LONGROPE_TENSORS if t not in gf.tensors]
     if missing:
         raise GGUFError(f"{gf.path}: LongRoPE model without {', '.join(missing)}; expected both factor tensors")
-    original = gf.get(f"{prefix}.rope.scaling.original_context_length") or ctx_train
-    attn_factor = gf.get(f"{prefix}.rope.scaling.attn_factor", 1.0)
-    if not (isinstance(original, int) and original > 0 and isinstance(attn_factor, (int, float))
-            and math.isfinite(attn_factor) and attn_factor > 0):
-        raise GGUFError(f"{gf.path}: LongRoPE original context {original!r} / attn_factor {attn_factor!r}, "
+    original = gf.value(f"{prefix}.rope.scaling.original_context_length", "integer") or ctx_train
+    attn_factor = gf.value(f"{prefix}.rope.scaling.attn_factor", "number", 1.0)
+    if not (0 < original <= MAX_POSITIONS and attn_factor > 0):
+        raise GGUFError(f"{gf.path}: LongRoPE original context {original} / attn_factor {attn_factor}, "
                         f"expected a positive integer and a positive number")
     return RopeScaling("longrope", max(1.0, ctx_train / original), int(original), float(attn_factor))
 

@@ -42,7 +42,7 @@ from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from .errors import ParameterError, TokenizerError, UnsupportedError
+from .errors import ParameterError, TokenizerError, UnsupportedError, excerpt
 from .gguf_file import GGUFFile
 
 CACHE_FORMAT = "airframe-tokenizer-1"  # change when the built tokenizer changes for the same metadata
@@ -106,13 +106,13 @@ def read_vocab(gf: GGUFFile) -> GGUFVocab:
     """The tokenizer keys of a GGUF file, with llama.cpp's defaults for the optional ones."""
     model = gf.get("tokenizer.ggml.model")
     if not isinstance(model, str) or model not in ("gpt2", "llama"):
-        raise UnsupportedError(f"{gf.path}: tokenizer.ggml.model = {model!r}, expected 'gpt2' (byte-level BPE) "
+        raise UnsupportedError(f"{gf.path}: tokenizer.ggml.model = {excerpt(model)}, expected 'gpt2' (byte-level BPE) "
                                f"or 'llama' (SentencePiece-style)")
     tokens = _read_tokens(gf)
     n = len(tokens)
     pre = gf.get("tokenizer.ggml.pre", "default") if model == "gpt2" else "default"
     if not isinstance(pre, str) or pre not in PRE_TOKENIZER_SPLITS:
-        raise UnsupportedError(f"{gf.path}: tokenizer.ggml.pre = {pre!r}, expected one of "
+        raise UnsupportedError(f"{gf.path}: tokenizer.ggml.pre = {excerpt(pre)}, expected one of "
                                f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}")
     merges = gf.get("tokenizer.ggml.merges", [])
     if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges) or (model == "gpt2" and not merges):
@@ -152,7 +152,7 @@ def _read_tokens(gf: GGUFFile) -> list[str]:
     if len(unique) != len(tokens):
         seen: set[str] = set()
         duplicate = next(t for t in tokens if t in seen or seen.add(t))
-        raise TokenizerError(f"{gf.path}: tokenizer.ggml.tokens holds {duplicate!r} twice, expected unique tokens")
+        raise TokenizerError(f"{gf.path}: tokenizer.ggml.tokens holds {excerpt(duplicate)} twice, expected unique tokens")
     return tokens
 
 
@@ -170,8 +170,8 @@ def _read_id(gf: GGUFFile, key: str, n: int) -> int | None:
     value = gf.get(f"tokenizer.ggml.{key}")
     if value is None:
         return None
-    if not isinstance(value, (int, np.integer)) or not 0 <= value < n:
-        raise TokenizerError(f"{gf.path}: tokenizer.ggml.{key} = {value!r}, expected a token id in 0..{n - 1}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+        raise TokenizerError(f"{gf.path}: tokenizer.ggml.{key} = {excerpt(value)}, expected a token id in 0..{n - 1}")
     return int(value)
 
 
@@ -195,7 +195,7 @@ def _build_bpe(vocab: GGUFVocab) -> Tokenizer:
         cut = line.find(" ", 1)  # llama.cpp splits at the first space after the first character
         left, right = line[:cut], line[cut + 1:]
         if cut < 0 or left not in ids or right not in ids or left + right not in ids:
-            raise TokenizerError(f"{vocab.path}: tokenizer.ggml.merges[{i}] = {line!r}, expected two tokens "
+            raise TokenizerError(f"{vocab.path}: tokenizer.ggml.merges[{i}] = {excerpt(line)}, expected two tokens "
                                  f"separated by a space whose concatenation is also a token")
         merges.append((left, right))
     bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=vocab.pre in _IGNORE_MERGES)

@@ -50,3 +50,12 @@ def nan_model_path(tmp_path_factory) -> Path:
 def _server_options(parser):
     parser.addoption("--server-fuzz-examples", type=int, default=25, metavar="N",
                      help="schemathesis examples per operation in test_server_live.py (default 25, for CI)")
+    _fuzz_options(parser)
+
+
+def _fuzz_options(parser):
+    parser.addoption("--fuzz-long", action="store_true",
+                     help="tests/test_gguf_fuzz.py: 10,000 mutants of every base model instead of CI's few")
+    parser.addoption("--fuzz-workers", type=int, default=2, help="tests/test_gguf_fuzz.py: worker processes")
+    parser.addoption("--fuzz-first", type=int, default=0,
+                     help="tests/test_gguf_fuzz.py: start at this case number (to split a long run)")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from airframe.backend import check_tokens, open_backend
-from airframe.errors import ContextOverflowError, ParameterError
+from airframe.errors import ContextOverflowError, GGUFError, ParameterError
 from airframe.model import open_model
 from airframe.options import RunOptions
 
@@ -37,3 +37,114 @@ def test_ids_that_do_not_fit_are_a_context_overflow():
 def test_an_unknown_backend_is_named(smollm2_path):
     with pytest.raises(ParameterError, match="unknown backend 'metal'; choose one of webgpu, reference, cuda"):
         open_backend("metal", open_model(smollm2_path), RunOptions())
+
+
+@pytest.mark.parametrize("backend", ["reference", "webgpu"])
+def test_a_context_beyond_memory_is_refused_before_allocating(smollm2_path, backend):
+    import resource
+    import time
+
+    model = open_model(smollm2_path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with pytest.raises(ParameterError) as raised:
+        open_backend(backend, model, RunOptions(n_ctx=999_999_999))
+    message = str(raised.value)
+    assert time.perf_counter() - start < 1.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB: nothing was allocated
+    # 30 layers x 3 K/V heads x (64 + 64) dims x 4 bytes = 46,080 bytes per position
+    assert "a context of 999,999,999 positions needs " in message
+    assert f"{46_080 * 999_999_999:,} bytes: " in message if backend == "reference" else "GiB RoPE tables" in message
+    assert "of memory are available; expected a context of at most" in message
+
+
+def test_the_memory_check_follows_an_address_space_limit(smollm2_path):
+    """Under `ulimit -v` the limit, not the machine's memory, bounds the context."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def limited():
+        import resource
+
+        from airframe.backend import available_memory
+
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * 4096
+        resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 28), resource.RLIM_INFINITY))
+        child.send(available_memory())
+
+    proc = ctx.Process(target=limited)
+    proc.start()
+    proc.join(30)
+    assert parent.recv() <= 1 << 28
+
+
+def test_positions_beyond_int32_are_refused(smollm2_path):
+    with pytest.raises(ParameterError, match=r"context = 4,294,967,296 positions, expected at most 2,147,483,647"):
+        open_backend("cuda", open_model(smollm2_path), RunOptions(n_ctx=1 << 32))
+
+
+def test_check_tensors_names_the_damaged_tensor(tmp_path):
+    from airframe.gguf_file import GGUFFile
+    from airframe.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "nan.gguf", "llama", "tiny", "Q8_0")
+    model = open_model(path)
+    backend = open_backend("reference", model, RunOptions(n_ctx=16, check_tensors=True))  # a clean file loads
+    assert backend.n_ctx == 16
+    with GGUFFile(path) as gf:
+        norm, matrix = gf.tensor("blk.1.ffn_norm.weight"), gf.tensor("blk.0.attn_k.weight")
+    data = bytearray(path.read_bytes())
+    data[norm.offset + 8:norm.offset + 12] = np.float32(np.nan).tobytes()
+    (tmp_path / "norm.gguf").write_bytes(bytes(data))
+    data = bytearray(path.read_bytes())
+    at = matrix.offset + 3 * matrix.row_bytes + 34  # the f16 scale of row 3's second Q8_0 block
+    data[at:at + 2] = np.float16(np.inf).tobytes()
+    (tmp_path / "scale.gguf").write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match=r"tensor 'blk.1.ffn_norm.weight' \(F32 \[64\]\) has a value that is NaN "
+                                        r"or infinite in row 0 of 1; expected finite weights"):
+        open_backend("reference", open_model(tmp_path / "norm.gguf"), RunOptions(n_ctx=16, check_tensors=True))
+    with pytest.raises(GGUFError, match=r"tensor 'blk.0.attn_k.weight' \(Q8_0 \[64, 32\]\) has a block scale that "
+                                        r"is NaN or infinite in row 3 of 32"):
+        open_backend("reference", open_model(tmp_path / "scale.gguf"), RunOptions(n_ctx=16, check_tensors=True))
+    assert open_backend("reference", open_model(tmp_path / "scale.gguf"), RunOptions(n_ctx=16)).n_ctx == 16
+
+
+def test_scale_fields_are_where_gguf_reads_scales():
+    """Each SCALE_FIELDS offset holds an f16 that makes gguf's own dequantization non-finite."""
+    from gguf import GGML_QUANT_SIZES
+    from airframe.gguf_file import dequantize_rows
+    from airframe.tensor_check import SCALE_FIELDS
+
+    rng = np.random.default_rng(0)
+    for qtype, offsets in SCALE_FIELDS.items():
+        block, size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(1, size), dtype=np.uint8)
+        for at in offsets:
+            raw[0, at:at + 2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+        assert np.isfinite(dequantize_rows(raw, qtype)).all(), qtype.name
+        for at in offsets:
+            bad = raw.copy()
+            bad[0, at:at + 2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+            assert not np.isfinite(dequantize_rows(bad, qtype)).all(), (qtype.name, at)
+
+
+@pytest.mark.parametrize("command", [["run", "{path}", "Hi", "-n", "1"], ["perplexity", "{path}", "-f", "{text}"]])
+def test_check_tensors_on_the_command_line(tmp_path, capsys, command):
+    from airframe.cli import main
+    from airframe.gguf_file import GGUFFile
+    from airframe.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "nan.gguf", "llama", "tiny", "Q8_0")
+    with GGUFFile(path) as gf:
+        norm = gf.tensor("output_norm.weight")
+    data = bytearray(path.read_bytes())
+    data[norm.offset:norm.offset + 4] = np.float32(np.inf).tobytes()
+    path.write_bytes(bytes(data))
+    (tmp_path / "text.txt").write_text("one two three four five six seven eight nine ten " * 20)
+    argv = [a.format(path=path, text=tmp_path / "text.txt") for a in command] + ["--backend", "reference", "--ctx", "32"]
+    assert main(argv + ["--check-tensors"]) == 1
+    err = capsys.readouterr().err
+    assert "airframe: error: " in err and "tensor 'output_norm.weight' (F32 [64]) has a value that is NaN or infinite" in err

@@ -136,6 +136,52 @@ def test_missing_tensor_is_named(tmp_path):
         load_config(gf)
 
 
+def test_tensors_beyond_the_block_count_are_refused(tmp_path):
+    """A damaged block_count (1 here, 2 layers stored) is refused instead of running one layer."""
+    second = {name.replace("blk.0.", "blk.1."): shape for name, shape in TINY_TENSORS.items() if name.startswith("blk.0.")}
+    gf = tiny_llama(tmp_path / "t.gguf", tensors=second)
+    with pytest.raises(GGUFError, match=r"tensors blk.1.attn_norm.weight, .* and 4 more are not part of a "
+                                        r"1-layer llama model; .*is the block count right"):
+        load_config(gf)
+
+
+@pytest.mark.parametrize("name", ["blk.0.attn_sinks.weight", "blk.00.attn_q.weight", "extra.weight"])
+def test_unknown_tensors_are_refused(tmp_path, name):
+    gf = tiny_llama(tmp_path / "t.gguf", tensors={name: (8,)})
+    with pytest.raises(GGUFError, match=f"tensors {name} are not part of a 1-layer llama model"):
+        load_config(gf)
+
+
+def test_optional_layer_tensor_in_some_layers_only_is_refused(tmp_path):
+    from airframe.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "q.gguf", "qwen2", "tiny")
+    with GGUFFile(path) as gf:
+        assert load_config(gf).qkv_bias
+    data = bytearray(path.read_bytes())
+    name_at = data.index(b"blk.1.attn_q.bias")
+    data[name_at:name_at + 17] = b"blk.1.attn_q.biaz"  # the same length: only the name changes
+    path.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="attn_q.bias is in 1 of 2 layers, expected every layer or none; "
+                                        "missing: blk.1.attn_q.bias"):
+        load_config(GGUFFile(path))
+
+
+def test_integer_tensors_are_refused(tmp_path):
+    w = GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for key, value in TINY.items():
+        w.add_uint64(f"llama.{key}", value)
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(5)])
+    for name, shape in TINY_TENSORS.items():
+        w.add_tensor(name, np.zeros(shape, np.int32 if name == "output_norm.weight" else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="tensor 'output_norm.weight' has type I32, expected a float or quantized type"):
+        load_config(GGUFFile(tmp_path / "t.gguf"))
+
+
 @pytest.mark.parametrize("name, shape, expected", [
     ("blk.0.attn_k.weight", (8, 8), "[n_embd, n_head_kv * head_dim] = [8, 4]"),
     ("token_embd.weight", (6, 8), "[n_embd, vocab_size] = [8, 5]"),

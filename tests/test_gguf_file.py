@@ -490,12 +490,13 @@ def test_tensor_past_the_end_names_the_tensor(small_gguf, tmp_path):
     assert "'blk.0.ffn_down.weight'" in message and f"({size} bytes)" in message and "beyond the end" in message
 
 
-def test_overlapping_tensors_are_named(small_gguf, tmp_path):
+def test_overlapping_tensors_are_refused(small_gguf, tmp_path):
     first, second = slot_of(small_gguf, "offset", 1), slot_of(small_gguf, "offset", 2)
     path = copy_with(small_gguf, tmp_path, lambda d: d.__setitem__(slice(second.pos, second.pos + 8),
                                                                      first.value.to_bytes(8, "little")))
     message = _error(path)
-    assert "'output_norm.weight'" in message and "'blk.0.attn_norm.weight'" in message and "overlap" in message
+    assert "'blk.0.attn_norm.weight': data offset" in message and "right after 'output_norm.weight'" in message
+    assert "in the order declared" in message
 
 
 def test_misaligned_offset_names_the_tensor(small_gguf, tmp_path):
@@ -539,3 +540,73 @@ def test_unsupported_architecture(tmp_path):
     w.close()
     message = _error(tmp_path / "m.gguf", UnsupportedError)
     assert "'mamba'" in message and "llama" in message
+
+
+def test_gap_between_tensors_is_refused(small_gguf, tmp_path):
+    slot = slot_of(small_gguf, "offset", 10)  # the last tensor moves on by one alignment unit
+    path = copy_with(small_gguf, tmp_path, lambda d: (d.__setitem__(slice(slot.pos, slot.pos + 8),
+                                                                      (slot.value + 32).to_bytes(8, "little")),
+                                                       d.extend(bytes(32))))
+    message = _error(path)
+    assert f"'blk.0.ffn_down.weight': data offset {slot.value + 32}, expected {slot.value}" in message
+
+
+def test_bytes_after_the_last_tensor_are_refused(small_gguf, tmp_path):
+    """A tensor count one short leaves the last tensor's bytes unread (and its info read as data)."""
+    count = slot_of(small_gguf, "count", 0)
+    path = copy_with(small_gguf, tmp_path, lambda d: d.__setitem__(slice(count.pos, count.pos + 8),
+                                                                      (10).to_bytes(8, "little")))
+    message = _error(path)
+    assert "bytes follow the last tensor 'blk.0.ffn_up.weight'" in message and "more tensors than the 10 declared" in message
+
+
+def test_long_tensor_name_is_refused_with_a_short_message(small_gguf, tmp_path):
+    _, names, _ = header_slots(small_gguf)
+    (pos, name), = [(p, n) for p, n in names if n == b"blk.0.attn_k.weight"]
+    length_pos = pos - 8
+    path = copy_with(small_gguf, tmp_path, lambda d: d.__setitem__(slice(length_pos, length_pos + 8),
+                                                                      (1 << 20).to_bytes(8, "little")))
+    message = _error(path)
+    assert "tensor #4 name length" in message and str(1 << 20) in message and "at most 63" in message
+    assert len(message) < 300
+
+
+def test_values_are_type_checked_where_read(small_gguf):
+    with GGUFFile(small_gguf) as gf:
+        assert gf.value("tokenizer.ggml.model", "string") == "llama"
+        assert gf.value("llama.context_length", "integer") == 128
+        assert gf.value("llama.rope.freq_base", "number") == 10000.0
+        assert gf.value("test.flag", "boolean") is True
+        assert gf.value("tokenizer.ggml.tokens", "strings")[:2] == ["t0", "t1"]
+        assert gf.value("tokenizer.ggml.scores", "numbers").shape == (N_VOCAB,)
+        assert gf.value("no.such.key", "string", "fallback") == "fallback"
+        with pytest.raises(GGUFError, match=r"tokenizer.ggml.tokens = \['t0', 't1', 't2', 't3', ...\] "
+                                            r"\(16 items\) \(array of strings\), expected a string"):
+            gf.value("tokenizer.ggml.tokens", "string")
+        with pytest.raises(GGUFError, match=r"tokenizer.ggml.scores = .* \(array of float32\), expected an integer"):
+            gf.value("tokenizer.ggml.scores", "integer")
+        with pytest.raises(GGUFError, match="test.flag = True .*expected an integer"):
+            gf.value("test.flag", "integer")
+
+
+def test_the_map_is_closed_on_every_error(small_gguf, tmp_path, monkeypatch):
+    import mmap as mmap_module
+
+    maps = []
+
+    class Recorded(mmap_module.mmap):
+        def __new__(cls, *args, **kwargs):
+            m = super().__new__(cls, *args, **kwargs)
+            maps.append(m)
+            return m
+
+    monkeypatch.setattr("airframe.gguf_file.mmap.mmap", Recorded)
+    for cut in (30, 200, small_gguf.stat().st_size - 100):
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(small_gguf.read_bytes()[:cut])
+        with pytest.raises(GGUFError):
+            GGUFFile(path)
+    assert len(maps) == 3 and all(m.closed for m in maps)
+    with GGUFFile(small_gguf) as gf:
+        view = gf.raw("output_norm.weight")
+    assert view.sum() >= 0  # a view outliving close() keeps the bytes readable

@@ -2,6 +2,7 @@ import json
 
 from ..errors import ParameterError
 from ..models import resolve_model
+from ._load import add_load_arguments
 
 HELP = "measure prefill and decode speed of a model (tokens/s, ms/token, share of the bandwidth floor)"
 DEFAULT_PREFILL = 512
@@ -16,6 +17,7 @@ def add_arguments(p):
     p.add_argument("--prefill", type=int, default=None, metavar="N",
                    help=f"prompt tokens of the prefill measurements (webgpu; default {DEFAULT_PREFILL})")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_load_arguments(p)
 
 
 def _contexts(text: str) -> list[int]:
@@ -35,6 +37,12 @@ def run(args) -> int:
         raise ParameterError(f"--prefill = {args.prefill}, expected an integer >= 1")
     contexts = _contexts(args.ctx_list)
     path = resolve_model(args.model)
+    if args.check_tensors:
+        from ..gguf_file import GGUFFile
+        from ..tensor_check import check_tensors
+
+        with GGUFFile(path) as gf:
+            check_tensors(gf, progress=True)
     if args.backend == "cuda":
         if args.prefill is not None:
             raise ParameterError(f"--prefill = {args.prefill} with --backend cuda, expected no --prefill: "

@@ -12,6 +12,7 @@ import json
 from collections import defaultdict
 from dataclasses import asdict
 
+from ..backend import format_bytes, kv_bytes_per_position
 from ..errors import ParameterError
 from ..family import load_config
 from ..gguf_file import GGUFFile
@@ -19,7 +20,6 @@ from ..models import resolve_model
 
 HELP = "show a model's architecture, hyperparameters, quant mix, tokenizer and bytes per token"
 N_LARGEST = 5
-KV_BYTES = 4  # float32 K/V cache
 
 
 def add_arguments(p):
@@ -80,7 +80,7 @@ def _decode_bytes(gf: GGUFFile, config) -> dict:
     embd = gf.tensor("token_embd.weight")
     head = embd if config.tied_embeddings else gf.tensor("output.weight")
     others = sum(t.n_bytes for t in gf.tensors.values() if t.name not in ("token_embd.weight", "output.weight"))
-    kv_per_position = config.n_layers * config.n_head_kv * (config.head_dim + config.head_dim_v) * KV_BYTES
+    kv_per_position = kv_bytes_per_position(config)
     return {
         "weight_bytes_per_token": others + head.n_bytes + embd.row_bytes,
         "layer_and_norm_bytes": others,
@@ -90,30 +90,23 @@ def _decode_bytes(gf: GGUFFile, config) -> dict:
     }
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def format_info(info: dict) -> str:
     c, tok, dec, ts = info["config"], info["tokenizer"], info["decode"], info["tensors"]
     lines = [
-        f"{info['path']} ({_size(info['file_bytes'])}, GGUF v{info['gguf_version']})",
+        f"{info['path']} ({format_bytes(info['file_bytes'])}, GGUF v{info['gguf_version']})",
         f"architecture  {info['architecture']} (family {c['family']})" + (f", {info['name']}" if info["name"] else ""),
         "hyperparameters",
         *(f"  {key:<24}{value}" for key, value in c.items() if key not in ("family", "architecture")),
         "quant mix",
-        *(f"  {name:<8}{m['tensors']:>5} tensors  {_size(m['bytes']):>10}" for name, m in info["quant_mix"].items()),
-        f"tensors       {ts['count']}, {_size(ts['bytes'])}; largest:",
-        *(f"  {t['name']:<28}{t['type']:<6}{str(t['shape']):<16}{_size(t['bytes']):>10}" for t in ts["largest"]),
+        *(f"  {name:<8}{m['tensors']:>5} tensors  {format_bytes(m['bytes']):>10}" for name, m in info["quant_mix"].items()),
+        f"tensors       {ts['count']}, {format_bytes(ts['bytes'])}; largest:",
+        *(f"  {t['name']:<28}{t['type']:<6}{str(t['shape']):<16}{format_bytes(t['bytes']):>10}" for t in ts["largest"]),
         f"tokenizer     {tok['model']} (pre {tok['pre']}), {tok['vocab_size']} tokens, "
         f"bos {tok['bos_id']}, eos {tok['eos_id']}, chat template: {'yes' if tok['chat_template'] else 'no'}",
-        f"per decoded token  {_size(dec['weight_bytes_per_token'])} of weights "
-        f"(layers+norms {_size(dec['layer_and_norm_bytes'])}, head {_size(dec['head_bytes'])}, "
-        f"embedding row {_size(dec['embedding_row_bytes'])})",
-        f"K/V cache          {_size(dec['kv_bytes_per_position'])} per position of context (float32)",
+        f"per decoded token  {format_bytes(dec['weight_bytes_per_token'])} of weights "
+        f"(layers+norms {format_bytes(dec['layer_and_norm_bytes'])}, head {format_bytes(dec['head_bytes'])}, "
+        f"embedding row {format_bytes(dec['embedding_row_bytes'])})",
+        f"K/V cache          {format_bytes(dec['kv_bytes_per_position'])} per position of context (float32)",
     ]
     return "\n".join(lines)
 

@@ -5,6 +5,7 @@ from ..errors import ParameterError
 from ..model import open_model
 from ..options import RunOptions
 from ..perplexity import MIN_CTX, cut_windows, perplexity
+from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "perplexity of a model on a text file, scored like llama.cpp's llama-perplexity"
@@ -26,6 +27,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, default=512, help="window size in tokens (default 512, as llama.cpp)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
     add_rope_arguments(p)
+    add_load_arguments(p)
     p.add_argument("--chunks", type=int, default=None, help="score only the first N windows")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -46,7 +48,7 @@ def run(args) -> int:
         raise ParameterError(f"--chunks = {args.chunks}, expected an integer >= 2")
     if args.ctx < MIN_CTX:
         raise ParameterError(f"--ctx = {args.ctx}, expected an integer >= {MIN_CTX}")
-    options = RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet)
+    options = RunOptions.from_env(n_ctx=args.ctx, progress=not args.quiet, check_tensors=args.check_tensors)
     text = _read_text(args.file)
     model = open_model(args.model, **rope_options(args))
     tokenizer = load_tokenizer(model.gguf)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..errors import ContextOverflowError, ParameterError
 from ..sampling import SamplingParams
+from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
 
 HELP = "generate text from a prompt, streamed to the terminal"
@@ -44,6 +45,7 @@ def add_generation_arguments(p) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context size in tokens (default: the backend's)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
     add_rope_arguments(p)
+    add_load_arguments(p)
 
 
 def add_arguments(p) -> None:
@@ -71,7 +73,7 @@ def read_flags(args):
     from ..options import RunOptions
 
     with in_flag_words():
-        options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
+        options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=getattr(args, "check_tensors", False))
         sampling = SamplingParams(
             temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)

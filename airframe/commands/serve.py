@@ -4,6 +4,7 @@ import threading
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
 from ..models import resolve_model
+from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
 
 GRACEFUL_SHUTDOWN_SECONDS = 3
@@ -18,6 +19,7 @@ def add_arguments(p):
     p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens (default: the backend's)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND, help=f"default {DEFAULT_BACKEND}")
     add_rope_arguments(p)
+    add_load_arguments(p)
     p.add_argument("--api-key", default=os.environ.get("AIRFRAME_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $AIRFRAME_API_KEY)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
@@ -57,7 +59,7 @@ def run(args) -> int:
     if args.ctx is not None and args.ctx < 2:
         raise ParameterError(f"--ctx must be >= 2 tokens, got {args.ctx}")
     resolve_model(args.model)  # a wrong name fails here, before the server starts
-    run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True)
+    run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=args.check_tensors)
 
     def load():
         return Engine.load(args.model, backend=args.backend, options=run_options, **rope_options(args))
