@@ -236,15 +236,15 @@ class Engine:
         sampled from, or None when cancelled."""
         chunk = self.prefill_chunk
         last = (len(prompt_ids) - 1) // chunk * chunk
-        if last == 0:
-            return prompt_ids
-        with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress,
+        with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress or last == 0,
                   leave=False) as bar:
             for first in range(0, last, chunk):
                 if cancel is not None and cancel():
                     return None
                 self.backend.forward(prompt_ids[first:first + chunk])
                 bar.update(chunk)
+        if cancel is not None and cancel():
+            return None
         return prompt_ids[last:]
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams,

@@ -139,8 +139,7 @@ def quick_limit(monkeypatch):
     "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
     "{% set r = range(100000) | list %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}",
     "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
-    "{% for m in messages recursive %}{% for k in range(100000) %}{{ loop([m]) if k > 99998 }}{% endfor %}{% endfor %}",
-], ids=["nested ranges", "nested lists", "branching recursion", "recursive loop"])
+], ids=["nested ranges", "nested lists", "branching recursion"])
 def test_a_template_that_runs_too_long_is_stopped(quick_limit, source):
     started = time.monotonic()
     with pytest.raises(ChatTemplateError, match="the model's chat template went over a limit: rendering took longer than 0.2 s"):

@@ -187,7 +187,7 @@ def test_cancel_is_asked_before_every_token(smollm2):
 
 def test_cancel_is_asked_before_every_prefill_chunk(smollm2):
     engine = smollm2.engine([5, 6, 7])
-    engine.backend.prefill_chunk = 4
+    engine.prefill_chunk = 4
     prompt = "one two three four five six seven eight nine ten eleven twelve"
     n_prompt = len(engine.tokenize_prompt(prompt))
 

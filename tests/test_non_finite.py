@@ -53,7 +53,7 @@ def test_a_stream_ends_with_an_error_event(nan_client):
 def test_max_tokens_beyond_the_context_is_refused_before_the_model_runs(nan_client):
     # a 400 about max_tokens, not the NaN model's 500: nothing ran
     error = assert_openai_error(nan_client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 10**12}), 400)
-    assert "max_tokens = 1000000000000, expected at most the context's 128 tokens" in error["message"]
+    assert error["message"].startswith("max_tokens = 1000000000000, expected at most 128")
 
 
 def test_perplexity_names_the_window_and_position(nan_model_path, capsys):
