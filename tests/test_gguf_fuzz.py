@@ -91,5 +91,7 @@ def test_every_mutant_loads_or_gives_the_projects_error(base, work_folder, reque
         f"{c.base} / {c.mutation} #{c.index} ({c.what}):\n{c.outcome}" for c in bugs[:3])
     refused = {c.mutation for c in cases if c.outcome.startswith("error")}
     assert refused, "no mutant was refused: the mutations never reached the checks"
-    if long and len(cases) >= 1000:  # each class reaches the checks: some of its mutants are refused
+    # each class reaches the checks: some of its mutants are refused (noise in the real models'
+    # weights only where the deep path's --check-tensors sees it)
+    if long and len(cases) >= 1000 and base.deep:
         assert refused == set(fz.MUTATIONS), set(fz.MUTATIONS) - refused
