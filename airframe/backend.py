@@ -10,8 +10,9 @@ asks those flags, it never probes for methods.
 Cancellation, the hook's contract: `cancel` is a callable without arguments, cheap to call from
 the thread that runs the backend, that turns True once the request's client has left and stays
 True. The engine asks it before every token it takes and hands it to the backend:
-- `forward_prompt(tokens, cancel)` (the host path's prefill) asks it before each chunk of
-  `prefill_chunk` tokens and returns None once it is True; an override must do the same.
+- The engine's host path asks it before each prompt chunk it runs through `forward`;
+  `forward_prompt(tokens, cancel)` does the same for a backend that prefills by itself (a
+  `greedy_cancel` backend's greedy_stream) and returns None once it is True.
 - `greedy_stream(..., cancel=cancel)` is called so only where `greedy_cancel` is True; such a
   backend asks it before each prefill chunk and before each token it queues on the device, queues
   nothing more once it is True (what is already queued still runs), and simply ends its batches (the last one may

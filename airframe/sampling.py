@@ -78,7 +78,7 @@ class History:
 Step = Callable[[History, np.ndarray], np.ndarray]
 
 
-def _positions(tokens: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def positions(tokens: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Where `tokens` sit in a logits array: (positions, which of `tokens` are there). Over the
     whole vocabulary a token's position is its id; over candidates (`ids`, ascending) it is looked up."""
     if ids is None:
@@ -141,7 +141,7 @@ def logit_bias(bias: dict[int, float] | None, vocab_size: int | None) -> Step | 
 
     def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         out = logits.copy()
-        at, found = _positions(ids_array, ids)
+        at, found = positions(ids_array, ids)
         np.add.at(out, at, amounts_array[found])
         return out
 
@@ -164,7 +164,7 @@ def repetition_penalty(penalty: float, last_n: int) -> Step | None:
         return None
 
     def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-        seen, _ = _positions(_window(history, last_n), ids)
+        seen, _ = positions(_window(history, last_n), ids)
         if not seen.size:
             return logits
         out = logits.copy()
@@ -186,7 +186,7 @@ def presence_frequency_penalty(presence: float, frequency: float) -> Step | None
 
     def step(history: History, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         tokens, counts = _generated_counts(history)
-        at, found = _positions(tokens, ids)
+        at, found = positions(tokens, ids)
         if not at.size:
             return logits
         out = logits.copy()

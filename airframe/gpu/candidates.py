@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampling import Candidates, Reduction
+from ..sampling import Candidates, Reduction, positions
 from . import pipelines as pl
 
 SHADER = "candidates"
@@ -102,11 +102,9 @@ def read(ops: CandidateOps, reduction: Reduction) -> Found:
     order = np.argsort(pairs[:, 0], kind="stable")
     ids = pairs[order, 0].astype(np.int64)
     logits = pairs[order, 1].view(np.float32).copy()
-    if n_pen:  # the model's own logits where the penalties rewrote them
-        penalised = reduction.table[:, 0].astype(np.int64)
-        at = np.searchsorted(penalised, ids)
-        hit = (at < n_pen) & (penalised[np.minimum(at, n_pen - 1)] == ids)
-        logits[hit] = raw[at[hit]]
+    if n_pen:  # the model's own logits where the penalties rewrote them (the table's ids ascend)
+        at, hit = positions(ids, reduction.table[:, 0].astype(np.int64))
+        logits[hit] = raw[at]
     return Found(Candidates(ids, logits, key_floor(cut), log_sum_exp), raw)
 
 
