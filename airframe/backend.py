@@ -4,8 +4,9 @@ A backend holds one model and one K/V cache. `forward` runs tokens at consecutiv
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
 overrides `greedy_stream`; one that reduces a sampled token's logits to candidates on the device
-says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`. The engine
-asks those flags, it never probes for methods.
+says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`;
+one that chains sampled tokens on the device overrides `sample_stream`, keeping to the tokens the
+host's sampler gives from the full logits. The engine asks those flags, it never probes for methods.
 
 Cancellation, the hook's contract: `cancel` is a callable without arguments, cheap to call from
 the thread that runs the backend, that turns True once the request's client has left and stays
@@ -22,7 +23,7 @@ A backend never raises because of it; the engine reports the finish as "cancelle
 
 from __future__ import annotations
 
-from typing import Callable, Generator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import os
 import resource
@@ -33,7 +34,7 @@ from .errors import ContextOverflowError, NonFiniteError, ParameterError, Unsupp
 from .family import ModelConfig
 from .model import Model
 from .options import RunOptions
-from .sampling import Candidates, Reduction
+from .sampling import Candidates, History, Reduction, Sampler
 from .rope_scaling import MAX_POSITIONS
 
 BACKENDS = ("webgpu", "reference", "cuda")
@@ -93,6 +94,20 @@ class Backend:
     def last_logits(self) -> np.ndarray:
         """The full logits (vocab,) of the last position of the last forward_pending, the model's own."""
         raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
+
+    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
+        """Tokens sampled after `tokens` (not yet run: the prompt's last chunk), each appended to
+        `history` before it is yielded, until the context is full or the caller stops: the tokens
+        sampler.sample() gives from the full logits. Here one forward and one sample per token
+        (sample_next); a backend may chain tokens on the device if it keeps to the same tokens."""
+        tokens = list(tokens)
+        while True:
+            token, _ = sample_next(self, sampler, history, tokens)
+            history.tokens.append(token)
+            yield token
+            if self.n_past >= self.n_ctx:
+                return  # the context is full: no room to run the last token
+            tokens = [token]
 
     def forward_prompt(self, tokens: Sequence[int], cancel: Callable[[], bool] | None = None) -> np.ndarray | None:
         """forward() over a request's prompt in chunks of prefill_chunk tokens, asking `cancel`
@@ -259,3 +274,25 @@ def open_backend(name: str, model: Model, options: RunOptions) -> Backend:
         return CudaBackend.load(model, options)  # its context is fixed by its plan
     warn_beyond_training(backend.config, backend.n_ctx)
     return backend
+
+
+def sample_next(backend: Backend, sampler: Sampler, history: History, tokens: list[int],
+                with_logits: bool = False) -> tuple[int, np.ndarray | None]:
+    """Run `tokens` and sample the next one: from the candidates a backend reduces the logits to on
+    the device where it can and no logits are wanted (logprobs), else from the full logits.
+    Returns (token, its logits or None)."""
+    step = f" (for generated token {len(history.generated) + 1})"
+    if not backend.reduces_on_device or with_logits:
+        logits = backend.forward(tokens)
+        check_finite(logits, backend.n_past - 1, step)
+        return sampler.sample(history, logits), logits
+    backend.forward_pending(tokens)  # the device runs while the host prepares the reduction
+    reduction = sampler.reduction(history, *backend.candidate_limits)
+    if reduction is not None:
+        found = backend.read_candidates(reduction)
+        token = sampler.sample_reduced(history, found) if found is not None else None
+        if token is not None:
+            return token, None
+    logits = backend.last_logits()
+    check_finite(logits, backend.n_past - 1, step)
+    return sampler.sample(history, logits), logits

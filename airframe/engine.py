@@ -1,8 +1,9 @@
 """From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
 
 The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
-`reset()` (at the start of every request, so K/V never leaks between requests) and `forward()`,
-or, for a plain greedy request to a backend with `greedy_on_device`, through `greedy_stream()`.
+`reset()` (at the start of every request, so K/V never leaks between requests), `forward()` for
+the prompt, then `sample_stream()` for the sampled tokens (one forward each, or chained on the
+device), or, for a plain greedy request to a backend with `greedy_on_device`, `greedy_stream()`.
 Either way the tokens go through the same loop below.
 
     engine = Engine.load("smollm2-135m", backend="reference")
@@ -26,7 +27,7 @@ from typing import Callable, Generator, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from .backend import DEFAULT_BACKEND, Backend, check_finite, open_backend
+from .backend import DEFAULT_BACKEND, Backend, open_backend, sample_next
 from .chat_template import ChatTemplate, normalize_messages
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
@@ -214,15 +215,24 @@ class Engine:
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
                      cancel: Callable[[], bool] | None) -> _TokenSource:
-        """Tokens sampled on the host, one forward per token (sample_next); logits holding NaN or
-        inf raise NonFiniteError before they reach the sampler."""
+        """Tokens sampled by the host's sampler: the backend's sample_stream, or with the logits of
+        each (logprobs) one forward per token (sample_next); logits holding NaN or inf raise
+        NonFiniteError before they reach the sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.reset()
         tokens = self._prefill(prompt_ids, cancel)
         if tokens is None:
             return  # cancelled during the prefill
+        if not with_logits:
+            stream = self.backend.sample_stream(sampler, history, tokens)
+            try:
+                for token in stream:
+                    yield token, None
+            finally:
+                stream.close()
+            return
         while True:
-            token, logits = sample_next(self.backend, sampler, history, tokens, with_logits)
+            token, logits = sample_next(self.backend, sampler, history, tokens, with_logits=True)
             history.tokens.append(token)
             yield token, logits
             if self.backend.n_past >= self.n_ctx:
@@ -366,28 +376,6 @@ def check_fits(n_prompt: int, n_ctx: int) -> None:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def sample_next(backend: Backend, sampler: Sampler, history: History, tokens: list[int],
-                with_logits: bool = False) -> tuple[int, np.ndarray | None]:
-    """Run `tokens` and sample the next one: from the candidates a backend reduces the logits to on
-    the device where it can and no logits are wanted (logprobs), else from the full logits.
-    Returns (token, its logits or None)."""
-    step = f" (for generated token {len(history.generated) + 1})"
-    if not backend.reduces_on_device or with_logits:
-        logits = backend.forward(tokens)
-        check_finite(logits, backend.n_past - 1, step)
-        return sampler.sample(history, logits), logits
-    backend.forward_pending(tokens)  # the device runs while the host prepares the reduction
-    reduction = sampler.reduction(history, *backend.candidate_limits)
-    if reduction is not None:
-        found = backend.read_candidates(reduction)
-        token = sampler.sample_reduced(history, found) if found is not None else None
-        if token is not None:
-            return token, None
-    logits = backend.last_logits()
-    check_finite(logits, backend.n_past - 1, step)
-    return sampler.sample(history, logits), logits
-
-
 class _PieceBuilder:
     """Generated tokens (and their logprobs) waiting for the text they make to be released."""
 

@@ -17,7 +17,9 @@ https://github.com/ggml-org/llama.cpp/blob/master/common/sampling.cpp (default s
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -255,14 +257,16 @@ def _reaching(sorted_probs: np.ndarray, p: float) -> int:
 
 
 def _most_likely_reaching(probs: np.ndarray, p: float) -> np.ndarray:
-    """Indices of the n most likely entries, most likely first, for an n whose share reaches p.
+    """Indices of the n most likely entries, most likely first (the lowest index first among ties),
+    for an n whose share reaches p.
 
     Sorting a 262,144-token vocabulary takes tens of ms; the head that reaches p is usually
     small, so grow a partial selection (O(vocab)) until it is big enough and sort only that.
     """
     n = 64
     while n <= probs.size // 8:  # beyond that a full sort is cheaper than another try
-        head = np.argpartition(-probs, n - 1)[:n]
+        cut = np.partition(probs, probs.size - n)[probs.size - n]  # the n-th largest
+        head = np.flatnonzero(probs >= cut)  # ascending, with every tie at the cut: ties go to the lowest ids
         if probs[head].sum() >= p:
             return head[np.argsort(-probs[head], kind="stable")]
         n *= 8
@@ -346,13 +350,22 @@ OPEN_CANDIDATES = 256    # candidates asked for when top-k is off (top-p or min-
 class Reduction:
     """What a device needs to reduce one token's logits to candidates: the penalty table, one row
     per token a penalty touches (id, logit bias as float32 bits, in the repetition window, times
-    generated), the request's penalty amounts, and how many candidates to keep at least."""
+    generated), the request's penalty amounts, and how many candidates to keep at least; and what it
+    needs to draw the token from them itself: the truncation settings and this token's random number.
+    With `pending` the table leaves out the token the device is about to run (it drew it and the
+    host has not read it yet): the device counts that one as generated and in the window itself."""
 
     table: np.ndarray  # (n, 4) uint32
-    repeat_penalty: float
+    repeat_penalty: float  # 1.0 when the repetition penalty is off
     presence: float
     frequency: float
     want: int
+    top_k: int
+    top_p: float
+    min_p: float
+    temperature: float
+    u: float
+    pending: bool = False
 
 
 @dataclass
@@ -372,7 +385,12 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, vocab_size: int):
         self.chain = build_chain(params, vocab_size)
-        self.rng = np.random.default_rng(check_seed(params.seed))
+        seed = check_seed(params.seed)
+        self.seed = secrets.randbits(64) if seed is None else seed
+
+    def uniform(self, history: History, ahead: int = 0) -> float:
+        """The random number that draws generated token len(history.generated) + ahead."""
+        return uniform(self.seed, len(history.generated) + ahead)
 
     def penalised(self, history: History, logits: np.ndarray) -> np.ndarray:
         out = np.asarray(logits)  # float64 only when a penalty must change it: a copy costs ms
@@ -400,10 +418,11 @@ class Sampler:
         full[ids] = out
         return full
 
-    def reduction(self, history: History, max_entries: int, max_want: int) -> Reduction | None:
+    def reduction(self, history: History, max_entries: int, max_want: int, pending: bool = False) -> Reduction | None:
         """The request for a device to reduce this token's logits to candidates, or None when the
         candidates could not decide the token (nothing truncates: top-k, top-p and min-p off) or
-        the request is larger than the device takes."""
+        the request is larger than the device takes. `pending`: the logits are those after one more
+        token than `history` holds, which the device adds to the penalties itself."""
         chain, params = self.chain, self.chain.params
         if chain.greedy:
             want = 1 + CANDIDATE_MARGIN
@@ -417,7 +436,8 @@ class Sampler:
             return None
         repeat = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
         open_ai = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        window = _window(history, params.repeat_last_n) if repeat else np.zeros(0, dtype=np.int64)
+        last_n = params.repeat_last_n - pending if params.repeat_last_n > 0 else params.repeat_last_n
+        window = _window(history, last_n) if repeat and last_n else np.zeros(0, dtype=np.int64)
         generated, counts = _generated_counts(history) if open_ai else (np.zeros(0, dtype=np.int64),) * 2
         bias_ids, amounts = chain.bias
         ids = np.union1d(np.union1d(window, generated), bias_ids)
@@ -430,12 +450,14 @@ class Sampler:
         table[:, 1] = bias.view(np.uint32)
         table[np.searchsorted(ids, window), 2] = 1
         table[np.searchsorted(ids, generated), 3] = counts
-        return Reduction(table, params.repeat_penalty, params.presence_penalty, params.frequency_penalty, want)
+        return Reduction(table, params.repeat_penalty if repeat else 1.0, params.presence_penalty,
+                         params.frequency_penalty, want, params.top_k, params.top_p, params.min_p,
+                         params.temperature, self.uniform(history, int(pending)), pending)
 
     def sample_reduced(self, history: History, found: Candidates) -> int | None:
         """The token sample() would pick from the full logits, from a device's candidates; None
         when they cannot decide it (top-p or min-p reach past them): then sample() from the full
-        logits. Consumes one random number exactly when sample() would."""
+        logits. Draws with the same random number as sample()."""
         ids = found.ids
         out = np.asarray(found.logits, dtype=np.float64)
         for step in self.chain.penalties:
@@ -461,24 +483,32 @@ class Sampler:
                 return None  # min-p keeps tokens below the candidates
         for step in truncation:
             out = step(history, out)
-        return int(ids[draw(out, self.rng)])
+        return int(ids[draw(out, self.uniform(history))])
 
     def sample(self, history: History, logits: np.ndarray) -> int:
         if self.chain.greedy:
             return int(np.argmax(self.penalised(history, logits)))  # first index among ties
         ids, out = self.candidates(history, logits)
-        index = draw(out, self.rng)
+        index = draw(out, self.uniform(history))
         return index if ids is None else int(ids[index])
 
 
-def draw(logits: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from softmax(logits) by inverting the cumulative distribution."""
+def uniform(seed: int, n: int) -> float:
+    """The n-th random number in [0, 1) of a request seeded `seed`: a hash of the two, so any token's
+    number is known without drawing the ones before it (a device drawing ahead of the host uses the
+    same). 24 bits, exact in float32."""
+    digest = hashlib.blake2b(seed.to_bytes(8, "little") + n.to_bytes(8, "little"), digest_size=4).digest()
+    return (int.from_bytes(digest, "little") >> 8) / float(1 << 24)
+
+
+def draw(logits: np.ndarray, u: float) -> int:
+    """One token from softmax(logits) by inverting the cumulative distribution at u in [0, 1)."""
     alive = np.flatnonzero(logits > -np.inf)
     if alive.size == 0:
         raise ParameterError("every token was removed by the sampler (all logits are -inf)")
     probs = _probabilities(logits[alive])
     cumulative = np.cumsum(probs)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
     return int(alive[min(index, alive.size - 1)])
 
 

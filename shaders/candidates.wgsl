@@ -1,10 +1,12 @@
 // A sampled token's candidates: the logits after the penalties, reduced to every token above a
 // threshold chosen so that at least P.want tokens pass, with the log-sum-exp of the whole vocabulary.
-// The host's sampler chain then runs on those few (airframe/gpu/candidates.py). Four dispatches of
-// this program, one per {CANDIDATES_STAGE}:
+// draw.wgsl then picks the token from those few, and the host checks it with its own sampler chain
+// (airframe/gpu/candidates.py). Four dispatches of this program, one per {CANDIDATES_STAGE}:
 //   1 penalties: entry j of PEN (a token id, its logit bias, whether it is in the repetition window,
 //     its count among the generated tokens) rewrites that token's logit in place; the logit it had
-//     goes to OUT.raw[j], so the host can recompute every step in float64.
+//     goes to OUT.raw[j], so the host can recompute every step in float64. With P.pending the token
+//     in TOKENS[0] (drawn for this forward, not yet known to the host) counts once more as
+//     generated and is in the window: its table entry is changed, or it gets entry n_pen.
 //   2 histogram: workgroup g counts its PER logits by the top BIN_BITS bits of their order key and
 //     writes their maximum and sum of exp (PART[g]), noting any NaN or infinity.
 //   3 threshold: one workgroup finds the highest bin at which the count from the top reaches P.want,
@@ -19,20 +21,10 @@ struct Params {
     repeat_penalty: f32,
     presence: f32,
     frequency: f32,
+    pending: u32,          // 1: add TOKENS[0] to the penalties as a generated token
 }
 
-struct Out {
-    count: atomic<u32>,    // candidates found; only the first CAP were written
-    threshold: u32,        // the smallest order key of a candidate's bin
-    non_finite: u32,       // 1 when a logit after the penalties is NaN or infinite
-    max_logit: f32,
-    log_sum_exp: f32,      // of every logit after the penalties
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-    raw: array<f32, PEN_MAX>,
-    cand: array<vec2<u32>, CAP>,  // (token id, logit bits after the penalties)
-}
+#include "candidates_out.wgsl"
 
 #include "order_key.wgsl"
 
@@ -42,6 +34,7 @@ struct Out {
 @group(0) @binding(3) var<storage, read_write> PART: array<vec4<f32>>;       // (n_groups,) max, sum of exp, non-finite
 @group(0) @binding(4) var<storage, read_write> OUT: Out;
 @group(0) @binding(5) var<uniform> P: Params;
+@group(0) @binding(6) var<storage, read> TOKENS: array<u32>;                 // [0]: the token this forward ran
 
 const STAGE: u32 = {CANDIDATES_STAGE}u;
 const WG: u32 = 256u;
@@ -50,8 +43,6 @@ const PER: u32 = 2048u;             // logits per workgroup: WG * ITEMS
 const BIN_BITS: u32 = 12u;
 const BINS: u32 = 4096u;            // 1 << BIN_BITS
 const BINS_PER_LANE: u32 = 16u;     // BINS / WG
-const PEN_MAX: u32 = 1024u;
-const CAP: u32 = 2048u;
 const LOWEST: f32 = -3.4e38;      // below every finite logit; WGSL may assume no infinities
 
 #include "workgroup_reduce.wgsl"
@@ -63,12 +54,39 @@ fn finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7F800000u) != 0x7F800000u;
 }
 
+// whether token t has an entry in PEN (whose ids ascend)
+fn in_table(t: u32) -> bool {
+    var lo = 0u;
+    var hi = P.n_pen;
+    while (lo < hi) {
+        let mid = (lo + hi) / 2u;
+        let id = PEN[mid].x;
+        if (id == t) {
+            return true;
+        }
+        if (id < t) {
+            lo = mid + 1u;
+        } else {
+            hi = mid;
+        }
+    }
+    return false;
+}
+
 fn penalise(lid: u32, wid: u32) {
     let j = wid * WG + lid;
-    if (j >= P.n_pen) {
+    let pend = TOKENS[0];
+    var e: vec4<u32>;
+    if (j < P.n_pen) {
+        e = PEN[j];
+        if (P.pending == 1u && e.x == pend) {
+            e = vec4<u32>(e.x, e.y, 1u, e.w + 1u);
+        }
+    } else if (j == P.n_pen && P.pending == 1u && !in_table(pend)) {
+        e = vec4<u32>(pend, 0u, 1u, 1u);
+    } else {
         return;
     }
-    let e = PEN[j];
     let raw = LOGITS[e.x];
     OUT.raw[j] = raw;
     var v = raw + bitcast<f32>(e.y);

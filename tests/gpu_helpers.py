@@ -82,3 +82,20 @@ def both_ways(be, prompt: list[int], params: SamplingParams, n: int) -> tuple[in
         history.tokens.append(token)
         tokens = [token]
     return decided, fallbacks
+
+
+def chained(be, prompt: list[int], params: SamplingParams, n: int, on_gpu: bool = True) -> list[int]:
+    """n tokens after `prompt` from the backend's sample_stream: chained on the GPU, or (not on_gpu)
+    sampled on the host from the full logits of every forward."""
+    sampler = Sampler(params, be.config.vocab_size)
+    history = History(list(prompt), n_prompt=len(prompt))
+    be.reset()
+    reduces, be.reduces_on_device = be.reduces_on_device, on_gpu
+    try:
+        stream = be.sample_stream(sampler, history, prompt)
+        tokens = [token for _, token in zip(range(n), stream)]
+        stream.close()
+    finally:
+        be.reduces_on_device = reduces
+    assert history.generated == tokens
+    return tokens

@@ -42,7 +42,7 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
     low, high = result["bandwidth_spread_GBps"]
     assert low <= result["bandwidth_GBps"] <= high
     text = bench.format_result(result)
-    assert "chained greedy" in text and "GPU candidates / full logits" in text and "time to first token" in text
+    assert "chained greedy" in text and "chained on the GPU / full logits" in text and "time to first token" in text
 
 
 def test_the_gpu_breakdown_covers_every_op_class(result):

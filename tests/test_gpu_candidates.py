@@ -1,6 +1,8 @@
-"""candidates.wgsl against its numpy reference (tests/gpu_helpers.py), and the sampled path through
-it: the tokens equal sampling from the full logits on the host, on both real models."""
+"""candidates.wgsl against its numpy reference (tests/gpu_helpers.py), draw.wgsl against the host's
+sampler, and the sampled path through them (chained on the GPU, and one token at a time): the
+tokens equal sampling from the full logits on the host, on a synthetic model and both real models."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +15,10 @@ from airframe.gpu.device import get_context
 from airframe.options import RunOptions
 from airframe.sampling import History, Sampler, SamplingParams
 
-from gpu_helpers import SAMPLED, both_ways, reduce_reference
+from gpu_helpers import SAMPLED, both_ways, chained, reduce_reference
+
+SETTINGS = SAMPLED + [SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0, repeat_penalty=0.8,
+                                     repeat_last_n=-1, seed=17)]
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +28,20 @@ def reducer():
     pipes = pl.Pipelines(ctx)
     vocab = 5000
     be = SimpleNamespace(pipes=pipes, ctx=ctx, config=SimpleNamespace(vocab_size=vocab),
-                         scratch=SimpleNamespace(logits=pipes.storage(vocab * 4, "logits")))
+                         scratch=SimpleNamespace(logits=pipes.storage(vocab * 4, "logits"), ids=pipes.storage(16, "ids")))
     ops = cand.build_candidates(be)
 
-    def run(logits: np.ndarray, params: SamplingParams, history: History):
-        reduction = Sampler(params, vocab).reduction(history, cand.PEN_MAX, cand.MAX_WANT)
+    def run(logits: np.ndarray, params: SamplingParams, history: History, pending: int | None = None,
+            sampler: Sampler | None = None):
+        """The reduction of `logits` after `history` (and, with `pending`, one more generated token
+        the GPU adds itself), and what the GPU found and drew."""
+        sampler = sampler or Sampler(params, vocab)
+        reduction = sampler.reduction(history, cand.PEN_MAX - 1, cand.MAX_WANT, pending=pending is not None)
         ctx.device.queue.write_buffer(be.scratch.logits, 0, logits.astype(np.float32))
+        ctx.device.queue.write_buffer(be.scratch.ids, 0, np.array([pending or 0], np.uint32))
         cand.write_request(be, ops, reduction)
         ctx.device.queue.submit([cand.record(be, ops)])
-        return reduction, cand.read(ops, reduction)
+        return reduction, cand.read(be, ops, reduction, pending=pending)
 
     return run
 
@@ -56,6 +66,40 @@ def test_candidates_equal_the_numpy_reference(reducer, scale):
     assert got.log_sum_exp == pytest.approx(want.log_sum_exp, rel=1e-5)
     table_ids = reduction.table[:, 0].astype(np.int64)
     assert found.raw.tolist() == logits[table_ids].tolist()
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
+def test_the_gpu_draws_the_token_of_the_host_sampler(reducer, params):
+    rng = np.random.default_rng(params.seed)
+    sampler = Sampler(params, 5000)
+    history = History(list(rng.integers(0, 5000, 30)), n_prompt=30)
+    drawn = 0
+    for step in range(12):
+        logits = ((0.5 + 5 * rng.random()) * rng.standard_normal(5000)).astype(np.float32)
+        logits[rng.integers(0, 5000, 40)] = logits[9]  # ties
+        _, found = reducer(logits, params, history, sampler=sampler)
+        want = sampler.sample_reduced(history, found.candidates)
+        assert found.drawn == want, f"step {step}"  # None both: the candidates cannot decide
+        drawn += want is not None
+        history.tokens.append(want if want is not None else int(rng.integers(0, 5000)))
+    assert drawn >= 4  # top-p without top-k cannot decide the flattest of these from 256 candidates
+
+
+def test_the_gpu_adds_the_pending_token_to_the_penalties(reducer):
+    rng = np.random.default_rng(1)
+    logits = (3 * rng.standard_normal(5000)).astype(np.float32)
+    params = SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.3, repeat_last_n=8, presence_penalty=0.5,
+                            frequency_penalty=0.25, seed=3)
+    known = History([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], n_prompt=4)
+    top = int(np.argmax(logits))
+    for pending in (6, top, 4999):  # falling out of the window, new, already penalised
+        whole = History(known.tokens + [pending], n_prompt=4)
+        _, ahead = reducer(logits, params, known, pending=pending)
+        reduction, found = reducer(logits, params, whole)
+        assert ahead.candidates.ids.tolist() == found.candidates.ids.tolist()
+        assert ahead.candidates.logits.tolist() == found.candidates.logits.tolist()
+        assert ahead.penalised.tolist() == reduction.table[:, 0].tolist()
+        assert ahead.drawn == found.drawn == Sampler(params, 5000).sample_reduced(whole, found.candidates)
 
 
 def test_every_token_is_a_candidate_when_the_vocabulary_is_smaller_than_wanted(reducer):
@@ -86,25 +130,70 @@ def test_the_sampled_path_gives_the_tokens_of_the_full_logits(model, sampled_tok
     decided = 0
     for params in SAMPLED:
         decided += both_ways(engine.backend, prompt, params, sampled_tokens)[0]
+        want = chained(engine.backend, prompt, params, sampled_tokens, on_gpu=False)
+        assert chained(engine.backend, prompt, params, sampled_tokens) == want
     assert decided >= 0.5 * sampled_tokens * len(SAMPLED)  # top-p / min-p without top-k may fall back
 
 
-def test_the_engine_samples_from_candidates_and_says_the_same(tmp_path):
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
     from airframe.synthetic import write_synthetic_gguf
 
-    path = write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "Q8_0", vocab=5000)
-    engine = Engine.load(path, backend="webgpu", options=RunOptions(n_ctx=64))
-    params = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=0.9, top_k=20, seed=3,
+    path = write_synthetic_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", "tiny", "Q8_0", vocab=5000)
+    return Engine.load(path, backend="webgpu", options=RunOptions(n_ctx=64))
+
+
+def test_the_engine_chains_sampled_tokens_and_says_the_same(tiny):
+    params = GenerationParams(max_tokens=40, sampling=SamplingParams(temperature=0.9, top_k=20, seed=3,
                                                                      repeat_penalty=1.2))
     asked = []
-    read_candidates = engine.backend.read_candidates
-    engine.backend.read_candidates = lambda *a: asked.append(1) or read_candidates(*a)
-    reduced = engine.generate("Hello there", params)
-    assert len(asked) == reduced[1].completion_tokens
-    engine.backend.reduces_on_device = False  # the full logits every token
-    full = engine.generate("Hello there", params)
-    assert len(asked) == reduced[1].completion_tokens
-    assert reduced[0] == full[0] and reduced[1].completion_tokens == full[1].completion_tokens
+    read_candidates = tiny.backend.read_candidates
+    tiny.backend.read_candidates = lambda *a: asked.append(1) or read_candidates(*a)
+    try:
+        chained_text = tiny.generate("Hello there", params)
+        tiny.backend.reduces_on_device = False  # the full logits every token
+        full = tiny.generate("Hello there", params)
+    finally:
+        tiny.backend.reduces_on_device = True
+        del tiny.backend.read_candidates
+    assert chained_text[0] == full[0] and chained_text[1].completion_tokens == full[1].completion_tokens == 40
+    assert len(asked) < 5  # the first token and the rare disagreement through the host path
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
+def test_chained_sampling_gives_the_tokens_of_the_full_logits(tiny, params):
+    prompt = [1, 15, 27, 300, 4000]
+    want = chained(tiny.backend, prompt, params, 50, on_gpu=False)
+    assert chained(tiny.backend, prompt, params, 50) == want
+    assert len(want) == 50 and tiny.backend.n_past == len(prompt) + 49
+
+
+def test_the_chain_keeps_the_hosts_token_where_the_gpu_drew_another(tiny, monkeypatch):
+    """A wrong random number on the GPU for some tokens, and candidates the host says it cannot
+    decide from for others: the tokens stay those of the full logits."""
+    prompt = [1, 15, 27, 300, 4000]
+    params = SamplingParams(temperature=1.2, top_k=30, repeat_penalty=1.1, seed=21)
+    want = chained(tiny.backend, prompt, params, 40, on_gpu=False)
+    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
+    calls = {"write": 0, "sample": 0, "chains": 0}
+
+    def wrong_u(be, ops, reduction):
+        calls["write"] += 1
+        if calls["write"] % 7 == 0:
+            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
+        write_request(be, ops, reduction)
+
+    def undecided(self, history, found):
+        calls["sample"] += 1
+        return None if calls["sample"] % 11 == 0 else sample_reduced(self, history, found)
+
+    from airframe.gpu import sampled
+    chain = sampled._chain
+    monkeypatch.setattr(cand, "write_request", wrong_u)
+    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    monkeypatch.setattr(sampled, "_chain", lambda *a: calls.__setitem__("chains", calls["chains"] + 1) or chain(*a))
+    assert chained(tiny.backend, prompt, params, 40) == want
+    assert calls["chains"] >= 5  # it started over after each disagreement
 
 
 def test_nan_logits_are_reported_on_the_greedy_chain_and_never_sampled(tmp_path):

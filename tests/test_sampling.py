@@ -8,11 +8,16 @@ import pytest
 from airframe.errors import ParameterError
 from airframe.sampling import (History, Sampler, SamplingParams, build_chain, draw, log_softmax,
                                logit_bias, min_p, presence_frequency_penalty, repetition_penalty,
-                               temperature, top_k, top_logprobs, top_p)
+                               temperature, top_k, top_logprobs, top_p, uniform)
 
 from gpu_helpers import reduce_reference  # noqa: E402
 
 NO_HISTORY = History()
+
+
+def after(n):
+    """A history of n generated tokens (token 0): the draw of generated token n + 1 is next."""
+    return History([0] * n)
 
 
 def probs_of(logits):
@@ -62,10 +67,9 @@ def test_sampling_from_the_candidates_equals_drawing_from_the_whole_vocabulary()
     logits = np.random.default_rng(5).normal(size=5000) * 3
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.02, seed=8)
     sampler = Sampler(params, vocab_size=5000)
-    rng = np.random.default_rng(8)
     full = sampler.process(NO_HISTORY, logits)
-    for _ in range(30):
-        assert sampler.sample(NO_HISTORY, logits) == draw(full, rng)
+    for n in range(30):
+        assert sampler.sample(after(n), logits) == draw(full, uniform(8, n))
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -87,6 +91,13 @@ def test_top_p_matches_a_full_sort_on_random_distributions():
         n_keep = int(np.searchsorted(np.cumsum(probs[order]), p)) + 1
         kept = np.flatnonzero(np.isfinite(top_p(p)(NO_HISTORY, logits)))
         assert set(kept.tolist()) == set(order[:n_keep].tolist())
+
+
+def test_top_p_keeps_the_lowest_ids_among_tied_tokens():
+    logits = np.zeros(5000)
+    logits[4000:] = 1.0  # 1,000 tied tokens share most of the mass; top-p keeps some of them
+    kept = np.flatnonzero(np.isfinite(top_p(0.3)(NO_HISTORY, logits)))
+    assert 0 < kept.size < 1000 and kept.tolist() == list(range(4000, 4000 + kept.size))
 
 
 def test_min_p_drops_tokens_below_a_share_of_the_best():
@@ -153,26 +164,34 @@ def test_the_same_seed_gives_the_same_tokens():
 
     def run():
         sampler = Sampler(params, vocab_size=1000)
-        return [sampler.sample(NO_HISTORY, logits) for _ in range(50)]
+        return [sampler.sample(after(n), logits) for n in range(50)]
 
     first = run()
     assert run() == first
     assert len(set(first)) > 10  # really random, not stuck on one token
     other = Sampler(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=99), 1000)
-    assert [other.sample(NO_HISTORY, logits) for _ in range(50)] != first
+    assert [other.sample(after(n), logits) for n in range(50)] != first
+
+
+def test_the_random_numbers_are_uniform_and_exact_in_float32():
+    u = np.array([uniform(5, n) for n in range(20000)])
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert np.histogram(u, bins=10, range=(0, 1))[0].min() > 1800  # 2,000 expected per tenth
+    assert (u.astype(np.float32) == u).all()
+    assert uniform(5, 3) != uniform(6, 3) and uniform(2**64 - 1, 2**40) < 1.0
+    unseeded = [Sampler(SamplingParams(), 10).seed for _ in range(3)]
+    assert len(set(unseeded)) == 3  # no seed: a fresh one per request
 
 
 def test_draw_follows_the_distribution():
     probs = np.array([0.5, 0.25, 0.125, 0.125])
-    rng = np.random.default_rng(7)
-    counts = np.bincount([draw(np.log(probs), rng) for _ in range(8000)], minlength=4)
+    counts = np.bincount([draw(np.log(probs), uniform(7, n)) for n in range(8000)], minlength=4)
     assert np.allclose(counts / 8000, probs, atol=0.02)
 
 
 def test_draw_never_picks_a_removed_token():
-    rng = np.random.default_rng(3)
     logits = np.array([-np.inf, 0.0, -np.inf, 0.0])
-    assert {draw(logits, rng) for _ in range(200)} == {1, 3}
+    assert {draw(logits, uniform(3, n)) for n in range(200)} == {1, 3}
 
 
 def test_logprobs_are_of_the_raw_distribution():
@@ -253,9 +272,7 @@ def test_candidates_that_cannot_decide_ask_for_the_full_logits():
     flat = np.zeros(3000, dtype=np.float32)  # top-p 0.9 needs 2,700 tokens; 256 candidates hold less
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0, seed=0), 3000)
     found = reduce_reference(flat + np.float32(np.arange(3000) % 7) * 1e-3, sampler.reduction(History(), 1024, 512))
-    rng_state = sampler.rng.bit_generator.state
     assert sampler.sample_reduced(History(), found) is None
-    assert sampler.rng.bit_generator.state == rng_state  # nothing drawn: sample() draws as usual
     wide = np.linspace(0, 1, 3000).astype(np.float32)  # min-p 0.2 keeps tokens far below 256 candidates
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, seed=0), 3000)
     found = reduce_reference(wide, sampler.reduction(History(), 1024, 512))
@@ -285,8 +302,9 @@ def test_a_repeat_penalty_that_overflows_still_samples_a_seen_token():
     logits = np.array([3.0, 1.0, -1.0, 2.0], dtype=np.float32)
     history = History([0, 3, 3], n_prompt=3)
     for top_k_value, expected in ((1, ({0}, {3})), (2, ({0, 3},)), (0, ({0, 3},))):
-        sampler = Sampler(SamplingParams(repeat_penalty=5e-324, top_k=top_k_value, temperature=0.7, seed=1), 4)
-        assert {sampler.sample(history, logits) for _ in range(40)} in expected
+        samplers = [Sampler(SamplingParams(repeat_penalty=5e-324, top_k=top_k_value, temperature=0.7, seed=seed), 4)
+                    for seed in range(40)]
+        assert {sampler.sample(history, logits) for sampler in samplers} in expected
 
 
 def test_top_p_and_min_p_keep_the_infinite_tokens():
@@ -299,8 +317,7 @@ def test_top_p_and_min_p_keep_the_infinite_tokens():
 
 
 def test_a_tiny_temperature_is_greedy_not_an_overflow():
-    rng = np.random.default_rng(5)
     logits = np.array([1.0, 2.0, 1.5])
     out = temperature(5e-324)(NO_HISTORY, logits)
     assert out[1] == 0.0 and np.isneginf(out[[0, 2]]).all()
-    assert {draw(out, rng) for _ in range(20)} == {1}
+    assert {draw(out, uniform(5, n)) for n in range(20)} == {1}

@@ -8,8 +8,9 @@ K/V cache once. A forward over T tokens records one compute pass: embedding, the
   -> down projection (+ residual, or post-norm + residual),
 then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
 Prompts are prefilled in chunks of `prefill_chunk` tokens; decode reads back only the logits.
-Sampled requests read back only a few candidates (candidates.py), and greedy requests not even
-those: the argmax runs on the GPU and feeds the next token (greedy.py).
+Sampled requests draw each token on the GPU from a few candidates, feed it to the next forward
+there and read back only the candidates, which the host checks the token with (candidates.py,
+sampled.py); greedy requests read back only the ids (greedy.py).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from ..gguf_file import GGUFFile
 from ..model import Model
 from ..options import RunOptions
 from ..rope_scaling import cos_sin, freq_factors
-from ..sampling import Candidates, Reduction
+from ..sampling import Candidates, History, Reduction, Sampler
 from . import candidates as cand
 from . import pipelines as pl
 from .device import get_context
 from .greedy import build_argmax, greedy_stream
+from .sampled import ChainCounts, sample_stream
 from .pack import LayerPack, pack_rows, pack_tensors
 from .layer import LayerOps, build_globals, build_layer
 
@@ -105,7 +107,8 @@ class WebGPUBackend(Backend):
         self.argmax = build_argmax(self)
         self.candidates = cand.build_candidates(self)
         self.reduces_on_device = not config.final_logit_softcap  # soft-capping runs on the host, at read-back
-        self._reduced: tuple[Reduction, cand.Found] | None = None  # the last forward's, for last_logits
+        self._reduced: cand.Found | None = None  # the last forward's, for last_logits
+        self.chain_counts = ChainCounts()  # sampled tokens by how they were made (sampled.py)
         bar.update(1)
         bar.close()
         self.debug_raw = options.debug_raw
@@ -193,7 +196,14 @@ class WebGPUBackend(Backend):
         (ids, reason). The argmax runs on the GPU and feeds the next token there (greedy.py)."""
         return greedy_stream(self, prompt, max_new_tokens, eos, cancel)
 
-    candidate_limits = (cand.PEN_MAX, cand.MAX_WANT)
+    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
+        """Backend.sample_stream with each token drawn on the GPU, fed to the next forward there and
+        checked by the host one token behind (sampled.py)."""
+        if not self.reduces_on_device or self.debug_raw:
+            return super().sample_stream(sampler, history, tokens)
+        return sample_stream(self, sampler, history, tokens)
+
+    candidate_limits = (cand.PEN_MAX - 1, cand.MAX_WANT)  # an entry left for the pending token
 
     def forward_pending(self, tokens: Sequence[int]) -> None:
         """forward() of `tokens` up to the last position's logits, submitted and not read: the host
@@ -210,8 +220,8 @@ class WebGPUBackend(Backend):
         commands = self._next_reduce or cand.record(self, ops)
         self._next_reduce = None
         self.ctx.device.queue.submit([commands])
-        found = cand.read(ops, reduction)
-        self._reduced = (reduction, found)
+        found = cand.read(self, ops, reduction)
+        self._reduced = found
         return found.candidates
 
     def last_logits(self) -> np.ndarray:
@@ -221,8 +231,7 @@ class WebGPUBackend(Backend):
         self.ctx.device.queue.submit([encoder.finish()])
         logits = self._read_logits(1)[0]
         if self._reduced is not None:
-            reduction, found = self._reduced
-            logits = cand.restore(logits, reduction, found.raw)
+            logits = cand.restore(logits, self._reduced)
         return logits
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:

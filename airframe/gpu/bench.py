@@ -1,7 +1,7 @@
 """WebGPU measurements for `airframe bench`: prefill tokens/s of an N-token chunk at depth 0 and at
 the largest context asked (llama-bench's pp512 and pp512 @ d4096 by default), the time to the first
 token of a longer prompt, decode ms/token at several contexts (greedy chained on the GPU, and a sampled
-request: from the GPU's candidates and from the full logits), where a token's and a chunk's GPU time goes per op
+request: drawn on the GPU from its candidates, and sampled from the full logits), where a token's and a chunk's GPU time goes per op
 class, and the share of the bandwidth floor, against a streaming read measured in the same run.
 
 GPU times come from timestamp queries at the start and end of compute passes where the adapter has
@@ -13,6 +13,7 @@ SLOW_S (a CPU adapter such as lavapipe), it first says how long, from one timed 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -22,7 +23,6 @@ import numpy as np
 import wgpu
 from tqdm import tqdm
 
-from ..engine import sample_next
 from ..model import open_model
 from ..options import RunOptions
 from ..sampling import History, Sampler, SamplingParams
@@ -30,6 +30,7 @@ from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
 from .greedy import chain
+from .sampled import ChainCounts, sample_stream
 
 PROBE_BYTES = 1 << 30
 PROBE_THREADS = 256 * 1024  # enough loads in flight to saturate an H200 (64K threads read half as fast)
@@ -209,30 +210,30 @@ SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, repeat_penalty=1
 
 
 def sampled_decode_ms(be: WebGPUBackend, context: int, steps: int, on_gpu: bool = True) -> float:
-    """Median ms/token of a sampled request (SAMPLED) decoding from position context - 1, each token
-    as the engine samples it (sample_next): from the GPU's candidates, or (not on_gpu) from the
-    full logits read back."""
+    """ms/token of a sampled request (SAMPLED) decoding `steps` tokens from position context - 1 as
+    the engine does (sample_stream): drawn on the GPU and checked by the host a token behind
+    (sampled.py), or (not on_gpu) one forward at a time sampled from the full logits read back."""
     reduces, be.reduces_on_device = be.reduces_on_device, be.reduces_on_device and on_gpu
-    try:
-        return _sampled_ms(be, context, steps)
-    finally:
-        be.reduces_on_device = reduces
-
-
-def _sampled_ms(be: WebGPUBackend, context: int, steps: int) -> float:
     sampler = Sampler(SAMPLED, be.config.vocab_size)
-    history = History([1], n_prompt=1)
+    warm = be.sample_stream(sampler, History([1], n_prompt=1), [1])  # the first use of its pipelines and calls
+    for _ in zip(range(4), warm):
+        pass
+    warm.close()
+    if on_gpu:
+        be.chain_counts = ChainCounts()
     be.reset()
     be.n_past = context - 1
-    times = []
-    for step in range(steps + 1):  # the first token records the pipelines' first use
+    stream = be.sample_stream(sampler, History([1], n_prompt=1), [1])
+    try:
+        next(stream)  # the first token runs on the host path, and records the pipelines' first use
         started = time.perf_counter()
-        token, _ = sample_next(be, sampler, history, history.tokens[-1:])
-        history.tokens.append(token)
-        if step:
-            times.append(time.perf_counter() - started)
-    be.reset()
-    return 1000 * statistics.median(times)
+        for _ in range(steps):
+            next(stream)
+        return 1000 * (time.perf_counter() - started) / steps
+    finally:
+        stream.close()
+        be.reduces_on_device = reduces
+        be.reset()
 
 
 def chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3) -> float:
@@ -250,17 +251,27 @@ def chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3
     return 1000 * statistics.median(times) / steps
 
 
-def chained_gpu_timeline(be: WebGPUBackend, context: int, steps: int, timer: GpuTimer) -> dict:
-    """One greedy chain with each token's pass timestamped: the median GPU time of a token's pass
-    and of the gap between one token's pass and the next (the GPU waiting for the host)."""
+def gpu_timeline(be: WebGPUBackend, context: int, steps: int, timer: GpuTimer, sampled: bool = False) -> dict:
+    """One chain with each token's pass timestamped, greedy or (`sampled`) SAMPLED: the median GPU
+    time of a token's pass and of the gap between one token's pass and the next (the GPU waiting
+    for the host)."""
     be.reset()
     be.n_past = context - 1
-    for _ in chain(be, 1, min(steps, timer.n_passes), timestamps=timer.writes):
-        pass
+    n = min(steps, timer.n_passes - 1)  # the chains record one token ahead
+    if sampled:
+        stream = sample_stream(be, Sampler(SAMPLED, be.config.vocab_size), History([1], n_prompt=1), [1],
+                               timestamps=timer.writes)
+        for _ in zip(range(n), stream):
+            pass
+        stream.close()
+    else:
+        for _ in chain(be, 1, n, timestamps=timer.writes):
+            pass
     spans = timer.read_spans()
     be.reset()
-    if len(spans) < 2:
+    if len(spans) < 3:
         return {}
+    spans = spans[:-1]  # the last one recorded may not have run
     busy = spans[:, 1] - spans[:, 0]
     gaps = spans[1:, 0] - spans[:-1, 1]
     return {"pass_ms": 1000 * float(np.median(busy)), "gap_ms": 1000 * float(np.median(gaps))}
@@ -302,7 +313,10 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
                 row[name + "_error"] = f"{type(e).__name__}: {e}"
             bar.update(1)
         if timer.enabled:
-            row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
+            row["chained_gpu"] = gpu_timeline(be, context, steps, timer)
+            if be.reduces_on_device:
+                row["sampled_gpu"] = gpu_timeline(be, context, steps, timer, sampled=True)
+        row["sampled_tokens"] = dataclasses.asdict(be.chain_counts)  # of the chained sampled run
         rows.append(row)
     return rows
 
@@ -391,15 +405,19 @@ def _duration(seconds: float) -> str:
 
 
 def _decode_lines(r: dict) -> list[str]:
-    lines = ["decode ms/token   chained greedy (share of floor)   sampled: GPU candidates / full logits"
+    lines = ["decode ms/token   chained greedy (share of floor)   sampled: chained on the GPU / full logits"
              "   floor ms   dispatches"]
     for d in r["decode"]:
         chained = (f"{d['chained_ms']:8.3f} ({100 * d['floor_ms'] / d['chained_ms']:5.1f}%)"
                    if "chained_ms" in d else f"FAILED ({d['chained_ms_error']})")
         sampled = " / ".join(f"{d[k]:8.3f}" if k in d else f"FAILED ({d[k + '_error']})"
                              for k in ("sampled_ms", "sampled_full_ms"))
-        lines.append(f"  context {d['context']:>6}   {chained:>30}   {sampled:>38}   {d['floor_ms']:8.3f}   "
+        lines.append(f"  context {d['context']:>6}   {chained:>30}   {sampled:>42}   {d['floor_ms']:8.3f}   "
                      f"{d['dispatches']:>10}")
+    for d in r["decode"]:
+        if c := d.get("sampled_tokens"):
+            lines.append(f"  context {d['context']:>6}: sampled tokens drawn on the GPU {c['drawn']}, through the host "
+                         f"path {c['host']} (the first, and after {c['restarts']} chains stopped)")
     return lines
 
 
@@ -417,10 +435,10 @@ def format_result(r: dict) -> str:
                 if p["ttft_tokens"] else "")]
     lines += _decode_lines(r)
     for d in r["decode"]:
-        if d.get("chained_gpu"):
-            g = d["chained_gpu"]
-            lines.append(f"  context {d['context']:>6}: a chained token's pass {g['pass_ms']:.3f} ms on the GPU, "
-                         f"{g['gap_ms']:.3f} ms from one pass's end to the next one's start")
+        for key, what in (("chained_gpu", "greedy"), ("sampled_gpu", "sampled")):
+            if g := d.get(key):
+                lines.append(f"  context {d['context']:>6}: a chained {what} token's pass {g['pass_ms']:.3f} ms on the "
+                             f"GPU, {g['gap_ms']:.3f} ms from one pass's end to the next one's start")
     timing = "GPU timestamps" if r["gpu_timestamps"] else "wall clock"
     for g in r["gpu"]:
         ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())

@@ -2,11 +2,13 @@
 few KB instead of the whole vocabulary and samples from a few hundred values (candidates.wgsl).
 
 After the LM head, four dispatches apply the request's penalties in place, histogram the logits
-by their order key, find the key above which at least `want` tokens lie, and gather those tokens.
-The host's sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in float64
-from the model's own logits of the candidates, so the token is the one the full logits would give;
-when the candidates cannot decide it, or a logit is not finite, the backend reads the full logits
-(`restore` puts back the values the penalties overwrote).
+by their order key, find the key above which at least `want` tokens lie, and gather those tokens;
+a fifth (draw.wgsl) draws the token from them and makes it the next forward's input. The host's
+sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in float64 from the
+model's own logits of the candidates, so the token is the one the full logits would give, and
+checks the drawn one against it (sampled.py); when the candidates cannot decide it, or a logit is
+not finite, the backend reads the full logits (`restore` puts back the values the penalties
+overwrote).
 """
 
 from __future__ import annotations
@@ -19,30 +21,32 @@ import numpy as np
 from ..sampling import Candidates, Reduction, positions
 from . import pipelines as pl
 
-SHADER = "candidates"
+SHADER, DRAW = "candidates", "draw"
 PEN_MAX = pl.shader_constant(f"{SHADER}.wgsl", "PEN_MAX")  # penalty table rows
 CAP = pl.shader_constant(f"{SHADER}.wgsl", "CAP")          # candidates written at most
 PER_GROUP = pl.shader_constant(f"{SHADER}.wgsl", "PER")    # logits per histogram/gather workgroup
 BINS = pl.shader_constant(f"{SHADER}.wgsl", "BINS")
 MAX_WANT = CAP // 4  # the threshold's bin holds more than `want` tokens: leave it room
-HEADER = 32          # struct Out before `raw`: count, threshold, non_finite, max, log-sum-exp, padding
+HEADER = 32          # struct Out before `raw`: count, threshold, non_finite, max, log-sum-exp, drawn, decided, pad
 OUT_BYTES = HEADER + 4 * PEN_MAX + 8 * CAP
 
 
 @dataclass
 class CandidateOps:
-    """The four dispatches and their buffers, made once at load."""
+    """The five dispatches and their buffers, made once at load."""
 
     dispatches: list[pl.Dispatch]
     table: object    # (PEN_MAX, 4) u32 penalty table, written per token
     params: object   # uniform Params, written per token
+    draw: object     # draw.wgsl's uniform Params, written per token
     out: object      # struct Out
-    staging: object  # MAP_READ copy of `out`
+    staging: list    # two MAP_READ copies of `out`, for alternate tokens of a chain
     n_groups: int
 
 
 def build_candidates(be) -> CandidateOps:
-    """candidates.wgsl over logits row 0 of the LM head."""
+    """candidates.wgsl and draw.wgsl over logits row 0 of the LM head; the drawn token goes to the
+    token-ids buffer."""
     k = be.pipes
     vocab = be.config.vocab_size
     n_groups = pl.ceil_div(vocab, PER_GROUP)
@@ -50,18 +54,22 @@ def build_candidates(be) -> CandidateOps:
     hist = k.storage(BINS * 4, "candidate_histogram")  # zero; stage 3 clears it after reading
     part = k.storage(n_groups * 16, "candidate_partials")
     out = k.storage(OUT_BYTES, "candidates")
-    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0), "candidate_params")
+    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0), "candidate_params")
+    draw = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0), "draw_params")
     logits = (be.scratch.logits, 0, vocab * 4)
-    group = k.bind(SHADER, [logits, table, hist, part, out, params])
+    group = k.bind(SHADER, [logits, table, hist, part, out, params, be.scratch.ids])
     grids = {1: pl.ceil_div(PEN_MAX, 256), 2: n_groups, 3: 1, 4: n_groups}
     dispatches = [pl.Dispatch(f"candidates#{stage}", k.pipeline(SHADER, shape={"CANDIDATES_STAGE": stage}),
                               group, (grid, 1, 1)) for stage, grid in grids.items()]
-    return CandidateOps(dispatches, table, params, out, k.readback(OUT_BYTES, "candidates_readback"), n_groups)
+    dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw]), (1, 1, 1)))
+    staging = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)]
+    return CandidateOps(dispatches, table, params, draw, out, staging, n_groups)
 
 
-def _pack(n: int, n_groups: int, n_pen: int, want: int, repeat: float, presence: float, frequency: float) -> bytes:
+def _pack(n: int, n_groups: int, n_pen: int, want: int, repeat: float, presence: float, frequency: float,
+          pending: int) -> bytes:
     return pl.pack_params(SHADER, n=n, n_groups=n_groups, n_pen=n_pen, want=want, repeat_penalty=repeat,
-                          presence=presence, frequency=frequency)
+                          presence=presence, frequency=frequency, pending=pending)
 
 
 def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
@@ -71,14 +79,19 @@ def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
     if n_pen:
         queue.write_buffer(ops.table, 0, np.ascontiguousarray(reduction.table))
     queue.write_buffer(ops.params, 0, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
-                                            reduction.repeat_penalty, reduction.presence, reduction.frequency))
+                                            reduction.repeat_penalty, reduction.presence, reduction.frequency,
+                                            int(reduction.pending)))
+    queue.write_buffer(ops.draw, 0, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
+                                                   min_p=reduction.min_p, temperature=reduction.temperature,
+                                                   u=reduction.u))
 
 
-def record(be, ops: CandidateOps):
-    """The command buffer of one reduction: the four dispatches, then `out` copied for the host."""
+def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = (), timestamps=None):
+    """The command buffer of one reduction after the `forward` dispatches, then `out` copied to
+    read-back buffer `slot` for the host."""
     encoder = be.ctx.device.create_command_encoder()
-    pl.record(encoder, ops.dispatches)
-    encoder.copy_buffer_to_buffer(ops.out, 0, ops.staging, 0, OUT_BYTES)
+    pl.record(encoder, list(forward) + ops.dispatches, timestamps)
+    encoder.copy_buffer_to_buffer(ops.out, 0, ops.staging[slot], 0, OUT_BYTES)
     return encoder.finish()
 
 
@@ -87,25 +100,39 @@ class Found:
     """What the GPU wrote for one token, as read back."""
 
     candidates: Candidates | None  # None: too many for CAP, or a logit was not finite
-    raw: np.ndarray                # (n_pen,) float32: the logits the penalties overwrote
+    raw: np.ndarray                # float32: the logits the penalties overwrote, by entry of `penalised`
+    penalised: np.ndarray          # int64, ascending: the tokens whose logits the penalties rewrote
+    drawn: int | None              # the token draw.wgsl picked; None: it could not
 
 
-def read(ops: CandidateOps, reduction: Reduction) -> Found:
-    data = pl.read_mapped(ops.staging, OUT_BYTES, np.uint8)
+def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: int | None = None,
+         index: int | None = None) -> Found:
+    """Read-back buffer `slot` once the GPU has written it (submission `index`, pl.submit);
+    `pending` is the token the GPU added to the penalties itself (reduction.pending), now known."""
+    data = pl.read_after(be.ctx.device, ops.staging[slot], OUT_BYTES, np.uint8, index)
     count, cut, non_finite = struct.unpack_from("<3I", data, 0)
     log_sum_exp = float(np.frombuffer(data, np.float32, 1, 16)[0])
+    drawn, decided = struct.unpack_from("<2I", data, 20)
     n_pen = len(reduction.table)
-    raw = np.frombuffer(data, np.float32, n_pen, HEADER).copy()
+    penalised = reduction.table[:, 0].astype(np.int64)
+    raw = np.frombuffer(data, np.float32, n_pen + 1, HEADER).copy()
+    if reduction.pending and pending not in set(penalised.tolist()):  # it had entry n_pen
+        at = int(np.searchsorted(penalised, pending))
+        penalised = np.insert(penalised, at, pending)
+        raw = np.insert(raw[:n_pen], at, raw[n_pen])
+    else:
+        raw = raw[:n_pen]
     if non_finite or count > CAP:
-        return Found(None, raw)
+        return Found(None, raw, penalised, None)
     pairs = np.frombuffer(data, np.uint32, 2 * count, HEADER + 4 * PEN_MAX).reshape(count, 2)
     order = np.argsort(pairs[:, 0], kind="stable")
     ids = pairs[order, 0].astype(np.int64)
     logits = pairs[order, 1].view(np.float32).copy()
-    if n_pen:  # the model's own logits where the penalties rewrote them (the table's ids ascend)
-        at, hit = positions(ids, reduction.table[:, 0].astype(np.int64))
+    if penalised.size:  # the model's own logits where the penalties rewrote them
+        at, hit = positions(ids, penalised)
         logits[hit] = raw[at]
-    return Found(Candidates(ids, logits, key_floor(cut), log_sum_exp), raw)
+    return Found(Candidates(ids, logits, key_floor(cut), log_sum_exp), raw, penalised,
+                 int(drawn) if decided else None)
 
 
 def key_floor(key: int) -> float:
@@ -116,9 +143,9 @@ def key_floor(key: int) -> float:
     return float(np.array([bits], np.uint32).view(np.float32)[0])
 
 
-def restore(logits: np.ndarray, reduction: Reduction, raw: np.ndarray) -> np.ndarray:
+def restore(logits: np.ndarray, found: Found) -> np.ndarray:
     """Full logits read after a reduction, with the penalised tokens' own values put back."""
-    if len(reduction.table):
+    if found.penalised.size:
         logits = logits.copy()
-        logits[reduction.table[:, 0].astype(np.int64)] = raw
+        logits[found.penalised] = found.raw
     return logits

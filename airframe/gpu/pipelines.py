@@ -225,6 +225,56 @@ def read_mapped(buffer, n_bytes: int, dtype) -> np.ndarray:
     return data
 
 
+def submit(queue, command_buffers: list) -> int | None:
+    """queue.submit, returning the submission's index for read_after (None without wgpu-native's
+    functions)."""
+    if _RAW is None:
+        queue.submit(command_buffers)
+        return None
+    lib, ffi = _RAW
+    handles = ffi.new("WGPUCommandBuffer[]", [c._internal for c in command_buffers])
+    return int(lib.wgpuQueueSubmitForIndex(queue._internal, len(command_buffers), handles))
+
+
+def read_after(device, buffer, n_bytes: int, dtype, index: int | None) -> np.ndarray:
+    """read_mapped of a buffer that submission `index` (submit()) wrote, once that submission is
+    done and not the ones after it: wgpu-py's maps wait for every submission, which would idle the
+    GPU between a chain's steps. With no index, read_mapped."""
+    if index is None or _RAW is None:
+        return read_mapped(buffer, n_bytes, dtype)
+    lib, ffi = _RAW
+    lib.wgpuDevicePoll(device._internal, True, ffi.new("WGPUSubmissionIndex *", index))
+    mapped = _map_callback()
+    status = mapped.status
+    status.clear()
+    info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": lib.WGPUCallbackMode_AllowProcessEvents,
+                                                   "callback": mapped.callback})
+    lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, n_bytes, info[0])
+    while not status:  # the copy is done: the first poll completes the map
+        lib.wgpuDevicePoll(device._internal, False, ffi.NULL)
+    if status[0] != lib.WGPUMapAsyncStatus_Success:
+        raise RuntimeError(f"could not map {buffer.label!r} for reading (status {status[0]})")
+    data = np.frombuffer(ffi.buffer(lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, n_bytes), n_bytes),
+                         dtype=dtype).copy()
+    lib.wgpuBufferUnmap(buffer._internal)
+    return data
+
+
+class _MapCallback:
+    """read_after's map callback, made once (a cffi callback costs more to make than a read
+    takes), and the statuses it reported."""
+
+    def __init__(self):
+        self.status: list[int] = []
+        self.callback = _RAW[1].callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+                                         lambda result, *_: self.status.append(result))
+
+
+@lru_cache(maxsize=None)
+def _map_callback() -> _MapCallback:
+    return _MapCallback()
+
+
 def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int) -> tuple[dict, dict]:
     """The placeholders of attention_decode.wgsl and attention_prefill.wgsl for a model shape: the
     largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's."""
@@ -242,11 +292,11 @@ def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes
 
 
 def _raw_lib():
-    """wgpu-native's cffi functions, which wgpu-py itself calls: recording through them skips
-    wgpu-py's per-call wrapper (about half the host time of a token)."""
+    """wgpu-native's cffi functions and ffi, which wgpu-py itself calls: recording through them
+    skips wgpu-py's per-call wrapper (about half the host time of a token)."""
     try:
         from wgpu.backends.wgpu_native import _api
-        return _api.lib, _api.ffi.NULL
+        return _api.lib, _api.ffi
     except (ImportError, AttributeError):
         return None
 
@@ -263,7 +313,7 @@ def record(encoder, dispatches: list[Dispatch], timestamp_writes: dict | None = 
             compute.set_bind_group(0, d.bind_group)
             compute.dispatch_workgroups(*d.workgroups)
     else:
-        lib, null = _RAW
+        lib, null = _RAW[0], _RAW[1].NULL
         handle = compute._internal
         last = None
         for d in dispatches:

@@ -1,0 +1,109 @@
+"""Sampled decoding chained on the GPU: draw.wgsl picks each token from its candidates and makes it
+the next forward's input, and the host checks every token one step behind.
+
+Token s's command buffer is the forward, the reduction to candidates, the draw and a copy of what
+they wrote to read-back buffer s % 2. Before submitting it the host writes the penalty table as of
+the tokens it knows, which are all but the one the GPU is about to run (candidates.wgsl adds that
+one itself: Reduction.pending), and token s's random number. While the GPU runs s, the host reads
+s - 1, runs its own sampler chain on the candidates in float64 (Sampler.sample_reduced) and keeps
+the host's token: when the GPU drew another one (float32 rounding at a boundary of the cumulative
+distribution), or could not draw, the chain stops after it and starts again from the host's token.
+When the candidates cannot decide the token, that forward runs again on the host path (the full
+logits). Either way the tokens are the host sampler's, the same as sampling the full logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..backend import sample_next
+from ..sampling import History, Sampler
+from . import candidates as cand
+from . import pipelines as pl
+
+
+@dataclass
+class ChainCounts:
+    """How a backend's sampled tokens were made (`airframe bench` reports them)."""
+
+    drawn: int = 0     # drawn on the GPU and confirmed by the host
+    host: int = 0      # through the host path: the first after a prompt, and where a chain stopped
+    restarts: int = 0  # chains stopped at a token the GPU drew otherwise or could not decide
+
+
+def sample_stream(be, sampler: Sampler, history: History, tokens: Sequence[int], timestamps=None) -> Iterator[int]:
+    """Backend.sample_stream with the tokens chained on the GPU; the first token after the prompt,
+    and any the chain cannot decide, through the host path (sample_next). `timestamps` (a callable
+    giving each chained token's pass its timestamp_writes) times the tokens on the GPU (bench)."""
+    tokens = list(tokens)
+    while True:
+        token, _ = sample_next(be, sampler, history, tokens)
+        be.chain_counts.host += 1
+        history.tokens.append(token)
+        yield token
+        if be.n_past >= be.n_ctx:
+            return
+        yield from _chain(be, sampler, history, timestamps)
+        if be.n_past >= be.n_ctx:
+            return
+        tokens = history.tokens[-1:]
+
+
+def _chain(be, sampler: Sampler, history: History, timestamps=None) -> Iterator[int]:
+    """Tokens after history's last one, which runs at be.n_past, each the host's and appended to
+    `history`; ends at the full context, at a token the GPU did not draw the same, or where the
+    penalty table outgrows the GPU's, with n_past at the position of history's last token."""
+    ops = be.candidates
+    queue = be.ctx.device.queue
+    first = be.n_past
+    room = be.n_ctx - first
+    be.drop_prerecorded()
+    queue.write_buffer(be.scratch.ids, 0, np.array([history.tokens[-1]], np.uint32))
+    be.write_head_step(1, 0)
+    unread = deque()  # (step, reduction, submission index) submitted and not read, oldest first
+    kept = 0          # steps whose tokens were taken: history's last token runs at first + kept
+    commands = _record(be, ops, 0, timestamps)
+    try:
+        for step in range(room + 1):
+            if step < room:
+                # the table as of history; from step 1 on the GPU adds the token it drew for this step
+                reduction = sampler.reduction(history, *be.candidate_limits, pending=step > 0)
+                if reduction is None:
+                    room = step
+                else:
+                    cand.write_request(be, ops, reduction)
+                    be.n_past = first + step
+                    be.write_step(1)
+                    unread.append((step, reduction, pl.submit(queue, [commands])))
+                    if step + 1 < room:
+                        be.n_past = first + step + 1
+                        commands = _record(be, ops, step + 1, timestamps)
+            # read the step before this one (all that is left once nothing more is submitted)
+            while unread and (unread[0][0] < step or step >= room):
+                done, reduction, index = unread.popleft()
+                found = cand.read(be, ops, reduction, done % 2, history.tokens[-1] if reduction.pending else None, index)
+                token = sampler.sample_reduced(history, found.candidates) if found.candidates is not None else None
+                if token is None:
+                    be.chain_counts.restarts += 1
+                    return  # the host path runs this step again and samples the full logits
+                kept += 1
+                history.tokens.append(token)
+                if token != found.drawn:
+                    be.chain_counts.restarts += 1
+                    yield token
+                    return  # the steps queued after it ran the GPU's token
+                be.chain_counts.drawn += 1
+                yield token
+            if step >= room:
+                return
+    finally:
+        be.n_past = first + kept
+
+
+def _record(be, ops: cand.CandidateOps, step: int, timestamps=None):
+    """Chain step `step`'s command buffer at be.n_past."""
+    return cand.record(be, ops, step % 2, be.token_dispatches(1), timestamps() if timestamps else None)
