@@ -30,7 +30,7 @@ from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
 from .greedy import chain
-from .sampled import ChainCounts, sample_stream
+from .sampled import ChainCounts
 
 PROBE_BYTES = 1 << 30
 PROBE_THREADS = 256 * 1024  # enough loads in flight to saturate an H200 (64K threads read half as fast)
@@ -251,27 +251,17 @@ def chained_decode_ms(be: WebGPUBackend, context: int, steps: int, runs: int = 3
     return 1000 * statistics.median(times) / steps
 
 
-def gpu_timeline(be: WebGPUBackend, context: int, steps: int, timer: GpuTimer, sampled: bool = False) -> dict:
-    """One chain with each token's pass timestamped, greedy or (`sampled`) SAMPLED: the median GPU
-    time of a token's pass and of the gap between one token's pass and the next (the GPU waiting
-    for the host)."""
+def chained_gpu_timeline(be: WebGPUBackend, context: int, steps: int, timer: GpuTimer) -> dict:
+    """One greedy chain with each token's pass timestamped: the median GPU time of a token's pass
+    and of the gap between one token's pass and the next (the GPU waiting for the host)."""
     be.reset()
     be.n_past = context - 1
-    n = min(steps, timer.n_passes - 1)  # the chains record one token ahead
-    if sampled:
-        stream = sample_stream(be, Sampler(SAMPLED, be.config.vocab_size), History([1], n_prompt=1), [1],
-                               timestamps=timer.writes)
-        for _ in zip(range(n), stream):
-            pass
-        stream.close()
-    else:
-        for _ in chain(be, 1, n, timestamps=timer.writes):
-            pass
+    for _ in chain(be, 1, min(steps, timer.n_passes), timestamps=timer.writes):
+        pass
     spans = timer.read_spans()
     be.reset()
-    if len(spans) < 3:
+    if len(spans) < 2:
         return {}
-    spans = spans[:-1]  # the last one recorded may not have run
     busy = spans[:, 1] - spans[:, 0]
     gaps = spans[1:, 0] - spans[:-1, 1]
     return {"pass_ms": 1000 * float(np.median(busy)), "gap_ms": 1000 * float(np.median(gaps))}
@@ -313,9 +303,7 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
                 row[name + "_error"] = f"{type(e).__name__}: {e}"
             bar.update(1)
         if timer.enabled:
-            row["chained_gpu"] = gpu_timeline(be, context, steps, timer)
-            if be.reduces_on_device:
-                row["sampled_gpu"] = gpu_timeline(be, context, steps, timer, sampled=True)
+            row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
         row["sampled_tokens"] = dataclasses.asdict(be.chain_counts)  # of the chained sampled run
         rows.append(row)
     return rows
@@ -435,10 +423,9 @@ def format_result(r: dict) -> str:
                 if p["ttft_tokens"] else "")]
     lines += _decode_lines(r)
     for d in r["decode"]:
-        for key, what in (("chained_gpu", "greedy"), ("sampled_gpu", "sampled")):
-            if g := d.get(key):
-                lines.append(f"  context {d['context']:>6}: a chained {what} token's pass {g['pass_ms']:.3f} ms on the "
-                             f"GPU, {g['gap_ms']:.3f} ms from one pass's end to the next one's start")
+        if g := d.get("chained_gpu"):
+            lines.append(f"  context {d['context']:>6}: a chained greedy token's pass {g['pass_ms']:.3f} ms on the "
+                         f"GPU, {g['gap_ms']:.3f} ms from one pass's end to the next one's start")
     timing = "GPU timestamps" if r["gpu_timestamps"] else "wall clock"
     for g in r["gpu"]:
         ops = ", ".join(f"{k} {v:.3f}" for k, v in g["ops_ms"].items())
