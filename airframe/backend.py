@@ -2,6 +2,9 @@
 
 A backend holds one model and one K/V cache. `forward` runs tokens at consecutive positions,
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
+A backend whose cache positions stay valid from one request to the next says so with
+`keeps_prompt_cache`: the engine then keeps a shared prompt prefix with `keep_prefix(n)` instead of
+`reset` (airframe/prompt_cache.py).
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
 overrides `greedy_stream`; one that reduces a sampled token's logits to candidates on the device
 says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`;
@@ -60,6 +63,7 @@ class Backend:
     greedy_first_token_timed = True
     greedy_cancel = False  # True: greedy_stream takes cancel= and asks it before each device step
     prefill_chunk = 512  # prompt tokens per forward in forward_prompt, and per cancel check
+    keeps_prompt_cache = False  # True: positions below n_past stay valid across requests (keep_prefix)
 
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "Backend":
@@ -69,6 +73,20 @@ class Backend:
     def reset(self) -> None:
         """Forget every position: the next forward starts at position 0."""
         raise NotImplementedError
+
+    def keep_prefix(self, n: int) -> None:
+        """Keep positions 0..n-1 of the cache and forget the rest: the next forward runs at n.
+        keep_prefix(0) is reset(); more only where keeps_prompt_cache is set."""
+        if n == 0:
+            self.reset()
+            return
+        if not self.keeps_prompt_cache:
+            raise UnsupportedError(f"the {self.name} backend does not keep its cache across requests; "
+                                   f"expected keep_prefix(0)")
+        if not 0 < n <= self.n_past:
+            raise ParameterError(f"keep_prefix({n}) with {self.n_past} positions in the cache, "
+                                 f"expected 0..{self.n_past}")
+        self.n_past = n
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions n_past.. and advance n_past.
@@ -120,11 +138,13 @@ class Backend:
         return logits
 
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
-                      cancel: Callable[[], bool] | None = None) -> GreedyBatches:
+                      cancel: Callable[[], bool] | None = None, keep: int = 0) -> GreedyBatches:
         """Greedy tokens after `prompt` (which starts a new request), in batches as the device hands
         them over: (ids, None) ..., then (ids, reason), reason "stop" at an `eos` id (not included)
         or "length" at max_new_tokens or the full context. Only where greedy_on_device is set;
-        `cancel` is passed only where greedy_cancel is set (the module docstring says how)."""
+        `cancel` is passed only where greedy_cancel is set (the module docstring says how), `keep`
+        (the first `keep` ids of `prompt` are already at positions 0.. of the cache: keep_prefix)
+        only where keeps_prompt_cache is set and it is above 0."""
         raise UnsupportedError(f"the {self.name} backend does not pick greedy tokens on the device; "
                                f"expected a backend with greedy_on_device set")
 

@@ -1,10 +1,17 @@
 """From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
 
 The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
-`reset()` (at the start of every request, so K/V never leaks between requests), `forward()` for
-the prompt, then `sample_stream()` for the sampled tokens (one forward each, or chained on the
-device), or, for a plain greedy request to a backend with `greedy_on_device`, `greedy_stream()`.
-Either way the tokens go through the same loop below.
+`keep_prefix()` at the start of every request, `forward()` for the prompt, then `sample_stream()`
+for the sampled tokens (one forward each, or chained on the device), or, for a plain greedy request
+to a backend with `greedy_on_device`, `greedy_stream()`. Either way the tokens go through the same
+loop below.
+
+The prompt cache (airframe/prompt_cache.py): the engine remembers which ids the backend's cache
+holds after each request (the prompt, then the generated tokens that ran). A backend with
+`keeps_prompt_cache` keeps the longest prefix the next prompt shares with them and prefills only
+the rest; otherwise, with the cache off (RunOptions.prompt_cache, GenerationParams.cache_prompt) or
+after a request that failed, the request starts with `reset()`. The engine assumes it alone drives
+its backend between requests; code that runs `engine.backend` itself calls `forget_prompt_cache()`.
 
     engine = Engine.load("smollm2-135m", backend="reference")
     for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Generator, Iterator
 
@@ -34,6 +42,7 @@ from .family import ModelConfig
 from .model import Model, open_model
 from .models import KNOWN_MODELS, models_dir
 from .options import RunOptions
+from .prompt_cache import PromptCache
 from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
@@ -46,6 +55,7 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)  # stop strings
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's logprob and the top-k alternatives
+    cache_prompt: bool = True  # False: this request keeps nothing of the cache and prefills its whole prompt
 
 
 @dataclass
@@ -73,6 +83,7 @@ class Finish:
     completion_tokens: int  # sampled tokens, the one that stopped generation included
     prefill_seconds: float  # from the request to the first sampled token (time to first token)
     decode_seconds: float  # the other completion_tokens - 1 tokens (llama.cpp's "eval time")
+    cached_tokens: int = 0  # prompt tokens whose K/V were kept from the request before, not computed
 
 
 # (token, its logits or None), one per token generated; the host path computes each when asked
@@ -88,7 +99,7 @@ class Engine:
     n_ctx: int
 
     def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str,
-                 progress: bool = False, prefill_chunk: int = 512):
+                 progress: bool = False, prefill_chunk: int = 512, prompt_cache: bool = True):
         self.backend = backend
         self.tokenizer = tokenizer
         self.template = template
@@ -98,6 +109,8 @@ class Engine:
         self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
         self.progress = progress  # a bar over the prefill of a prompt longer than one chunk
         self.prefill_chunk = prefill_chunk
+        self.prompt_cache = prompt_cache  # off: every request starts with reset(), as RunOptions.prompt_cache
+        self.cache = PromptCache()
 
     @classmethod
     def load(cls, model: str | Path | Model, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
@@ -124,7 +137,8 @@ class Engine:
         except BaseException:
             opened.gguf.close()  # a file refused halfway is not left mapped
             raise
-        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk)
+        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk,
+                   options.prompt_cache)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -199,13 +213,24 @@ class Engine:
             raise ParameterError(f"max_tokens = {params.max_tokens}, expected at most the context's {self.n_ctx} "
                                  f"tokens, or null (until the context is full)")
         if self._greedy_on_device(params):
-            source = self._device_tokens(prompt_ids, params, cancel)
+            source = partial(self._device_tokens, prompt_ids, params, cancel)
             timed = self.backend.greedy_first_token_timed
         else:
-            source = self._host_tokens(prompt_ids, Sampler(params.sampling, self.config.vocab_size),
-                                       params.logprobs is not None, cancel)
+            source = partial(self._host_tokens, prompt_ids, Sampler(params.sampling, self.config.vocab_size),
+                             params.logprobs is not None, cancel)
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel)
+
+    def forget_prompt_cache(self) -> None:
+        """The next request starts from an empty cache (after code that ran the backend itself)."""
+        self.cache.forget()
+
+    def _reusable(self, prompt_ids: list[int], params: GenerationParams) -> int:
+        """Leading prompt positions this request keeps from the backend's cache."""
+        if not (self.prompt_cache and params.cache_prompt and self.backend.keeps_prompt_cache):
+            return 0
+        keep = self.cache.reusable(prompt_ids)
+        return keep if keep <= self.backend.n_past else 0  # the backend was reset behind the engine's back
 
     def _greedy_on_device(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
@@ -214,13 +239,14 @@ class Engine:
                 and not greedy_blockers(params.sampling))
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
-                     cancel: Callable[[], bool] | None) -> _TokenSource:
-        """Tokens sampled by the host's sampler: the backend's sample_stream, or with the logits of
-        each (logprobs) one forward per token (sample_next); logits holding NaN or inf raise
-        NonFiniteError before they reach the sampler."""
+                     cancel: Callable[[], bool] | None, keep: int) -> _TokenSource:
+        """Tokens sampled by the host's sampler after the prompt (its first `keep` ids kept in the
+        cache): the backend's sample_stream, or with the logits of each (logprobs) one forward per
+        token (sample_next); logits holding NaN or inf raise NonFiniteError before they reach the
+        sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
-        self.backend.reset()
-        tokens = self._prefill(prompt_ids, cancel)
+        self.backend.keep_prefix(keep)
+        tokens = self._prefill(prompt_ids[keep:], cancel)
         if tokens is None:
             return  # cancelled during the prefill
         if not with_logits:
@@ -258,14 +284,14 @@ class Engine:
         return prompt_ids[last:]
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams,
-                       cancel: Callable[[], bool] | None) -> _TokenSource:
+                       cancel: Callable[[], bool] | None, keep: int) -> _TokenSource:
         """Greedy tokens the backend picks on the device, taken from its batches one at a time."""
         limit = params.max_tokens if params.max_tokens is not None else self.n_ctx
         eos = sorted(self.eog_ids | set(params.stop_token_ids))
-        if self.backend.greedy_cancel:
-            batches = self.backend.greedy_stream(prompt_ids, limit, eos, cancel=cancel)
-        else:  # asked between batches only, by _consume
-            batches = self.backend.greedy_stream(prompt_ids, limit, eos)
+        asked = {"cancel": cancel} if self.backend.greedy_cancel else {}  # else asked between batches, by _consume
+        if keep:  # only a backend with keeps_prompt_cache is ever given a prefix to keep
+            asked["keep"] = keep
+        batches = self.backend.greedy_stream(prompt_ids, limit, eos, **asked)
         try:
             for tokens, finish in batches:
                 for token in tokens:
@@ -275,26 +301,35 @@ class Engine:
         finally:
             batches.close()
 
-    def _generate(self, prompt_ids: list[int], params: GenerationParams, source: _TokenSource, timed: bool,
-                  cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
-        """The one generation loop: pieces of the tokens from `source`, then the Finish. Untimed (every
-        token arrives at the end, with the prompt run in the same launches), prefill_seconds is 0."""
+    def _generate(self, prompt_ids: list[int], params: GenerationParams, make_source: Callable[[int], _TokenSource],
+                  timed: bool, cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
+        """The one generation loop: pieces of the tokens from the source `make_source(keep)` gives
+        (keep: prompt positions kept in the cache), then the Finish. Untimed (every token arrives at
+        the end, with the prompt run in the same launches), prefill_seconds is 0."""
         pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), params.logprobs is not None)
         started = time.perf_counter()
+        keep = self._reusable(prompt_ids, params)
+        source = make_source(keep)
+        ran = list(prompt_ids)  # then every token taken: what the cache holds up to the backend's n_past
         try:
-            reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel)
-        finally:
+            reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel, ran)
+        except BaseException:
+            self.cache.forget()  # an error or an abandoned stream: what ran is not known
             source.close()
+            raise
+        source.close()  # a device source sets n_past back to the last token it kept
+        self.cache.remember(ran, self.backend.n_past)
         if piece := pieces.finish():
             yield piece
         ended = time.perf_counter()
         first_token_at = (first_token_at or ended) if timed else started
-        yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at)
+        yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at, keep)
 
     def _consume(self, source: _TokenSource, params: GenerationParams, pieces: _PieceBuilder,
-                 cancel: Callable[[], bool] | None) -> Generator[Piece, None, tuple[str, int, float | None]]:
-        """Pieces until a stop, max_tokens or the end of `source`; returns the finish reason, the
-        number of tokens sampled (the one that stopped included) and when the first came."""
+                 cancel: Callable[[], bool] | None, ran: list[int]) -> Generator[Piece, None, tuple[str, int, float | None]]:
+        """Pieces until a stop, max_tokens or the end of `source`, each token taken appended to `ran`;
+        returns the finish reason, the number of tokens sampled (the one that stopped included) and
+        when the first came."""
         stop_ids = self.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
         n_sampled, first_token_at = 0, None
         while params.max_tokens is None or n_sampled < params.max_tokens:
@@ -306,6 +341,7 @@ class Engine:
                     return "cancelled", n_sampled, first_token_at
                 break
             token, logits = step
+            ran.append(token)
             n_sampled += 1
             first_token_at = first_token_at or time.perf_counter()
             if token in stop_ids:
@@ -434,6 +470,8 @@ def _check_params(params: GenerationParams) -> None:
     if params.logprobs is not None and (isinstance(params.logprobs, bool)
                                         or not isinstance(params.logprobs, int) or params.logprobs < 0):
         raise ParameterError(f"logprobs = {params.logprobs!r}, expected an integer >= 0 or null")
+    if not isinstance(params.cache_prompt, bool):
+        raise ParameterError(f"cache_prompt = {params.cache_prompt!r}, expected True or False")
     if not all(isinstance(s, str) for s in params.stop):
         raise ParameterError(f"stop = {params.stop!r}, expected a list of strings")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in params.stop_token_ids):

@@ -25,6 +25,7 @@ class RunOptions:
     progress: bool = False  # progress bars while loading
     check_tensors: bool = False  # scan every weight for NaN/inf before loading (airframe/tensor_check.py)
     prefill_chunk: int = 512  # prompt tokens per pass (WebGPU) and per cancel check (every backend)
+    prompt_cache: bool = True  # keep the K/V of the prompt prefix a request shares with the one before
     max_binding: int | None = None  # WebGPU: a lower binding limit than the adapter's (tests of chunked tensors)
     matmul: str = "auto"  # WebGPU: "rows" (gemm_rows.wgsl) or "tiled" (gemv + gemm); auto: rows on CPU adapters
     reduce: str = "auto"  # WebGPU: gemv sums by "subgroup" ops or "shared" memory; auto: subgroup where supported
@@ -37,7 +38,7 @@ class RunOptions:
         _check_integer("max_binding", self.max_binding, 1, "None (the adapter's)")
         check_choice("matmul", self.matmul, MATMULS)
         check_choice("reduce", self.reduce, REDUCES)
-        for name in ("progress", "check_tensors", "debug_raw", "trace_prefill_chunks"):
+        for name in ("progress", "check_tensors", "prompt_cache", "debug_raw", "trace_prefill_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name} = {getattr(self, name)!r}, expected True or False")
 

@@ -141,6 +141,7 @@ class ReferenceBackend(Backend):
     """The numpy reference as a Backend: forward() over consecutive positions with a K/V cache."""
 
     name = "reference"
+    keeps_prompt_cache = True  # positions below n_past are only ever overwritten by forward
 
     def __init__(self, model: ReferenceModel, n_ctx: int):
         self.model = model

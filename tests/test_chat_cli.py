@@ -135,3 +135,6 @@ def test_speed_line_of_a_prefill_and_of_a_backend_that_times_prompt_and_answer_t
     assert line == ("[length] prompt 5 tokens, 24 generated, 1000.0 tokens/s over prompt and answer together "
                     "(1.0 ms/token)")
     assert speed_line(Finish("stop", 5, 0, 0.0, 0.0)) == "[stop] prompt 5 tokens, 0 generated"
+    # 30 of 40 prompt tokens kept from the prompt cache: the prefill rate is over the 10 that ran
+    assert speed_line(Finish("stop", 40, 1, 0.5, 0.0, cached_tokens=30)) == (
+        "[stop] prompt 40 tokens, prefill 20.0 tokens/s, 1 generated; 30 prompt tokens from the prompt cache")

@@ -620,6 +620,7 @@ def test_metrics_count_requests_tokens_and_times(client):
     assert 'airframe_requests_total{endpoint="/v1/completions",status="200"} 1' in lines
     assert 'airframe_requests_total{endpoint="/v1/completions",status="400"} 1' in lines
     assert "airframe_prompt_tokens_total 5" in lines
+    assert "airframe_prompt_tokens_cached_total 0" in lines and "airframe_prompt_tokens_computed_total 5" in lines
     assert "airframe_completion_tokens_total 7" in lines
     assert "airframe_prefill_seconds_count 1" in lines and "airframe_decode_seconds_count 1" in lines
     assert 'airframe_prefill_seconds_bucket{le="0.005"} 1' in lines
@@ -771,3 +772,73 @@ def test_the_openai_client_skips_keep_alive_comments(monkeypatch):
         stream = openai_client(c).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True)
         assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == REPLY[:5]
+
+
+# ---- the prompt cache, with a real engine -----------------------------------------------------------
+CONVERSATION = ["Hi!", "What is a river?", "Name one.", "How long is it?", "And the widest?",
+                "Thanks.", "One more question.", "Bye!"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from airframe.synthetic import write_synthetic_gguf
+
+    return write_synthetic_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", "tiny", "Q8_0")
+
+
+def _tiny_engine(path, prompt_cache: bool):
+    from airframe.engine import Engine
+    from airframe.options import RunOptions
+
+    return Engine.load(path, backend="webgpu", options=RunOptions(n_ctx=1024, prefill_chunk=16,
+                                                                   prompt_cache=prompt_cache))
+
+
+def _eight_turns(api: openai.OpenAI, stream: bool) -> tuple[list[str], list]:
+    """The scripted conversation, greedy, each answer sent back in the next turn: answers and usages."""
+    messages, answers, usages = [], [], []
+    for turn in CONVERSATION:
+        messages.append({"role": "user", "content": turn})
+        asked = dict(model="tiny", messages=messages, max_tokens=8, temperature=0.0)
+        if stream:
+            chunks = list(api.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True}))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            usages.append(chunks[-1].usage)
+        else:
+            answer = api.chat.completions.create(**asked)
+            text = answer.choices[0].message.content
+            usages.append(answer.usage)
+        answers.append(text)
+        messages.append({"role": "assistant", "content": text})
+    return answers, usages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_conversation_through_the_server_gives_the_same_bytes_with_the_prompt_cache(tiny_model, stream):
+    answers = {}
+    for cache in (True, False):
+        app = create_app(_tiny_engine(tiny_model, cache))
+        with TestClient(app) as c:
+            answers[cache], usages = _eight_turns(openai_client(c), stream)
+            metrics = app.state.airframe.metrics
+        cached = [u.prompt_tokens_details.cached_tokens for u in usages]
+        if cache:
+            assert cached[0] == 0 and all(n > 0 for n in cached[1:])
+            assert all(u.prompt_tokens - n < 40 for u, n in zip(usages[1:], cached[1:]))  # only the new turn ran
+        else:
+            assert cached == [0] * len(CONVERSATION)
+        assert metrics.prompt_tokens_cached.value() == sum(cached)
+        assert metrics.prompt_tokens_computed.value() == sum(u.prompt_tokens for u in usages) - sum(cached)
+    assert [a.encode() for a in answers[True]] == [a.encode() for a in answers[False]]
+
+
+def test_a_request_opts_out_of_the_prompt_cache(tiny_model):
+    with TestClient(create_app(_tiny_engine(tiny_model, True))) as c:
+        body = {"prompt": "The same prompt twice", "max_tokens": 2, "temperature": 0}
+        c.post("/v1/completions", json=body)
+        again = c.post("/v1/completions", json=body).json()["usage"]
+        assert again["prompt_tokens_details"]["cached_tokens"] == again["prompt_tokens"] - 1
+        opted_out = c.post("/v1/completions", json={**body, "cache_prompt": False}).json()["usage"]
+        assert opted_out["prompt_tokens_details"] == {"cached_tokens": 0}
+        bad = c.post("/v1/completions", json={**body, "cache_prompt": "sometimes"})
+        assert bad.status_code == 400 and "cache_prompt" in bad.text

@@ -1,6 +1,7 @@
 """`airframe chat MODEL`: an interactive conversation with history.
 
-Each answer streams as it is generated and is followed by a speed line on stderr. `/reset`
+Each answer streams as it is generated and is followed by a speed line on stderr. Each turn
+prefills only what is new: the engine keeps the conversation's K/V (airframe/prompt_cache.py). `/reset`
 forgets the conversation, `/exit` (or end of input, Ctrl-D) leaves. Ctrl-C during an answer
 stops that answer and keeps the conversation as it was before the question.
 """

@@ -151,14 +151,16 @@ def speed_line(finish) -> str:
         ms = 1000 * finish.decode_seconds / steps
         return line + (f", {steps / finish.decode_seconds:.1f} tokens/s over prompt and answer together "
                        f"({ms:.1f} ms/token)")
-    prefill = finish.prompt_tokens / finish.prefill_seconds
+    prefill = (finish.prompt_tokens - finish.cached_tokens) / finish.prefill_seconds  # the tokens that ran
     line = (f"[{finish.reason}] prompt {finish.prompt_tokens} tokens, prefill {prefill:.1f} tokens/s, "
             f"{finish.completion_tokens} generated")
     decoded = finish.completion_tokens - 1
-    if decoded < 1 or finish.decode_seconds <= 0:
-        return line
-    ms = 1000 * finish.decode_seconds / decoded
-    return line + f", decode {decoded / finish.decode_seconds:.1f} tokens/s ({ms:.1f} ms/token)"
+    if decoded >= 1 and finish.decode_seconds > 0:
+        ms = 1000 * finish.decode_seconds / decoded
+        line += f", decode {decoded / finish.decode_seconds:.1f} tokens/s ({ms:.1f} ms/token)"
+    if finish.cached_tokens:
+        line += f"; {finish.cached_tokens} prompt tokens from the prompt cache"
+    return line
 
 
 def stream_to(out, engine, prompt, params, cancel=None, echo: str = ""):

@@ -22,6 +22,9 @@ def add_arguments(p):
     add_load_arguments(p)
     p.add_argument("--api-key", default=os.environ.get("AIRFRAME_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $AIRFRAME_API_KEY)")
+    p.add_argument("--no-prompt-cache", action="store_true",
+                   help="prefill every request's whole prompt (default: keep the prefix it shares with the "
+                        "request before, as llama-server's cache_prompt)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait behind the running one; more get 503 (default 64)")
     p.add_argument("--alias", action="extend", nargs="+", default=[], metavar="NAME",
@@ -59,7 +62,8 @@ def run(args) -> int:
     if args.ctx is not None and args.ctx < 2:
         raise ParameterError(f"--ctx must be >= 2 tokens, got {args.ctx}")
     resolve_model(args.model)  # a wrong name fails here, before the server starts
-    run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=args.check_tensors)
+    run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=args.check_tensors,
+                                      prompt_cache=not args.no_prompt_cache)
 
     def load():
         return Engine.load(args.model, backend=args.backend, options=run_options, **rope_options(args))

@@ -72,6 +72,8 @@ class WebGPUBackend(Backend):
 
     name = "webgpu"
     greedy_on_device = True  # greedy.py: the argmax feeds the next token on the GPU
+    # attention reads positions up to the query's only: what lies past n_past is never seen
+    keeps_prompt_cache = True
 
     def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, options: RunOptions):
         self.ctx = ctx
@@ -178,6 +180,11 @@ class WebGPUBackend(Backend):
             encoder.clear_buffer(kv)
         self.ctx.device.queue.submit([encoder.finish()])
 
+    def keep_prefix(self, n: int) -> None:
+        """Backend.keep_prefix; the decode token recorded ahead was for another position."""
+        super().keep_prefix(n)
+        self.drop_prerecorded()
+
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
         """The ids as an array, or ParameterError / ContextOverflowError if they cannot run at n_past."""
         return check_tokens(tokens, self.n_past, self.n_ctx, self.token_embd.rows)
@@ -191,10 +198,11 @@ class WebGPUBackend(Backend):
     greedy_cancel = True  # greedy_stream asks cancel before each prefill chunk and each token
 
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
-                      cancel=None) -> Iterator[tuple[list[int], str | None]]:
+                      cancel=None, keep: int = 0) -> Iterator[tuple[list[int], str | None]]:
         """Greedy tokens after `prompt` in batches as they are read back: (ids, None) ... then
-        (ids, reason). The argmax runs on the GPU and feeds the next token there (greedy.py)."""
-        return greedy_stream(self, prompt, max_new_tokens, eos, cancel)
+        (ids, reason), its first `keep` ids kept in the cache. The argmax runs on the GPU and feeds
+        the next token there (greedy.py)."""
+        return greedy_stream(self, prompt, max_new_tokens, eos, cancel, keep)
 
     def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
         """Backend.sample_stream with each token drawn on the GPU, fed to the next forward there and

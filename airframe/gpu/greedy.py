@@ -142,25 +142,29 @@ def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
 
 
 def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
-                  cancel: Callable[[], bool] | None = None) -> Iterator[tuple[list[int], str | None]]:
-    """A new request: reset, prefill all of `prompt` but its last token (no logits) a chunk at a
-    time, asking `cancel` before each, then chain()."""
+                  cancel: Callable[[], bool] | None = None, keep: int = 0) -> Iterator[tuple[list[int], str | None]]:
+    """A new request: keep the cache's first `keep` positions (the prompt's first ids; 0: reset),
+    prefill the rest of `prompt` but its last token (no logits) a chunk at a time, asking `cancel`
+    before each, then chain()."""
     if max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
-    be.reset()
-    prompt = [int(t) for t in be.check_tokens(prompt)]
+    if not 0 <= keep < max(len(prompt), 1):
+        raise ParameterError(f"keep = {keep} of a prompt of {len(prompt)} tokens, expected 0..{len(prompt) - 1} "
+                             f"(the last prompt token always runs)")
+    be.keep_prefix(keep)
+    new = [int(t) for t in be.check_tokens(prompt[keep:])]
     if max_new_tokens == 0:
         yield [], "length"
         return
     if be.debug_raw:  # SHIMMY_DEBUG_RAW=1 logs every op of forward(): take the host's loop
-        yield from _host_loop(be, prompt, max_new_tokens, eos)
+        yield from _host_loop(be, new, max_new_tokens, eos)
         return
     chunk = be.scratch.tokens
-    for lo in range(0, len(prompt) - 1, chunk):
+    for lo in range(0, len(new) - 1, chunk):
         if cancel is not None and cancel():
             return
-        be.prefill(prompt[lo:min(lo + chunk, len(prompt) - 1)])
-    yield from chain(be, prompt[-1], max_new_tokens, eos, cancel=cancel)
+        be.prefill(new[lo:min(lo + chunk, len(new) - 1)])
+    yield from chain(be, new[-1], max_new_tokens, eos, cancel=cancel)
 
 
 def _host_loop(be, prompt: list[int], max_new_tokens: int, eos: Sequence[int]):

@@ -94,7 +94,11 @@ class Metrics:
             "airframe_requests_total", "HTTP requests answered, by endpoint and status code.",
             ("endpoint", "status"),
         )
-        self.prompt_tokens = Counter("airframe_prompt_tokens_total", "Prompt tokens prefilled.")
+        self.prompt_tokens = Counter("airframe_prompt_tokens_total", "Prompt tokens of answered requests.")
+        self.prompt_tokens_cached = Counter("airframe_prompt_tokens_cached_total",
+                                            "Prompt tokens whose K/V were kept from the request before (prompt cache).")
+        self.prompt_tokens_computed = Counter("airframe_prompt_tokens_computed_total",
+                                              "Prompt tokens prefilled: not found in the prompt cache.")
         self.completion_tokens = Counter("airframe_completion_tokens_total", "Tokens generated.")
         self.cancelled = Counter(
             "airframe_requests_cancelled_total",
@@ -108,6 +112,8 @@ class Metrics:
     def observe_finish(self, finish) -> None:
         """Record one engine Finish (called from the worker thread)."""
         self.prompt_tokens.inc(amount=finish.prompt_tokens)
+        self.prompt_tokens_cached.inc(amount=finish.cached_tokens)
+        self.prompt_tokens_computed.inc(amount=finish.prompt_tokens - finish.cached_tokens)
         self.completion_tokens.inc(amount=finish.completion_tokens)
         self.prefill_seconds.observe(finish.prefill_seconds)
         self.decode_seconds.observe(finish.decode_seconds)
@@ -116,7 +122,8 @@ class Metrics:
 
     def render(self) -> str:
         parts = (
-            self.requests, self.prompt_tokens, self.completion_tokens, self.cancelled,
+            self.requests, self.prompt_tokens, self.prompt_tokens_cached, self.prompt_tokens_computed,
+            self.completion_tokens, self.cancelled,
             self.prefill_seconds, self.decode_seconds, self.queue_depth, self.running,
         )
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

@@ -45,6 +45,7 @@ from .schemas import (
     Health,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     TokenizeRequest,
     TokenizeResponse,
     Usage,
@@ -148,7 +149,8 @@ async def _collect(request: Request, job: Job, param: str):
 
 def _usage(finish: Finish) -> Usage:
     return Usage(prompt_tokens=finish.prompt_tokens, completion_tokens=finish.completion_tokens,
-                 total_tokens=finish.prompt_tokens + finish.completion_tokens)
+                 total_tokens=finish.prompt_tokens + finish.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=finish.cached_tokens))
 
 
 def _reason(finish: Finish) -> str:

@@ -71,6 +71,7 @@ class _Sampling(_Lenient):
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
+    cache_prompt: bool = True  # false: prefill the whole prompt, keeping nothing of the prompt cache
 
 
 class ChatCompletionRequest(_Sampling):
@@ -127,10 +128,15 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose K/V came from the prompt cache, not computed
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprob(BaseModel):

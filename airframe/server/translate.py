@@ -161,6 +161,7 @@ def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int) -> Gene
         sampling=sampling_params(req, vocab_size),
         stop=_stop(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        cache_prompt=req.cache_prompt,
     )
 
 
@@ -170,6 +171,7 @@ def completion_params(req: CompletionRequest, vocab_size: int, n_ctx: int) -> Ge
         sampling=sampling_params(req, vocab_size),
         stop=_stop(req.stop),
         logprobs=req.logprobs,
+        cache_prompt=req.cache_prompt,
     )
 
 

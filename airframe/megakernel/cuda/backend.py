@@ -48,6 +48,9 @@ class CudaBackend(Backend):
     supports_sampling = False  # generate_greedy cannot sample; forward() returns full logits
     greedy_on_device = True
     greedy_first_token_timed = False  # the prompt runs in the launches that generate
+    # generate_greedy starts every request at position 0; starting it at a kept prefix is not
+    # yet checked against the VM on a GPU, so each request prefills its whole prompt
+    keeps_prompt_cache = False
 
     def __init__(self, runtime: Runtime, config: ModelConfig):
         self.runtime = runtime
