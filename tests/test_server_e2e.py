@@ -130,7 +130,11 @@ def test_streamed_chat_with_usage_matches_the_plain_answer(api, chat_answer):
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat_answer.choices[0].message.content
-    assert chunks[-1].choices == [] and chunks[-1].usage == chat_answer.usage
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        chat_answer.usage.prompt_tokens, chat_answer.usage.completion_tokens, chat_answer.usage.total_tokens)
+    # the same prompt again: all of it but its last token comes from the prompt cache
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == chat_answer.choices[0].finish_reason
 
 
