@@ -79,3 +79,21 @@ def test_serve_checks_the_host_header_against_its_address_and_allowed_hosts(monk
     assert allowed_hosts(made[0]) == {"localhost", "127.0.0.1", "::1", "127.0.0.2", "box.lan", "pi.local"}
     main(["serve", "smollm2-135m", "--api-key", "k"])
     assert allowed_hosts(made[1]) is None  # the key guards every model route
+
+
+def test_the_startup_line_says_the_slots_and_their_k_v_memory(tmp_path, capsys):
+    import threading
+    from types import SimpleNamespace
+
+    from airframe.backend import format_bytes, kv_cache_bytes
+    from airframe.commands.serve import _watch_loading
+    from airframe.options import RunOptions
+    from airframe.synthetic import write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "Q8_0")
+    engine = Engine.load(path, backend="reference", options=RunOptions(n_ctx=64, slots=3))
+    state = SimpleNamespace(loaded=threading.Event(), load_error=None, model_id="tiny", engine=engine)
+    state.loaded.set()
+    _watch_loading(state, None, {})
+    kv = format_bytes(kv_cache_bytes(engine.config, 64, 3))
+    assert capsys.readouterr().out == f"airframe: serving tiny (context 64, 3 slots, K/V cache {kv})\n"
