@@ -226,8 +226,9 @@ def kv_bytes_per_position(config: ModelConfig) -> int:
 
 
 def slot_count(name: str, config: ModelConfig, options: RunOptions) -> int:
-    """The K/V caches a backend allocates: options.slots, else DEFAULT_SLOTS where they fit in the
-    memory available (else one); one for the CUDA backend and without the prompt cache."""
+    """The K/V caches a backend allocates: options.slots, or where that is None (airframe serve's
+    default) DEFAULT_SLOTS where they fit in the memory available, else one; one for the CUDA
+    backend and without the prompt cache."""
     if options.slots is not None:
         return options.slots
     if name == "cuda" or not options.prompt_cache:

@@ -26,7 +26,8 @@ class RunOptions:
     check_tensors: bool = False  # scan every weight for NaN/inf before loading (airframe/tensor_check.py)
     prefill_chunk: int = 512  # prompt tokens per pass (WebGPU) and per cancel check (every backend)
     prompt_cache: bool = True  # keep the K/V of the prompt prefix a request shares with the one before
-    slots: int | None = None  # K/V caches, each keeping one conversation; None: the backend's default
+    # K/V caches, each keeping one conversation warm; None: the backend's default (airframe serve's)
+    slots: int | None = 1
     max_binding: int | None = None  # WebGPU: a lower binding limit than the adapter's (tests of chunked tensors)
     matmul: str = "auto"  # WebGPU: "rows" (gemm_rows.wgsl) or "tiled" (gemv + gemm); auto: rows on CPU adapters
     reduce: str = "auto"  # WebGPU: gemv sums by "subgroup" ops or "shared" memory; auto: subgroup where supported

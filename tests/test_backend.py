@@ -155,7 +155,7 @@ def test_the_default_slots_fit_in_memory_and_more_are_refused_with_the_numbers(m
     from airframe.backend import DEFAULT_SLOTS, check_memory, kv_cache_bytes, memory_needed, slot_count
 
     config = open_model("smollm2-135m").config
-    options = RunOptions(n_ctx=1024)
+    options = RunOptions(n_ctx=1024, slots=None)  # the default airframe serve asks for
     two = sum(memory_needed("reference", config, 1024, options, DEFAULT_SLOTS).values())
     monkeypatch.setattr(backend, "available_memory", lambda: two)
     assert slot_count("reference", config, options) == DEFAULT_SLOTS
@@ -166,7 +166,8 @@ def test_the_default_slots_fit_in_memory_and_more_are_refused_with_the_numbers(m
     monkeypatch.setattr(backend, "available_memory", lambda: two - 1)
     assert slot_count("reference", config, options) == 1  # the default shrinks where two do not fit
     assert slot_count("cuda", config, options) == 1
-    assert slot_count("reference", config, RunOptions(n_ctx=1024, prompt_cache=False)) == 1
+    assert slot_count("reference", config, RunOptions(n_ctx=1024, slots=None, prompt_cache=False)) == 1
+    assert slot_count("reference", config, RunOptions()) == 1  # other commands run one conversation
     with pytest.raises(ParameterError, match="2 slots with the cuda backend, expected 1"):
         check_memory("cuda", config, RunOptions(slots=2))
     with pytest.raises(ParameterError, match=r"slots = 0, expected an integer >= 1 or None"):
