@@ -4,7 +4,8 @@ A backend holds one model and one K/V cache. `forward` runs tokens at consecutiv
 appending their K/V to the cache, and returns logits; `reset` empties the cache between requests.
 A backend whose cache positions stay valid from one request to the next says so with
 `keeps_prompt_cache`: the engine then keeps a shared prompt prefix with `keep_prefix(n)` instead of
-`reset` (airframe/prompt_cache.py).
+`reset` (airframe/prompt_cache.py). Such a backend may hold `n_slots` K/V caches, all allocated at
+load: `select_slot(i)` makes cache i the one forward, reset and keep_prefix use (n_past is per slot).
 A backend that can also pick greedy tokens on the device says so with `greedy_on_device` and
 overrides `greedy_stream`; one that reduces a sampled token's logits to candidates on the device
 says so with `reduces_on_device` and overrides `forward_pending`, `read_candidates` and `last_logits`;
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Callable, Generator, Iterator, Sequence
 
+import dataclasses
 import os
 import resource
 
@@ -44,6 +46,7 @@ BACKENDS = ("webgpu", "reference", "cuda")
 DEFAULT_BACKEND = "webgpu"
 DEFAULT_CTX = 4096  # K/V positions when no context is asked for (or the trained context, if shorter)
 KV_BYTES = 4  # the K/V caches of the reference and WebGPU backends are F32
+DEFAULT_SLOTS = 2  # K/V caches when none are asked for: two conversations kept warm, fewer where memory is short
 ACTIVATIONS = "prefill activations"  # the part of memory_needed that does not grow with the context
 
 GreedyBatches = Generator[tuple[list[int], str | None], None, None]  # (ids, finish reason or None)
@@ -64,6 +67,8 @@ class Backend:
     greedy_cancel = False  # True: greedy_stream takes cancel= and asks it before each device step
     prefill_chunk = 512  # prompt tokens per forward in forward_prompt, and per cancel check
     keeps_prompt_cache = False  # True: positions below n_past stay valid across requests (keep_prefix)
+    n_slots = 1  # K/V caches held; more only where keeps_prompt_cache is set
+    slot = 0  # the one forward, reset and keep_prefix use
 
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "Backend":
@@ -87,6 +92,23 @@ class Backend:
             raise ParameterError(f"keep_prefix({n}) with {self.n_past} positions in the cache, "
                                  f"expected 0..{self.n_past}")
         self.n_past = n
+
+    def select_slot(self, i: int) -> None:
+        """Make K/V cache i the one forward, reset and keep_prefix use; n_past becomes its own."""
+        if not 0 <= i < self.n_slots:
+            raise ParameterError(f"slot {i}, expected 0..{self.n_slots - 1} (the {self.name} backend holds "
+                                 f"{self.n_slots} K/V caches)")
+        if i != self.slot:
+            self._switch_slot(i)
+            self.slot = i
+
+    def kv_memory(self) -> int | None:
+        """Bytes of the K/V caches of every slot, where the backend allocates them itself."""
+        return None
+
+    def _switch_slot(self, i: int) -> None:
+        """select_slot's work for a backend with n_slots > 1: its cache i becomes the current one."""
+        raise NotImplementedError
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions n_past.. and advance n_past.
@@ -203,11 +225,24 @@ def kv_bytes_per_position(config: ModelConfig) -> int:
     return config.n_layers * config.n_head_kv * (config.head_dim + config.head_dim_v) * KV_BYTES
 
 
-def memory_needed(name: str, config: ModelConfig, n_ctx: int, options: RunOptions) -> dict[str, int]:
-    """Bytes a backend allocates that grow with the context and the prefill chunk: the K/V cache,
-    WebGPU's RoPE tables (built in float64 on the host, one per RoPE base) and one prefill
-    chunk's activations and logits. The weights, already mapped, are not counted."""
-    parts = {"K/V cache": n_ctx * kv_bytes_per_position(config)}
+def slot_count(name: str, config: ModelConfig, options: RunOptions) -> int:
+    """The K/V caches a backend allocates: options.slots, or where that is None (airframe serve's
+    default) DEFAULT_SLOTS where they fit in the memory available, else one; one for the CUDA
+    backend and without the prompt cache."""
+    if options.slots is not None:
+        return options.slots
+    if name == "cuda" or not options.prompt_cache:
+        return 1
+    n_ctx = default_context(config, options)
+    fits = sum(memory_needed(name, config, n_ctx, options, DEFAULT_SLOTS).values()) <= available_memory()
+    return DEFAULT_SLOTS if fits else 1
+
+
+def memory_needed(name: str, config: ModelConfig, n_ctx: int, options: RunOptions, slots: int = 1) -> dict[str, int]:
+    """Bytes a backend allocates that grow with the context, the slots and the prefill chunk: the
+    K/V caches (one per slot), WebGPU's RoPE tables (built in float64 on the host, one per RoPE
+    base) and one prefill chunk's activations and logits. The weights, already mapped, are not counted."""
+    parts = {"K/V cache": kv_cache_bytes(config, n_ctx, slots)}
     if name == "webgpu":
         bases = len({config.layer_rope_base(i) for i in range(config.n_layers)})
         parts["RoPE tables"] = bases * n_ctx * (config.rope_dim // 2) * 2 * 8
@@ -219,21 +254,52 @@ def memory_needed(name: str, config: ModelConfig, n_ctx: int, options: RunOption
 
 def check_memory(name: str, config: ModelConfig, options: RunOptions) -> None:
     """ParameterError, before anything is allocated, when the context is beyond the positions a
-    backend can index or what it needs is more than the memory available, stating both."""
+    backend can index, when more slots are asked of the CUDA backend than its one, or when what
+    the context and slots need is more than the memory available, stating both."""
     n_ctx = default_context(config, options)
+    slots = slot_count(name, config, options)
     if n_ctx > MAX_POSITIONS:
         raise ParameterError(f"context = {n_ctx:,} positions, expected at most {MAX_POSITIONS:,} (int32 positions)")
     if name == "cuda":  # its plan sizes its buffers on the device, whose memory is not visible here
+        if slots > 1:
+            raise ParameterError(f"{slots} slots with the cuda backend, expected 1: it keeps one K/V cache "
+                                 f"and no prompt cache")
         return
-    parts = memory_needed(name, config, n_ctx, options)
+    parts = memory_needed(name, config, n_ctx, options, slots)
     needed, available = sum(parts.values()), available_memory()
     if needed > available:
-        per_position = sum(v for k, v in memory_needed(name, config, 1, options).items() if k != ACTIVATIONS)
-        most = max(0, (available - parts.get(ACTIVATIONS, 0)) // per_position)
         shown = " + ".join(f"{format_bytes(v)} {k}" for k, v in parts.items())
-        raise ParameterError(f"a context of {n_ctx:,} positions needs {format_bytes(needed)} ({needed:,} bytes: {shown}) "
-                             f"but {format_bytes(available)} ({available:,} bytes) of memory are available; expected "
-                             f"a context of at most {most:,} positions")
+        asked = f"{slots} slots of {n_ctx:,} positions" if slots > 1 else f"a context of {n_ctx:,} positions"
+        raise ParameterError(f"{asked} need{'s' if slots == 1 else ''} {format_bytes(needed)} ({needed:,} bytes: "
+                             f"{shown}) but {format_bytes(available)} ({available:,} bytes) of memory are "
+                             f"available; expected {_what_fits(name, config, options, n_ctx, slots, available)}")
+
+
+def settle_slots(name: str, config: ModelConfig, options: RunOptions) -> RunOptions:
+    """`options` with the slot count decided (slot_count), once it and the context fit in memory
+    (check_memory): decided once, so the check and the allocation agree."""
+    options = dataclasses.replace(options, slots=slot_count(name, config, options))
+    check_memory(name, config, options)
+    return options
+
+
+def _what_fits(name: str, config: ModelConfig, options: RunOptions, n_ctx: int, slots: int, available: int) -> str:
+    """The largest context (for these slots) or, with several slots, the most slots (for this
+    context) that fit in `available` bytes, for check_memory's message."""
+    fixed = memory_needed(name, config, 1, options).get(ACTIVATIONS, 0)
+    per_position = sum(v for k, v in memory_needed(name, config, 1, options).items() if k != ACTIVATIONS)
+    per_slot_position = kv_bytes_per_position(config)
+    shared = per_position - per_slot_position  # RoPE tables: once, whatever the slots
+    most_ctx = max(0, (available - fixed) // (shared + slots * per_slot_position))
+    if slots == 1:
+        return f"a context of at most {most_ctx:,} positions"
+    most_slots = max(0, (available - fixed - shared * n_ctx) // (per_slot_position * n_ctx))
+    return f"at most {most_slots:,} slots of {n_ctx:,} positions, or a context of at most {most_ctx:,} positions"
+
+
+def kv_cache_bytes(config: ModelConfig, n_ctx: int, slots: int) -> int:
+    """The F32 K/V caches of the reference and WebGPU backends: one per slot, each of n_ctx positions."""
+    return slots * n_ctx * kv_bytes_per_position(config)
 
 
 def available_memory() -> int:
@@ -272,7 +338,7 @@ def open_backend(name: str, model: Model, options: RunOptions) -> Backend:
 
     if name not in BACKENDS:
         raise ParameterError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    check_memory(name, model.config, options)
+    options = settle_slots(name, model.config, options)
     if options.check_tensors:
         from .tensor_check import check_tensors
 

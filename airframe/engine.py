@@ -10,8 +10,11 @@ The prompt cache (airframe/prompt_cache.py): the engine remembers which ids the 
 holds after each request (the prompt, then the generated tokens that ran). A backend with
 `keeps_prompt_cache` keeps the longest prefix the next prompt shares with them and prefills only
 the rest; otherwise, with the cache off (RunOptions.prompt_cache, GenerationParams.cache_prompt) or
-after a request that failed, the request starts with `reset()`. The engine assumes it alone drives
-its backend between requests; code that runs `engine.backend` itself calls `forget_prompt_cache()`.
+after a request that failed, the request starts with `reset()`. A backend with several slots
+(RunOptions.slots) keeps one conversation per slot: each request runs in the slot whose cached
+ids share the longest prefix with its prompt, else in the least recently used one (PromptSlots).
+The engine assumes it alone drives its backend between requests; code that runs `engine.backend`
+itself calls `forget_prompt_cache()`.
 
     engine = Engine.load("smollm2-135m", backend="reference")
     for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
@@ -42,7 +45,7 @@ from .family import ModelConfig
 from .model import Model, open_model
 from .models import KNOWN_MODELS, models_dir
 from .options import RunOptions
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, PromptSlots
 from .sampling import History, Sampler, SamplingParams, greedy_blockers, log_softmax, top_logprobs
 from .streaming import TextAssembler
 from .tokenizer import GGUFTokenizer, load_tokenizer
@@ -110,7 +113,7 @@ class Engine:
         self.progress = progress  # a bar over the prefill of a prompt longer than one chunk
         self.prefill_chunk = prefill_chunk
         self.prompt_cache = prompt_cache  # off: every request starts with reset(), as RunOptions.prompt_cache
-        self.cache = PromptCache()
+        self.slots = PromptSlots(backend.n_slots)
 
     @classmethod
     def load(cls, model: str | Path | Model, backend: str = DEFAULT_BACKEND, options: RunOptions | None = None,
@@ -223,14 +226,17 @@ class Engine:
 
     def forget_prompt_cache(self) -> None:
         """The next request starts from an empty cache (after code that ran the backend itself)."""
-        self.cache.forget()
+        self.slots.forget()
 
-    def _reusable(self, prompt_ids: list[int], params: GenerationParams) -> int:
-        """Leading prompt positions this request keeps from the backend's cache."""
-        if not (self.prompt_cache and params.cache_prompt and self.backend.keeps_prompt_cache):
-            return 0
-        keep = self.cache.reusable(prompt_ids)
-        return keep if keep <= self.backend.n_past else 0  # the backend was reset behind the engine's back
+    def _take_slot(self, prompt_ids: list[int], params: GenerationParams) -> tuple[PromptCache, int]:
+        """Select the backend's slot this request runs in (PromptSlots.choose); returns that slot's
+        record and the leading prompt positions the request keeps from its cache."""
+        reuse = self.prompt_cache and params.cache_prompt and self.backend.keeps_prompt_cache
+        slot = self.slots.choose(prompt_ids, reuse)
+        self.backend.select_slot(slot)
+        cache = self.slots.use(slot)
+        keep = cache.reusable(prompt_ids) if reuse else 0
+        return cache, keep if keep <= self.backend.n_past else 0  # the backend was reset behind the engine's back
 
     def _greedy_on_device(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
@@ -308,17 +314,17 @@ class Engine:
         the end, with the prompt run in the same launches), prefill_seconds is 0."""
         pieces = _PieceBuilder(TextAssembler(self.tokenizer.token_bytes, params.stop), params.logprobs is not None)
         started = time.perf_counter()
-        keep = self._reusable(prompt_ids, params)
+        cache, keep = self._take_slot(prompt_ids, params)
         source = make_source(keep)
         ran = list(prompt_ids)  # then every token taken: what the cache holds up to the backend's n_past
         try:
             reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel, ran)
         except BaseException:
-            self.cache.forget()  # an error or an abandoned stream: what ran is not known
+            cache.forget()  # an error or an abandoned stream: what ran is not known
             source.close()
             raise
         source.close()  # a device source sets n_past back to the last token it kept
-        self.cache.remember(ran, self.backend.n_past)
+        cache.remember(ran, self.backend.n_past)
         if piece := pieces.finish():
             yield piece
         ended = time.perf_counter()

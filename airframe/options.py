@@ -26,6 +26,8 @@ class RunOptions:
     check_tensors: bool = False  # scan every weight for NaN/inf before loading (airframe/tensor_check.py)
     prefill_chunk: int = 512  # prompt tokens per pass (WebGPU) and per cancel check (every backend)
     prompt_cache: bool = True  # keep the K/V of the prompt prefix a request shares with the one before
+    # K/V caches, each keeping one conversation warm; None: the backend's default (airframe serve's)
+    slots: int | None = 1
     max_binding: int | None = None  # WebGPU: a lower binding limit than the adapter's (tests of chunked tensors)
     matmul: str = "auto"  # WebGPU: "rows" (gemm_rows.wgsl) or "tiled" (gemv + gemm); auto: rows on CPU adapters
     reduce: str = "auto"  # WebGPU: gemv sums by "subgroup" ops or "shared" memory; auto: subgroup where supported
@@ -35,6 +37,7 @@ class RunOptions:
     def __post_init__(self):
         _check_integer("n_ctx", self.n_ctx, 2, "None (the backend's default)")
         _check_integer("prefill_chunk", self.prefill_chunk, 1)
+        _check_integer("slots", self.slots, 1, "None (the backend's default)")
         _check_integer("max_binding", self.max_binding, 1, "None (the adapter's)")
         check_choice("matmul", self.matmul, MATMULS)
         check_choice("reduce", self.reduce, REDUCES)

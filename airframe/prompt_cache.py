@@ -5,6 +5,9 @@ the token run at p, which depends only on the tokens at 0..p, so a prompt that s
 tokens already run may keep those positions and run the rest. Sliding-window layers keep every
 position too (the cache is [layer][kv_head][ctx][head_dim]; the window is a mask over absolute
 positions), so the rule is the same for them.
+
+A backend may hold several caches ("slots", llama-server's word), each keeping one conversation
+warm; PromptSlots picks the one a request runs in.
 """
 
 from __future__ import annotations
@@ -42,3 +45,40 @@ class PromptCache:
     def forget(self) -> None:
         """A request failed or stopped midway: nothing in the cache is trusted."""
         self.tokens = []
+
+
+# a slot counts as holding a request's conversation only when the request shares more than this
+# fraction of the slot's cached ids: a common system prompt alone does not pull a new conversation
+# into another's slot (llama-server's --slot-prompt-similarity, default 0.5)
+SIMILARITY = 0.5
+
+
+class PromptSlots:
+    """One PromptCache per slot of a backend, and which slot a request goes to."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.caches = [PromptCache() for _ in range(n_slots)]
+        self.last_used = [0] * n_slots  # the request count when each slot last ran one
+        self.requests = 0
+
+    def choose(self, prompt: Sequence[int], reuse: bool = True) -> int:
+        """llama-server's rule: the slot whose cached ids share the longest prefix with `prompt`,
+        counting only a slot whose cached ids are shared for more than SIMILARITY of their length,
+        else (or not `reuse`) the least recently used one. Among equals, the least recently used:
+        another conversation kept warm is the last to be overwritten."""
+        def rank(i: int) -> tuple[int, int]:
+            cache = self.caches[i]
+            shared = cache.reusable(prompt) if reuse else 0
+            similar = shared > SIMILARITY * len(cache.tokens)
+            return shared if similar else 0, -self.last_used[i]
+        return max(range(len(self.caches)), key=rank)
+
+    def use(self, slot: int) -> PromptCache:
+        """Mark `slot` as running the current request; returns its record."""
+        self.requests += 1
+        self.last_used[slot] = self.requests
+        return self.caches[slot]
+
+    def forget(self) -> None:
+        for cache in self.caches:
+            cache.forget()

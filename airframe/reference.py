@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from .backend import Backend, check_tokens, default_context
+from .backend import Backend, check_tokens, default_context, kv_cache_bytes, slot_count
 from .family import ModelConfig
 from .gguf_file import GGUFFile
 from .model import Model
@@ -143,16 +143,20 @@ class ReferenceBackend(Backend):
     name = "reference"
     keeps_prompt_cache = True  # positions below n_past are only ever overwritten by forward
 
-    def __init__(self, model: ReferenceModel, n_ctx: int):
+    def __init__(self, model: ReferenceModel, n_ctx: int, n_slots: int = 1):
         self.model = model
         self.config = model.config
         self.n_ctx = n_ctx
         c = self.config
         # per-pair RoPE divisors: rope_freqs.weight, or LongRoPE's long/short factors for this n_ctx
         self.rope_freqs = freq_factors(model.gf, c.rope_scaling, n_ctx)
-        # (layer, kv_head, ctx, head_dim), F32 like the GPU cache
-        self.k_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim), dtype=np.float32)
-        self.v_cache = np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim_v), dtype=np.float32)
+        # per slot: (layer, kv_head, ctx, head_dim), F32 like the GPU cache
+        self.slot_caches = [(np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim), dtype=np.float32),
+                             np.zeros((c.n_layers, c.n_head_kv, n_ctx, c.head_dim_v), dtype=np.float32))
+                            for _ in range(n_slots)]
+        self.slot_past = [0] * n_slots  # each slot's n_past while another is selected
+        self.n_slots = n_slots
+        self.k_cache, self.v_cache = self.slot_caches[0]
         self.n_past = 0
 
     @classmethod
@@ -160,7 +164,7 @@ class ReferenceBackend(Backend):
         weights = ReferenceModel(model.gguf, model.config)
         for i in tqdm(range(model.config.n_layers), desc="dequantizing", disable=not options.progress, leave=False):
             weights.layer(i)
-        backend = cls(weights, default_context(model.config, options))
+        backend = cls(weights, default_context(model.config, options), slot_count("reference", model.config, options))
         backend.prefill_chunk = options.prefill_chunk
         return backend
 
@@ -168,6 +172,14 @@ class ReferenceBackend(Backend):
         self.n_past = 0
         self.k_cache[:] = 0
         self.v_cache[:] = 0
+
+    def kv_memory(self) -> int:
+        return kv_cache_bytes(self.config, self.n_ctx, self.n_slots)
+
+    def _switch_slot(self, i: int) -> None:
+        self.slot_past[self.slot] = self.n_past
+        self.k_cache, self.v_cache = self.slot_caches[i]
+        self.n_past = self.slot_past[i]
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         tokens = check_tokens(tokens, self.n_past, self.n_ctx, self.model.token_embd.shape[0])

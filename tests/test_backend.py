@@ -148,3 +148,27 @@ def test_check_tensors_on_the_command_line(tmp_path, capsys, command):
     assert main(argv + ["--check-tensors"]) == 1
     err = capsys.readouterr().err
     assert "airframe: error: " in err and "tensor 'output_norm.weight' (F32 [64]) has a value that is NaN or infinite" in err
+
+
+def test_the_default_slots_fit_in_memory_and_more_are_refused_with_the_numbers(monkeypatch):
+    import airframe.backend as backend
+    from airframe.backend import DEFAULT_SLOTS, check_memory, kv_cache_bytes, memory_needed, slot_count
+
+    config = open_model("smollm2-135m").config
+    options = RunOptions(n_ctx=1024, slots=None)  # the default airframe serve asks for
+    two = sum(memory_needed("reference", config, 1024, options, DEFAULT_SLOTS).values())
+    monkeypatch.setattr(backend, "available_memory", lambda: two)
+    assert slot_count("reference", config, options) == DEFAULT_SLOTS
+    assert memory_needed("reference", config, 1024, options, 3)["K/V cache"] == kv_cache_bytes(config, 1024, 3)
+    with pytest.raises(ParameterError, match=r"^3 slots of 1,024 positions need .* expected at most 2 slots of 1,024 "
+                                             r"positions, or a context of at most \d+ positions$"):
+        check_memory("reference", config, RunOptions(n_ctx=1024, slots=3))
+    monkeypatch.setattr(backend, "available_memory", lambda: two - 1)
+    assert slot_count("reference", config, options) == 1  # the default shrinks where two do not fit
+    assert slot_count("cuda", config, options) == 1
+    assert slot_count("reference", config, RunOptions(n_ctx=1024, slots=None, prompt_cache=False)) == 1
+    assert slot_count("reference", config, RunOptions()) == 1  # other commands run one conversation
+    with pytest.raises(ParameterError, match="2 slots with the cuda backend, expected 1"):
+        check_memory("cuda", config, RunOptions(slots=2))
+    with pytest.raises(ParameterError, match=r"slots = 0, expected an integer >= 1 or None"):
+        RunOptions(slots=0)

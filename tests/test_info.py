@@ -35,6 +35,9 @@ def test_info_json_is_consistent_with_the_file(name, capsys):
     embd = gf.tensors["token_embd.weight"]
     assert decode["weight_bytes_per_token"] == total + embd.row_bytes
     assert decode["kv_bytes_per_position"] == config.n_layers * config.n_head_kv * (config.head_dim + config.head_dim_v) * 4
+    serve = decode["serve_kv"]  # what `airframe serve` allocates by default: every slot's cache
+    assert serve["bytes"] == serve["slots"] * serve["n_ctx"] * decode["kv_bytes_per_position"]
+    assert serve["n_ctx"] == min(config.ctx_train, 4096) and serve["slots"] == 2
 
 
 def test_info_text(capsys):

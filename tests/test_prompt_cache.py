@@ -17,7 +17,7 @@ from airframe.engine import Engine, Finish, GenerationParams
 from airframe.errors import ParameterError, UnsupportedError
 from airframe.model import open_model
 from airframe.options import RunOptions
-from airframe.prompt_cache import PromptCache, common_prefix
+from airframe.prompt_cache import PromptCache, PromptSlots, common_prefix
 from airframe.reference import ReferenceBackend
 from airframe.sampling import SamplingParams
 from airframe.synthetic import write_synthetic_gguf
@@ -171,7 +171,7 @@ def test_answers_with_the_cache_are_the_bytes_of_answers_without_it(llama_path, 
 
 
 def test_a_request_can_opt_out_and_an_abandoned_stream_keeps_nothing(llama_path):
-    engine = load(llama_path, "reference")
+    engine = load(llama_path, "reference", slots=1)  # one record: the opted-out run is not kept elsewhere
     params = GenerationParams(max_tokens=3, sampling=GREEDY)
     engine.generate("The same words again", params)
     assert engine.generate("The same words again", params)[1].cached_tokens > 0
@@ -191,3 +191,80 @@ def test_a_backend_reset_behind_the_engine_is_not_trusted(llama_path):
     engine.generate("Some words to keep", params)
     engine.backend.reset()
     assert engine.generate("Some words to keep", params)[1].cached_tokens == 0
+
+
+# ---- several slots --------------------------------------------------------------------------------
+def test_a_request_goes_to_the_slot_sharing_most_else_the_least_recently_used():
+    slots = PromptSlots(3)
+    assert slots.choose([1, 2, 3]) == 0  # all empty and unused: the first
+    slots.use(0).remember([1, 2, 3, 4], n_past=4)
+    slots.use(1).remember([1, 2, 3, 9], n_past=4)
+    assert slots.choose([1, 2, 3, 4, 5]) == 0  # shares 4 with slot 0, 3 with slot 1
+    assert slots.choose([1, 2, 3, 9, 5]) == 1
+    assert slots.choose([7, 7]) == 2  # shares nothing: the least recently used (never used)
+    slots.use(2).remember([7, 7, 7], n_past=3)
+    assert slots.choose([5, 5]) == 0  # nothing shared: slot 0 ran longest ago
+    assert slots.choose([1, 2, 3, 5]) == 0  # slots 0 and 1 share 3 each: the less recently used
+    assert slots.choose([1, 2, 5, 5]) == 0  # 2 of 4 cached ids is not more than half: by age
+    slots.use(0)
+    assert slots.choose([1, 2, 5, 5]) == 1
+    assert slots.choose([7, 7, 7, 1]) == 2 and slots.choose([7, 7, 7, 1], reuse=False) == 1  # opted out: by age
+
+
+def two_conversations() -> list[tuple[str, list[dict]]]:
+    """Two scripted chats whose turns alternate, each with its own system prompt: (which chat, its
+    messages so far)."""
+    scripts = {"a": TURNS[:3], "b": ["Write me a poem about the sea.", "Shorter, please.", "Now about a lake."]}
+    asked, messages = [], {name: [{"role": "system", "content": f"You are assistant {name}."}] for name in scripts}
+    for i in range(3):
+        for name, turns in scripts.items():
+            messages[name] = messages[name] + [{"role": "user", "content": turns[i]}]
+            asked.append((name, messages[name]))
+            messages[name] = messages[name] + [{"role": "assistant", "content": f"{name} said {i}."}]
+    return asked
+
+
+@pytest.mark.parametrize("backend", ["reference", "webgpu"])
+def test_two_interleaved_conversations_over_two_slots_keep_both_warm(llama_path, backend):
+    cached = load(llama_path, backend, slots=2)
+    plain = load(llama_path, backend, prompt_cache=False)
+    assert (cached.backend.n_slots, plain.backend.n_slots) == (2, 1)
+    params = GenerationParams(max_tokens=6, sampling=GREEDY)
+    got = [cached.generate(messages, params) for _, messages in two_conversations()]
+    want = [plain.generate(messages, params) for _, messages in two_conversations()]
+    assert [text.encode() for text, _, _ in got] == [text.encode() for text, _, _ in want]
+    kept = [finish.cached_tokens for _, finish, _ in got]
+    assert kept[0] == 0 and kept[1] < got[0][1].prompt_tokens // 2  # b's first turn shares only the markup
+    for i in range(2, len(kept)):  # every later turn keeps its own conversation's previous prompt and answer
+        assert kept[i] >= got[i - 2][1].prompt_tokens, (i, kept)
+    assert [f.cached_tokens for _, f, _ in want] == [0] * len(want)
+
+
+def test_a_third_conversation_evicts_the_least_recently_used_slot(llama_path):
+    engine = load(llama_path, "reference", slots=2)
+    params = GenerationParams(max_tokens=3, sampling=GREEDY)
+    prompts = {"a": "Rivers run to the sea and", "b": "Mountains rise above the clouds and", "c": "Zebras graze on"}
+    kept = {}
+    for name in ("a", "b", "c", "b", "a"):
+        finish = engine.generate(prompts[name], params)[1]
+        kept.setdefault(name, []).append(finish.cached_tokens)
+    n_bos = common_prefix(engine.tokenize_prompt(prompts["a"]), engine.tokenize_prompt(prompts["c"]))
+    assert kept["c"] == [n_bos]  # c went to a's slot, the least recently used
+    assert kept["b"][1] == len(engine.tokenize_prompt(prompts["b"])) - 1  # b's slot was kept
+    assert kept["a"][1] == n_bos  # a was evicted by c: only what it shares with c is reused
+    assert engine.slots.caches[engine.backend.slot].tokens[:len(engine.tokenize_prompt(prompts["a"]))] == \
+        engine.tokenize_prompt(prompts["a"])
+
+
+def test_slots_are_allocated_once_and_switch_the_cache(llama_path):
+    be = load(llama_path, "reference", slots=2).backend
+    be.reset()
+    be.forward(PROMPT)
+    be.select_slot(1)
+    assert be.n_past == 0  # slot 1's own cache, empty
+    be.forward(OTHER[:5])
+    be.select_slot(0)
+    assert be.n_past == len(PROMPT)
+    close(be.forward([PROMPT[-1]]), after_kept_prefix(be, PROMPT, PROMPT + [PROMPT[-1]], len(PROMPT)), 1e-5)
+    with pytest.raises(ParameterError, match=r"slot 2, expected 0..1 \(the reference backend holds 2 K/V caches\)"):
+        be.select_slot(2)

@@ -786,12 +786,12 @@ def tiny_model(tmp_path_factory):
     return write_synthetic_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", "tiny", "Q8_0")
 
 
-def _tiny_engine(path, prompt_cache: bool):
+def _tiny_engine(path, prompt_cache: bool, slots: int | None = None):
     from airframe.engine import Engine
     from airframe.options import RunOptions
 
     return Engine.load(path, backend="webgpu", options=RunOptions(n_ctx=1024, prefill_chunk=16,
-                                                                   prompt_cache=prompt_cache))
+                                                                   prompt_cache=prompt_cache, slots=slots))
 
 
 def _eight_turns(api: openai.OpenAI, stream: bool) -> tuple[list[str], list]:
@@ -842,3 +842,24 @@ def test_a_request_opts_out_of_the_prompt_cache(tiny_model):
         assert opted_out["prompt_tokens_details"] == {"cached_tokens": 0}
         bad = c.post("/v1/completions", json={**body, "cache_prompt": "sometimes"})
         assert bad.status_code == 400 and "cache_prompt" in bad.text
+
+
+def test_two_interleaved_conversations_over_two_slots_give_the_same_bytes(tiny_model):
+    """Turns of two chats alternate: with two slots each second turn keeps its own chat's prefix."""
+    answers, cached = {}, []
+    for cache in (True, False):
+        with TestClient(create_app(_tiny_engine(tiny_model, cache, slots=2 if cache else None))) as c:
+            api = openai_client(c)
+            chats = {name: [{"role": "system", "content": f"You are assistant {name}."}] for name in "ab"}
+            answers[cache] = []
+            for turn in CONVERSATION[:4]:
+                for name, messages in chats.items():
+                    messages.append({"role": "user", "content": f"{turn} ({name})"})
+                    answer = api.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0.0)
+                    messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+                    answers[cache].append(answer.choices[0].message.content)
+                    if cache:
+                        cached.append((answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens))
+    assert [a.encode() for a in answers[True]] == [a.encode() for a in answers[False]]
+    for i in range(2, len(cached)):  # every later turn keeps all of its own chat's turn before
+        assert cached[i][1] >= cached[i - 2][0], (i, cached)

@@ -3,7 +3,8 @@
 Bytes read per decoded token assume every weight is streamed once per token: all tensors except
 the token embedding, the LM head (the embedding matrix itself when the head is tied) and one
 embedding row. The K/V cache adds, per position of context already in it, K and V of every
-layer in float32, as our backends store them.
+layer in float32, as our backends store them; `airframe serve` allocates it at load for its
+default context once per slot.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from collections import defaultdict
 from dataclasses import asdict
 
-from ..backend import format_bytes, kv_bytes_per_position
+from ..backend import DEFAULT_CTX, DEFAULT_SLOTS, format_bytes, kv_bytes_per_position, kv_cache_bytes
 from ..errors import ParameterError
 from ..family import load_config
 from ..gguf_file import GGUFFile
@@ -81,12 +82,15 @@ def _decode_bytes(gf: GGUFFile, config) -> dict:
     head = embd if config.tied_embeddings else gf.tensor("output.weight")
     others = sum(t.n_bytes for t in gf.tensors.values() if t.name not in ("token_embd.weight", "output.weight"))
     kv_per_position = kv_bytes_per_position(config)
+    n_ctx = min(config.ctx_train, DEFAULT_CTX)
     return {
         "weight_bytes_per_token": others + head.n_bytes + embd.row_bytes,
         "layer_and_norm_bytes": others,
         "head_bytes": head.n_bytes,
         "embedding_row_bytes": embd.row_bytes,
         "kv_bytes_per_position": kv_per_position,
+        # what `airframe serve` allocates with its defaults (--ctx, --slots), where memory allows
+        "serve_kv": {"n_ctx": n_ctx, "slots": DEFAULT_SLOTS, "bytes": kv_cache_bytes(config, n_ctx, DEFAULT_SLOTS)},
     }
 
 
@@ -106,7 +110,9 @@ def format_info(info: dict) -> str:
         f"per decoded token  {format_bytes(dec['weight_bytes_per_token'])} of weights "
         f"(layers+norms {format_bytes(dec['layer_and_norm_bytes'])}, head {format_bytes(dec['head_bytes'])}, "
         f"embedding row {format_bytes(dec['embedding_row_bytes'])})",
-        f"K/V cache          {format_bytes(dec['kv_bytes_per_position'])} per position of context (float32)",
+        f"K/V cache          {format_bytes(dec['kv_bytes_per_position'])} per position of context (float32); "
+        f"serve allocates {format_bytes(dec['serve_kv']['bytes'])} by default "
+        f"({dec['serve_kv']['slots']} slots of {dec['serve_kv']['n_ctx']:,} positions)",
     ]
     return "\n".join(lines)
 

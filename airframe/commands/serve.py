@@ -2,7 +2,7 @@ import os
 import sys
 import threading
 
-from ..backend import BACKENDS, DEFAULT_BACKEND
+from ..backend import BACKENDS, DEFAULT_BACKEND, DEFAULT_SLOTS, format_bytes
 from ..models import resolve_model
 from ._load import add_load_arguments
 from ._rope import add_rope_arguments, rope_options
@@ -25,6 +25,10 @@ def add_arguments(p):
     p.add_argument("--no-prompt-cache", action="store_true",
                    help="prefill every request's whole prompt (default: keep the prefix it shares with the "
                         "request before, as llama-server's cache_prompt)")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="K/V caches allocated at load, each keeping one conversation's prompt warm; a request "
+                        "goes to the slot sharing the longest prefix with it, else the least recently used "
+                        f"(default {DEFAULT_SLOTS} where they fit in memory, else 1; 1 with --backend cuda)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait behind the running one; more get 503 (default 64)")
     p.add_argument("--alias", action="extend", nargs="+", default=[], metavar="NAME",
@@ -46,14 +50,20 @@ def _watch_loading(state, server, outcome: dict) -> None:
         outcome["rc"] = 1
         server.should_exit = True
     else:
-        print(f"airframe: serving {state.model_id} (context {state.engine.n_ctx})", flush=True)
+        backend = state.engine.backend
+        kv = backend.kv_memory()
+        memory = f", K/V cache {format_bytes(kv)}" if kv is not None else ""
+        print(f"airframe: serving {state.model_id} (context {state.engine.n_ctx}, "
+              f"{backend.n_slots} slot{'s' if backend.n_slots > 1 else ''}{memory})", flush=True)
 
 
 def run(args) -> int:
     import uvicorn
 
+    from ..backend import settle_slots
     from ..engine import Engine
     from ..errors import ParameterError
+    from ..model import open_model
     from ..options import RunOptions
     from ..server import ServerOptions, create_app
 
@@ -61,12 +71,20 @@ def run(args) -> int:
         raise ParameterError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.ctx is not None and args.ctx < 2:
         raise ParameterError(f"--ctx must be >= 2 tokens, got {args.ctx}")
+    if args.slots is not None and args.slots < 1:
+        raise ParameterError(f"--slots must be >= 1, got {args.slots}")
     resolve_model(args.model)  # a wrong name fails here, before the server starts
     run_options = RunOptions.from_env(n_ctx=args.ctx, progress=True, check_tensors=args.check_tensors,
-                                      prompt_cache=not args.no_prompt_cache)
+                                      prompt_cache=not args.no_prompt_cache, slots=args.slots)
+    opened = open_model(args.model, **rope_options(args))
+    try:  # slots and context that do not fit in memory fail here, before the server starts
+        run_options = settle_slots(args.backend, opened.config, run_options)
+    except BaseException:
+        opened.gguf.close()
+        raise
 
     def load():
-        return Engine.load(args.model, backend=args.backend, options=run_options, **rope_options(args))
+        return Engine.load(opened, backend=args.backend, options=run_options)
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                             aliases=tuple(args.alias), strict_model=args.strict_model,

@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..backend import Backend, check_tokens
+from ..backend import Backend, check_tokens, kv_cache_bytes, slot_count
 from ..errors import UnsupportedError
 from ..family import ModelConfig
 from ..gguf_file import GGUFFile
@@ -75,7 +75,7 @@ class WebGPUBackend(Backend):
     # attention reads positions up to the query's only: what lies past n_past is never seen
     keeps_prompt_cache = True
 
-    def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, options: RunOptions):
+    def __init__(self, ctx, gf: GGUFFile, config: ModelConfig, n_ctx: int, options: RunOptions, n_slots: int = 1):
         self.ctx = ctx
         self.gf = gf
         self.config = config
@@ -96,15 +96,22 @@ class WebGPUBackend(Backend):
         bar.update(1)
         self.scratch = self._scratch()
         self.layers: list[LayerPack] = []
-        self.kv: list = []
-        self.layer_ops: list[LayerOps] = []
         for i in range(config.n_layers):
             names = [f"blk.{i}.{t}" for t in config.layer_tensors]
             self.layers.append(pack_tensors(ctx, gf, names, f"blk.{i}"))
-            kv_bytes = 2 * config.n_head_kv * n_ctx * config.head_dim * 4
-            self.kv.append(self.pipes.storage(kv_bytes, f"blk.{i}.kv"))
-            self.layer_ops.append(build_layer(self, i))
             bar.update(1)
+        # one K/V cache per slot, and the layers' bind groups built once for each: select_slot
+        # only changes which list the next forward records
+        self.n_slots = n_slots
+        self.slot_kv: list[list] = []
+        self.slot_ops: list[list[LayerOps]] = []
+        kv_bytes = 2 * config.n_head_kv * n_ctx * config.head_dim * 4
+        for slot in range(n_slots):
+            self.kv = [self.pipes.storage(kv_bytes, f"slot{slot}.blk.{i}.kv") for i in range(config.n_layers)]
+            self.slot_kv.append(self.kv)
+            self.slot_ops.append([build_layer(self, i) for i in range(config.n_layers)])
+        self.slot_past = [0] * n_slots  # each slot's n_past while another is selected
+        self.kv, self.layer_ops = self.slot_kv[0], self.slot_ops[0]
         self.globals_ops = build_globals(self)
         self.argmax = build_argmax(self)
         self.candidates = cand.build_candidates(self)
@@ -123,7 +130,7 @@ class WebGPUBackend(Backend):
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "WebGPUBackend":
         n_ctx = options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX)
-        return cls(get_context(), model.gguf, model.config, n_ctx, options)
+        return cls(get_context(), model.gguf, model.config, n_ctx, options, slot_count("webgpu", model.config, options))
 
     # ---- buffers made once -------------------------------------------------------------------
     def _rope_table(self):
@@ -183,6 +190,16 @@ class WebGPUBackend(Backend):
     def keep_prefix(self, n: int) -> None:
         """Backend.keep_prefix; the decode token recorded ahead was for another position."""
         super().keep_prefix(n)
+        self.drop_prerecorded()
+
+    def kv_memory(self) -> int:
+        return kv_cache_bytes(self.config, self.n_ctx, self.n_slots)
+
+    def _switch_slot(self, i: int) -> None:
+        """The decode token recorded ahead was bound to the other slot's cache."""
+        self.slot_past[self.slot] = self.n_past
+        self.kv, self.layer_ops = self.slot_kv[i], self.slot_ops[i]
+        self.n_past = self.slot_past[i]
         self.drop_prerecorded()
 
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
