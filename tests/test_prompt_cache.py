@@ -94,8 +94,9 @@ def test_logits_after_a_kept_prefix_equal_a_fresh_prefill(family, backend, toler
         assert be.config.sliding_window == 8 and be.config.is_local_layer(0)  # keeps of 13 and 16 pass it
 
 
-def test_smollm2_on_webgpu_gives_the_same_top_1_after_a_kept_prefix():
-    engine = Engine.load("smollm2-135m", backend="webgpu", options=RunOptions(n_ctx=128, prefill_chunk=16))
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_real_models_on_webgpu_give_the_same_top_1_after_a_kept_prefix(model):
+    engine = Engine.load(model, backend="webgpu", options=RunOptions(n_ctx=128, prefill_chunk=16))
     be = engine.backend
     prompt = engine.tokenize_prompt("The three primary colours are red, yellow and blue. Mixing red and yellow "
                                     "gives orange, and mixing yellow and blue gives")
