@@ -60,7 +60,7 @@ def json_schema_grammar(schema) -> Grammar:
         text = lib.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
     except (ValueError, TypeError) as e:
         raise ParameterError(f"JSON schema cannot be compiled: {e}") from None
-    return Grammar("json_schema", text)
+    return _checked(Grammar("json_schema", text))
 
 
 def json_object_grammar() -> Grammar:
@@ -75,9 +75,18 @@ def text_grammar(text: str) -> Grammar:
     if not isinstance(text, str) or not text.strip():
         raise ParameterError(f"grammar = {text!r}, expected GBNF or Lark grammar text")
     try:
-        return Grammar("grammar", lib.grammar_from("grammar", text))
+        grammar = Grammar("grammar", lib.grammar_from("grammar", text))
     except (ValueError, TypeError) as e:
         raise ParameterError(f"grammar cannot be parsed: {e}") from None
+    return _checked(grammar)
+
+
+def _checked(grammar: Grammar) -> Grammar:
+    """`grammar` once llguidance compiles it (for any vocabulary; check_grammar does it for one)."""
+    error = _library().LLMatcher.validate_grammar(grammar.text)
+    if error:
+        raise ParameterError(f"{grammar.kind.replace('_', ' ')} cannot be compiled: {error}")
+    return grammar
 
 
 # ---- the vocabulary as llguidance sees it ----------------------------------------------------------
