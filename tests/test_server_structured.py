@@ -1,5 +1,5 @@
-"""Structured output through the server: the official `openai` client against SmolLM2-135M on the
-reference backend (in-process), JSON schemas whose every answer `jsonschema` validates, greedy and
+"""Structured output through the server: the official `openai` client against SmolLM2-135M (and,
+marked slow, Gemma 3 270M with its 262,144-token vocabulary) on the reference backend (in-process), JSON schemas whose every answer `jsonschema` validates, greedy and
 sampled, json_object answers that parse, grammars, and the bad input that is a 400.
 
 Schemas are small and strings bounded so that each answer is a few dozen tokens at most; the
@@ -21,6 +21,7 @@ from airframe.options import RunOptions
 from airframe.server import create_app
 
 MAX_TOKENS = 48
+MODEL = "local"  # the server answers with its own model whatever is asked (no --strict-model)
 NAME = {"type": "string", "maxLength": 8}
 
 
@@ -63,10 +64,10 @@ def _marked(schemas):
             for i, s in enumerate(schemas)]
 
 
-@pytest.fixture(scope="module")
-def client():
-    resolve_model("smollm2-135m")
-    engine = Engine.load("smollm2-135m", backend="reference", options=RunOptions(n_ctx=256))
+@pytest.fixture(scope="module", params=["smollm2-135m", pytest.param("gemma3-270m", marks=pytest.mark.slow)])
+def client(request):
+    resolve_model(request.param)
+    engine = Engine.load(request.param, backend="reference", options=RunOptions(n_ctx=256))
     with TestClient(create_app(engine)) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0), http
 
@@ -76,7 +77,7 @@ def client():
 def test_json_schema_answers_validate(client, schema, sampling):
     api, _ = client
     answer = api.chat.completions.create(
-        model="smollm2-135m", messages=PROMPT, max_tokens=MAX_TOKENS, **sampling,
+        model=MODEL, messages=PROMPT, max_tokens=MAX_TOKENS, **sampling,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
     choice = answer.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
@@ -86,7 +87,7 @@ def test_json_schema_answers_validate(client, schema, sampling):
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 3}], ids=["greedy", "sampled"])
 def test_json_object_answers_parse(client, sampling):
     api, _ = client
-    answer = api.chat.completions.create(model="smollm2-135m", messages=PROMPT, max_tokens=MAX_TOKENS, **sampling,
+    answer = api.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=MAX_TOKENS, **sampling,
                                          response_format={"type": "json_object"})
     choice = answer.choices[0]
     if choice.finish_reason == "stop":
@@ -97,7 +98,7 @@ def test_json_object_answers_parse(client, sampling):
 
 def test_completion_takes_a_gbnf_grammar(client):
     api, _ = client
-    answer = api.completions.create(model="smollm2-135m", prompt="The answer is", max_tokens=8, temperature=0.0,
+    answer = api.completions.create(model=MODEL, prompt="The answer is", max_tokens=8, temperature=0.0,
                                     extra_body={"grammar": 'root ::= ("yes" | "no") "."'})
     assert answer.choices[0].text in ("yes.", "no.")
     assert answer.choices[0].finish_reason == "stop"
@@ -106,7 +107,7 @@ def test_completion_takes_a_gbnf_grammar(client):
 def test_completion_takes_a_json_schema(client):
     api, _ = client
     schema = {"type": "integer", "minimum": 10, "maximum": 99}
-    answer = api.completions.create(model="smollm2-135m", prompt="A number:", max_tokens=8, temperature=0.0,
+    answer = api.completions.create(model=MODEL, prompt="A number:", max_tokens=8, temperature=0.0,
                                     extra_body={"json_schema": schema})
     jsonschema.validate(json.loads(answer.choices[0].text), schema)
 
@@ -115,7 +116,7 @@ def test_unsatisfiable_within_max_tokens_ends_with_length(client):
     api, _ = client
     schema = {"type": "string", "minLength": 200}
     answer = api.chat.completions.create(
-        model="smollm2-135m", messages=PROMPT, max_tokens=6, temperature=0.0,
+        model=MODEL, messages=PROMPT, max_tokens=6, temperature=0.0,
         response_format={"type": "json_schema", "json_schema": {"name": "long", "schema": schema}})
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == 6
@@ -125,7 +126,7 @@ def test_streamed_answer_keeps_to_the_schema(client):
     api, _ = client
     schema = SCHEMAS[1]
     chunks = api.chat.completions.create(
-        model="smollm2-135m", messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stream=True,
+        model=MODEL, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stream=True,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     jsonschema.validate(json.loads(text), schema)
@@ -140,6 +141,6 @@ def test_streamed_answer_keeps_to_the_schema(client):
 def test_bad_schema_or_grammar_is_a_400(client, extra):
     api, _ = client
     with pytest.raises(openai.BadRequestError) as caught:
-        api.chat.completions.create(model="smollm2-135m", messages=PROMPT, max_tokens=4, **extra)
+        api.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=4, **extra)
     assert caught.value.status_code == 400
     assert caught.value.body["message"]
