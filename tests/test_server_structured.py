@@ -37,7 +37,8 @@ SCHEMAS = [
     _object({"user": _object({"id": {"type": "integer", "minimum": 1, "maximum": 999}, "admin": {"type": "boolean"}})}),
     _object({"city": NAME, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, required=["zip"]),
     # the slow set
-    _object({"score": {"type": "number", "minimum": 0, "maximum": 1}}),
+    # multipleOf bounds the digits: unbounded, Gemma 3 greedy writes "1.000..." until max_tokens
+    _object({"score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.25}}),
     _object({"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}}),
     {"enum": ["yes", "no", "maybe"]},
     _object({"ok": {"type": "boolean"}, "note": NAME}, required=["ok"]),
