@@ -53,8 +53,10 @@ def json_schema_grammar(schema) -> Grammar:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ParameterError(f"JSON schema is not valid JSON: {e}") from None
-    if not isinstance(schema, (dict, bool)):
-        raise ParameterError(f"JSON schema of type {type(schema).__name__}, expected a JSON object")
+    if schema is True:  # JSON Schema's "anything"
+        schema = {}
+    if not isinstance(schema, dict):
+        raise ParameterError(f"JSON schema {schema!r:.40}, expected a JSON object (or true)")
     try:
         # compact JSON unless the schema's x-guidance says otherwise: no whitespace runs to loop in
         text = lib.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
