@@ -17,9 +17,9 @@ its backend between requests; code that runs `engine.backend` itself calls `forg
     for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
         print(item.text if isinstance(item, Piece) else item.reason)
 
-Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
-a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token and every prefill chunk). Every sampled token counts as a
+Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id, a
+stop string, or the request's grammar complete), "length" (max_tokens, or the context is full) or
+"cancelled" (cancel() said so; it is asked before every token and every prefill chunk). Every sampled token counts as a
 completion token, the one that stopped generation included; neither an end-of-generation token
 nor a stop string is ever shown.
 """
@@ -338,8 +338,8 @@ class Engine:
     def _consume(self, source: _TokenSource, params: GenerationParams, pieces: _PieceBuilder,
                  cancel: Callable[[], bool] | None, ran: list[int],
                  constraint: Constraint | None = None) -> Generator[Piece, None, tuple[str, int, float | None]]:
-        """Pieces until a stop (a complete `constraint` too), max_tokens or the end of `source`, each token taken appended to `ran`;
-        returns the finish reason, the number of tokens sampled (the one that stopped included) and
+        """Pieces until a stop (a `constraint` complete counts as one), max_tokens or the end of
+        `source`, each token taken appended to `ran`; returns the finish reason, the number of tokens sampled (the one that stopped included) and
         when the first came."""
         stop_ids = self.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
         n_sampled, first_token_at = 0, None
