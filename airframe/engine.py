@@ -20,9 +20,9 @@ itself calls `forget_prompt_cache()`.
     for item in engine.stream([{"role": "user", "content": "Hi"}], GenerationParams(max_tokens=20)):
         print(item.text if isinstance(item, Piece) else item.reason)
 
-Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id or
-a stop string), "length" (max_tokens, or the context is full) or "cancelled" (cancel() said so;
-it is asked before every token and every prefill chunk). Every sampled token counts as a
+Generation ends with "stop" (an end-of-generation token of the model, an extra stop token id, a
+stop string, or the request's grammar complete), "length" (max_tokens, or the context is full) or
+"cancelled" (cancel() said so; it is asked before every token and every prefill chunk). Every sampled token counts as a
 completion token, the one that stopped generation included; neither an end-of-generation token
 nor a stop string is ever shown.
 """
@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from .backend import DEFAULT_BACKEND, Backend, open_backend, sample_next
 from .chat_template import ChatTemplate, normalize_messages
+from .constraint import Constraint, Grammar, check_grammar
 from .errors import ContextOverflowError, ParameterError, UnsupportedError
 from .family import ModelConfig
 from .model import Model, open_model
@@ -59,6 +60,7 @@ class GenerationParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's logprob and the top-k alternatives
     cache_prompt: bool = True  # False: this request keeps nothing of the cache and prefills its whole prompt
+    grammar: Grammar | None = None  # structured output: every answer keeps to it (airframe/constraint.py)
 
 
 @dataclass
@@ -192,6 +194,8 @@ class Engine:
         """Everything a request can get wrong, checked before any work: the parameters, the
         prompt's tokens (see tokenize_prompt) and their fit in the context. Returns the tokens."""
         _check_params(params)
+        if params.grammar is not None:
+            check_grammar(params.grammar, self.tokenizer)
         prompt_ids = self.tokenize_prompt(prompt, parse_special_in_content)
         self.check_fits(len(prompt_ids))
         return prompt_ids
@@ -215,14 +219,17 @@ class Engine:
         if params.max_tokens is not None and params.max_tokens > self.n_ctx:
             raise ParameterError(f"max_tokens = {params.max_tokens}, expected at most the context's {self.n_ctx} "
                                  f"tokens, or null (until the context is full)")
+        constraint = Constraint(params.grammar, self.tokenizer) if params.grammar is not None else None
         if self._greedy_on_device(params):
             source = partial(self._device_tokens, prompt_ids, params, cancel)
             timed = self.backend.greedy_first_token_timed
         else:
-            source = partial(self._host_tokens, prompt_ids, Sampler(params.sampling, self.config.vocab_size),
-                             params.logprobs is not None, cancel)
+            sampler = Sampler(params.sampling, self.config.vocab_size, constraint)
+            # the mask needs each token's full logits: one forward per token, nothing chained on the device
+            source = partial(self._host_tokens, prompt_ids, sampler, params.logprobs is not None or constraint is not None,
+                             cancel)
             timed = True
-        return self._generate(prompt_ids, params, source, timed, cancel)
+        return self._generate(prompt_ids, params, source, timed, cancel, constraint)
 
     def forget_prompt_cache(self) -> None:
         """The next request starts from an empty cache (after code that ran the backend itself)."""
@@ -240,8 +247,8 @@ class Engine:
 
     def _greedy_on_device(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
-        does so when asking it changes nothing: greedy, no penalties or bias, no logprobs."""
-        return (self.backend.greedy_on_device and params.logprobs is None
+        does so when asking it changes nothing: greedy, no penalties or bias, no logprobs, no grammar."""
+        return (self.backend.greedy_on_device and params.logprobs is None and params.grammar is None
                 and not greedy_blockers(params.sampling))
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
@@ -266,6 +273,8 @@ class Engine:
         while True:
             token, logits = sample_next(self.backend, sampler, history, tokens, with_logits=True)
             history.tokens.append(token)
+            if sampler.constraint is not None:
+                sampler.constraint.advance(token)
             yield token, logits
             if self.backend.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token
@@ -308,7 +317,8 @@ class Engine:
             batches.close()
 
     def _generate(self, prompt_ids: list[int], params: GenerationParams, make_source: Callable[[int], _TokenSource],
-                  timed: bool, cancel: Callable[[], bool] | None) -> Iterator[Piece | Finish]:
+                  timed: bool, cancel: Callable[[], bool] | None,
+                  constraint: Constraint | None = None) -> Iterator[Piece | Finish]:
         """The one generation loop: pieces of the tokens from the source `make_source(keep)` gives
         (keep: prompt positions kept in the cache), then the Finish. Untimed (every token arrives at
         the end, with the prompt run in the same launches), prefill_seconds is 0."""
@@ -318,7 +328,7 @@ class Engine:
         source = make_source(keep)
         ran = list(prompt_ids)  # then every token taken: what the cache holds up to the backend's n_past
         try:
-            reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel, ran)
+            reason, n_sampled, first_token_at = yield from self._consume(source, params, pieces, cancel, ran, constraint)
         except BaseException:
             cache.forget()  # an error or an abandoned stream: what ran is not known
             source.close()
@@ -332,9 +342,10 @@ class Engine:
         yield Finish(reason, len(prompt_ids), n_sampled, first_token_at - started, ended - first_token_at, keep)
 
     def _consume(self, source: _TokenSource, params: GenerationParams, pieces: _PieceBuilder,
-                 cancel: Callable[[], bool] | None, ran: list[int]) -> Generator[Piece, None, tuple[str, int, float | None]]:
-        """Pieces until a stop, max_tokens or the end of `source`, each token taken appended to `ran`;
-        returns the finish reason, the number of tokens sampled (the one that stopped included) and
+                 cancel: Callable[[], bool] | None, ran: list[int],
+                 constraint: Constraint | None = None) -> Generator[Piece, None, tuple[str, int, float | None]]:
+        """Pieces until a stop (a `constraint` complete counts as one), max_tokens or the end of
+        `source`, each token taken appended to `ran`; returns the finish reason, the number of tokens sampled (the one that stopped included) and
         when the first came."""
         stop_ids = self.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
         n_sampled, first_token_at = 0, None
@@ -355,7 +366,7 @@ class Engine:
             logprob = self._logprob(logits, token, params.logprobs) if params.logprobs is not None else None
             if piece := pieces.add(token, logprob):
                 yield piece
-            if pieces.assembler.stopped:
+            if pieces.assembler.stopped or (constraint is not None and constraint.done):
                 return "stop", n_sampled, first_token_at
         return "length", n_sampled, first_token_at
 

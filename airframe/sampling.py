@@ -383,10 +383,13 @@ class Candidates:
 class Sampler:
     """The chain for one request and its random generator (seeded: the same tokens every time)."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int):
+    def __init__(self, params: SamplingParams, vocab_size: int, constraint=None):
         self.chain = build_chain(params, vocab_size)
         seed = check_seed(params.seed)
         self.seed = secrets.randbits(64) if seed is None else seed
+        # a Constraint (airframe/constraint.py): masks the full logits before the chain, so a
+        # device's candidates cannot decide a token (reduction() is None)
+        self.constraint = constraint
 
     def uniform(self, history: History, ahead: int = 0) -> float:
         """The random number that draws generated token len(history.generated) + ahead."""
@@ -424,6 +427,8 @@ class Sampler:
         the request is larger than the device takes. `pending`: the logits are those after one more
         token than `history` holds, which the device adds to the penalties itself."""
         chain, params = self.chain, self.chain.params
+        if self.constraint is not None:
+            return None
         if chain.greedy:
             want = 1 + CANDIDATE_MARGIN
         elif params.top_k:
@@ -486,6 +491,8 @@ class Sampler:
         return int(ids[draw(out, self.uniform(history))])
 
     def sample(self, history: History, logits: np.ndarray) -> int:
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         if self.chain.greedy:
             return int(np.argmax(self.penalised(history, logits)))  # first index among ties
         ids, out = self.candidates(history, logits)

@@ -1,6 +1,7 @@
 """`airframe chat` in a real terminal (tmux): it answers, keeps history, resets and exits cleanly;
 and `airframe run` end to end."""
 
+import json
 import os
 import re
 import shlex
@@ -120,6 +121,43 @@ def test_run_chat_sends_the_prompt_through_the_template(capsys):
     assert not out.startswith("Capital of France?")  # a chat answer does not echo the question
     prompt_tokens = int(SPEED.search(err).group(1))
     assert prompt_tokens > 20  # SmolLM2's template adds its default system turn and the role headers
+
+
+def test_run_json_schema_answers_valid_json(capsys, tmp_path):
+    from airframe.cli import main
+
+    schema = {"type": "object", "properties": {"answer": {"enum": ["Paris", "Lyon"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    args = ["run", "smollm2-135m", "Capital of France?", "--chat", "--backend", "reference",
+            "-n", "30", "--temp", "0", "--ctx", "128", "--json-schema", str(path)]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["answer"] in ("Paris", "Lyon")
+    assert "[stop]" in err
+
+
+def test_run_grammar_limits_the_answer(capsys, tmp_path):
+    from airframe.cli import main
+
+    path = tmp_path / "yes_no.gbnf"
+    path.write_text('root ::= "yes" | "no"\n')
+    args = ["run", "smollm2-135m", "Is Paris in France?", "--chat", "--backend", "reference",
+            "-n", "8", "--temp", "0", "--ctx", "128", "--grammar", str(path)]
+    assert main(args) == 0
+    out, _ = capsys.readouterr()
+    assert out.strip() in ("yes", "no")
+
+
+def test_run_reports_a_bad_grammar_file_without_a_traceback(tmp_path):
+    path = tmp_path / "bad.gbnf"
+    path.write_text('root ::= ("a"')
+    command = [sys.executable, "-m", "airframe", "run", "smollm2-135m", "x", "--backend", "reference",
+               "--grammar", str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"--grammar {path}: grammar cannot be parsed" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_speed_line_of_a_prefill_and_of_a_backend_that_times_prompt_and_answer_together():

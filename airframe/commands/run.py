@@ -7,6 +7,7 @@ is checked before the model loads, and an error names the flag as typed (`-n`, `
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from contextlib import contextmanager
 
 from ..backend import BACKENDS, DEFAULT_BACKEND
@@ -52,6 +53,9 @@ def add_arguments(p) -> None:
     add_generation_arguments(p)
     p.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="the answer is JSON this schema (a JSON file) allows")
+    constraint.add_argument("--grammar", metavar="FILE", help="the answer keeps to this GBNF or Lark grammar")
 
 
 @contextmanager
@@ -83,7 +87,27 @@ def read_flags(args):
     if n is not None and args.ctx is not None and n > args.ctx:
         raise ParameterError(f"-n = {n}, expected at most --ctx ({args.ctx}), {UNTIL_FULL}")
     max_tokens = DEFAULT_MAX_TOKENS if n is None else None if n == -1 else n
-    return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=list(args.stop)), options
+    return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=list(args.stop),
+                            grammar=read_grammar(args)), options
+
+
+def read_grammar(args):
+    """The Grammar that --json-schema or --grammar names (None: neither); ParameterError naming the flag."""
+    from ..constraint import json_schema_grammar, text_grammar
+
+    for flag, path, make in (("--json-schema", getattr(args, "json_schema", None), json_schema_grammar),
+                             ("--grammar", getattr(args, "grammar", None), text_grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ParameterError(f"{flag} {path}: cannot be read ({e}), expected a UTF-8 text file") from None
+        try:
+            return make(text)
+        except ParameterError as e:
+            raise ParameterError(f"{flag} {path}: {e}") from None
+    return None
 
 
 @contextmanager

@@ -36,8 +36,16 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Lenient):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Lenient):
     type: str = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ContentPart(_Lenient):
@@ -72,6 +80,8 @@ class _Sampling(_Lenient):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     cache_prompt: bool = True  # false: prefill the whole prompt, keeping nothing of the prompt cache
+    grammar: str | None = None  # GBNF or Lark: every answer keeps to it (as llama-server's `grammar`)
+    json_schema: dict[str, Any] | bool | None = None  # as llama-server's `json_schema`
 
 
 class ChatCompletionRequest(_Sampling):
@@ -95,6 +105,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[Text, list[Text], list[int], list[list[int]]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS_COMPLETION)
+    response_format: ResponseFormat | None = None
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None

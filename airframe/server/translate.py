@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..constraint import Grammar, json_object_grammar, json_schema_grammar, text_grammar
 from ..engine import GenerationParams, TokenLogprob
 from ..errors import ParameterError
 from ..sampling import SamplingParams
@@ -19,6 +20,7 @@ from .schemas import (
     ChatMessage,
     CompletionRequest,
     LegacyLogprobs,
+    ResponseFormat,
     TokenLogprobOut,
     TopLogprob,
     _Sampling,
@@ -46,11 +48,6 @@ def check_chat(req: ChatCompletionRequest) -> None:
         value = getattr(req, name)
         if value not in (None, "none", "auto"):
             raise _unsupported(name, f"'{name}'={value!r} is not supported: airframe does not call tools")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise _unsupported(
-            "response_format",
-            f"response_format type {req.response_format.type!r} is not supported; only 'text'",
-        )
     if req.modalities and set(req.modalities) != {"text"}:
         raise _unsupported("modalities", f"modalities {req.modalities} are not supported; only ['text']")
     if req.audio is not None:
@@ -154,6 +151,41 @@ def sampling_params(req: _Sampling, vocab_size: int) -> SamplingParams:
         raise ApiError(400, str(e), code="invalid_value") from None
 
 
+def _response_format(fmt: ResponseFormat | None) -> Grammar | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_object_grammar()
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ApiError(400, "response_format json_schema needs json_schema.schema, the JSON schema",
+                           param="response_format", code="invalid_value")
+        return json_schema_grammar(fmt.json_schema.schema_)
+    raise _unsupported("response_format", f"response_format type {fmt.type!r} is not supported; "
+                                          f"expected 'text', 'json_object' or 'json_schema'")
+
+
+def grammar(req: _Sampling) -> Grammar | None:
+    """The constraint a request asks for: response_format, or llama-server's json_schema or grammar."""
+    given = [(name, value) for name, value in (("response_format", getattr(req, "response_format", None)),
+                                               ("json_schema", req.json_schema), ("grammar", req.grammar))
+             if value is not None and not (name == "response_format" and value.type == "text")]
+    if len(given) > 1:
+        raise ApiError(400, f"{' and '.join(n for n, _ in given)} given together, expected at most one constraint",
+                       param=given[1][0], code="invalid_value")
+    if not given:
+        return None
+    name, value = given[0]
+    try:
+        if name == "response_format":
+            return _response_format(value)
+        if name == "json_schema":
+            return json_schema_grammar(value)
+        return text_grammar(value)
+    except ParameterError as e:
+        raise ApiError(400, str(e), param=name, code="invalid_value") from None
+
+
 def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int) -> GenerationParams:
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     return GenerationParams(
@@ -162,6 +194,7 @@ def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int) -> Gene
         stop=_stop(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         cache_prompt=req.cache_prompt,
+        grammar=grammar(req),
     )
 
 
@@ -172,6 +205,7 @@ def completion_params(req: CompletionRequest, vocab_size: int, n_ctx: int) -> Ge
         stop=_stop(req.stop),
         logprobs=req.logprobs,
         cache_prompt=req.cache_prompt,
+        grammar=grammar(req),
     )
 
 
