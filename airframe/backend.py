@@ -99,15 +99,17 @@ class Backend:
             raise ParameterError(f"slot {i}, expected 0..{self.n_slots - 1} (the {self.name} backend holds "
                                  f"{self.n_slots} K/V caches)")
         if i != self.slot:
+            self.slot_past[self.slot] = self.n_past
             self._switch_slot(i)
-            self.slot = i
+            self.slot, self.n_past = i, self.slot_past[i]
 
     def kv_memory(self) -> int | None:
         """Bytes of the K/V caches of every slot, where the backend allocates them itself."""
         return None
 
     def _switch_slot(self, i: int) -> None:
-        """select_slot's work for a backend with n_slots > 1: its cache i becomes the current one."""
+        """select_slot's work for a backend with n_slots > 1 (which keeps each slot's n_past in
+        slot_past): its cache i becomes the current one."""
         raise NotImplementedError
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
@@ -286,8 +288,9 @@ def settle_slots(name: str, config: ModelConfig, options: RunOptions) -> RunOpti
 def _what_fits(name: str, config: ModelConfig, options: RunOptions, n_ctx: int, slots: int, available: int) -> str:
     """The largest context (for these slots) or, with several slots, the most slots (for this
     context) that fit in `available` bytes, for check_memory's message."""
-    fixed = memory_needed(name, config, 1, options).get(ACTIVATIONS, 0)
-    per_position = sum(v for k, v in memory_needed(name, config, 1, options).items() if k != ACTIVATIONS)
+    one = memory_needed(name, config, 1, options)
+    fixed = one.get(ACTIVATIONS, 0)
+    per_position = sum(v for k, v in one.items() if k != ACTIVATIONS)
     per_slot_position = kv_bytes_per_position(config)
     shared = per_position - per_slot_position  # RoPE tables: once, whatever the slots
     most_ctx = max(0, (available - fixed) // (shared + slots * per_slot_position))

@@ -37,6 +37,11 @@ class Grammar:
     kind: str  # "json_schema" | "json_object" | "grammar"
     text: str
 
+    @property
+    def what(self) -> str:
+        """The kind in an error message's words."""
+        return self.kind.replace("_", " ")
+
 
 def _library():
     if llg is None:
@@ -83,11 +88,12 @@ def text_grammar(text: str) -> Grammar:
     return _checked(grammar)
 
 
-def _checked(grammar: Grammar) -> Grammar:
-    """`grammar` once llguidance compiles it (for any vocabulary; check_grammar does it for one)."""
-    error = _library().LLMatcher.validate_grammar(grammar.text)
+def _checked(grammar: Grammar, tokenizer: GGUFTokenizer | None = None) -> Grammar:
+    """`grammar` once llguidance compiles it: for any vocabulary, or for `tokenizer`'s."""
+    vocabulary = () if tokenizer is None else (grammar_tokenizer(tokenizer),)
+    error = _library().LLMatcher.validate_grammar(grammar.text, *vocabulary)
     if error:
-        raise ParameterError(f"{grammar.kind.replace('_', ' ')} cannot be compiled: {error}")
+        raise ParameterError(f"{grammar.what} cannot be compiled: {error}")
     return grammar
 
 
@@ -129,9 +135,7 @@ def grammar_tokenizer(tokenizer: GGUFTokenizer):
 
 def check_grammar(grammar: Grammar, tokenizer: GGUFTokenizer) -> None:
     """ParameterError with llguidance's reason when `grammar` does not compile for this vocabulary."""
-    error = _library().LLMatcher.validate_grammar(grammar.text, grammar_tokenizer(tokenizer))
-    if error:
-        raise ParameterError(f"{grammar.kind.replace('_', ' ')} cannot be compiled: {error}")
+    _checked(grammar, tokenizer)
 
 
 class Constraint:
@@ -146,7 +150,7 @@ class Constraint:
 
     def _raise_on_error(self) -> None:
         if self._matcher.is_error():
-            raise ParameterError(f"{self.grammar.kind.replace('_', ' ')}: {self._matcher.get_error()}")
+            raise ParameterError(f"{self.grammar.what}: {self._matcher.get_error()}")
 
     def allowed(self) -> np.ndarray:
         """(vocab_size,) bool: the tokens the grammar allows next."""

@@ -177,9 +177,7 @@ class ReferenceBackend(Backend):
         return kv_cache_bytes(self.config, self.n_ctx, self.n_slots)
 
     def _switch_slot(self, i: int) -> None:
-        self.slot_past[self.slot] = self.n_past
         self.k_cache, self.v_cache = self.slot_caches[i]
-        self.n_past = self.slot_past[i]
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         tokens = check_tokens(tokens, self.n_past, self.n_ctx, self.model.token_embd.shape[0])

@@ -381,7 +381,7 @@ class Candidates:
 
 
 class Sampler:
-    """The chain for one request and its random generator (seeded: the same tokens every time)."""
+    """The chain for one request and its seed (the same seed, the same tokens every time)."""
 
     def __init__(self, params: SamplingParams, vocab_size: int, constraint=None):
         self.chain = build_chain(params, vocab_size)

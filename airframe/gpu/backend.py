@@ -197,9 +197,7 @@ class WebGPUBackend(Backend):
 
     def _switch_slot(self, i: int) -> None:
         """The decode token recorded ahead was bound to the other slot's cache."""
-        self.slot_past[self.slot] = self.n_past
         self.kv, self.layer_ops = self.slot_kv[i], self.slot_ops[i]
-        self.n_past = self.slot_past[i]
         self.drop_prerecorded()
 
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:

@@ -86,11 +86,11 @@ def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
                                                    u=reduction.u))
 
 
-def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = (), timestamps=None):
+def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()):
     """The command buffer of one reduction after the `forward` dispatches, then `out` copied to
     read-back buffer `slot` for the host."""
     encoder = be.ctx.device.create_command_encoder()
-    pl.record(encoder, list(forward) + ops.dispatches, timestamps)
+    pl.record(encoder, list(forward) + ops.dispatches)
     encoder.copy_buffer_to_buffer(ops.out, 0, ops.staging[slot], 0, OUT_BYTES)
     return encoder.finish()
 
@@ -116,8 +116,8 @@ def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: in
     n_pen = len(reduction.table)
     penalised = reduction.table[:, 0].astype(np.int64)
     raw = np.frombuffer(data, np.float32, n_pen + 1, HEADER).copy()
-    if reduction.pending and pending not in set(penalised.tolist()):  # it had entry n_pen
-        at = int(np.searchsorted(penalised, pending))
+    at = int(np.searchsorted(penalised, pending)) if reduction.pending else 0
+    if reduction.pending and (at == n_pen or penalised[at] != pending):  # it had entry n_pen
         penalised = np.insert(penalised, at, pending)
         raw = np.insert(raw[:n_pen], at, raw[n_pen])
     else:

@@ -35,10 +35,9 @@ class ChainCounts:
     restarts: int = 0  # chains stopped at a token the GPU drew otherwise or could not decide
 
 
-def sample_stream(be, sampler: Sampler, history: History, tokens: Sequence[int], timestamps=None) -> Iterator[int]:
+def sample_stream(be, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
     """Backend.sample_stream with the tokens chained on the GPU; the first token after the prompt,
-    and any the chain cannot decide, through the host path (sample_next). `timestamps` (a callable
-    giving each chained token's pass its timestamp_writes) times the tokens on the GPU (bench)."""
+    and any the chain cannot decide, through the host path (sample_next)."""
     tokens = list(tokens)
     while True:
         token, _ = sample_next(be, sampler, history, tokens)
@@ -47,13 +46,13 @@ def sample_stream(be, sampler: Sampler, history: History, tokens: Sequence[int],
         yield token
         if be.n_past >= be.n_ctx:
             return
-        yield from _chain(be, sampler, history, timestamps)
+        yield from _chain(be, sampler, history)
         if be.n_past >= be.n_ctx:
             return
         tokens = history.tokens[-1:]
 
 
-def _chain(be, sampler: Sampler, history: History, timestamps=None) -> Iterator[int]:
+def _chain(be, sampler: Sampler, history: History) -> Iterator[int]:
     """Tokens after history's last one, which runs at be.n_past, each the host's and appended to
     `history`; ends at the full context, at a token the GPU did not draw the same, or where the
     penalty table outgrows the GPU's, with n_past at the position of history's last token."""
@@ -66,7 +65,7 @@ def _chain(be, sampler: Sampler, history: History, timestamps=None) -> Iterator[
     be.write_head_step(1, 0)
     unread = deque()  # (step, reduction, submission index) submitted and not read, oldest first
     kept = 0          # steps whose tokens were taken: history's last token runs at first + kept
-    commands = _record(be, ops, 0, timestamps)
+    commands = _record(be, ops, 0)
     try:
         for step in range(room + 1):
             if step < room:
@@ -81,7 +80,7 @@ def _chain(be, sampler: Sampler, history: History, timestamps=None) -> Iterator[
                     unread.append((step, reduction, pl.submit(queue, [commands])))
                     if step + 1 < room:
                         be.n_past = first + step + 1
-                        commands = _record(be, ops, step + 1, timestamps)
+                        commands = _record(be, ops, step + 1)
             # read the step before this one (all that is left once nothing more is submitted)
             while unread and (unread[0][0] < step or step >= room):
                 done, reduction, index = unread.popleft()
@@ -104,6 +103,6 @@ def _chain(be, sampler: Sampler, history: History, timestamps=None) -> Iterator[
         be.n_past = first + kept
 
 
-def _record(be, ops: cand.CandidateOps, step: int, timestamps=None):
+def _record(be, ops: cand.CandidateOps, step: int):
     """Chain step `step`'s command buffer at be.n_past."""
-    return cand.record(be, ops, step % 2, be.token_dispatches(1), timestamps() if timestamps else None)
+    return cand.record(be, ops, step % 2, be.token_dispatches(1))
