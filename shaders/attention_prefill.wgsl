@@ -4,8 +4,9 @@
 // the K/V group), so every K and V tile serves all heads of the group. Per tile of KEYS positions:
 // S = Q K^T by chunks of 16 head dims (Q and K chunks staged in workgroup memory, transposed so the
 // inner loop reads vec4), an online softmax per row, then O += P V by blocks of 64 head dims.
-// Invocation (tr, tc) owns rows 4 tr .. 4 tr + 3: their S at keys tc * KEYS / 16 .., their O at
-// dims 64 j + 4 tc .. + 3.
+// Invocation (tr, tc) owns rows 4 tr .. 4 tr + 3: their S at keys SC tc .. SC tc + SC - 1, their O
+// at dims 64 j + 4 tc .. + 3. Scores and outputs live in named vec4 and mat4x4 variables, never in
+// private arrays: the H200's compiler keeps arrays indexed in loops in local memory.
 
 #include "attention_params.wgsl"
 
@@ -18,12 +19,12 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
-const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim, a multiple of 4
+const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim, a multiple of 4, at most 256
 const KEYS: u32 = {ATTN_KEYS}u;       // keys per tile: 32 or 64
 const ROWS: u32 = 64u;                // query rows per workgroup
 const KC: u32 = 16u;                  // head dims per S chunk
-const DB: u32 = (HD + 63u) / 64u;     // blocks of 64 head dims
-const SC: u32 = KEYS / 16u;           // S columns per invocation
+const DB: u32 = (HD + 63u) / 64u;     // blocks of 64 head dims: 1 to 4
+const SC: u32 = KEYS / 16u;           // S columns per invocation: 2 or 4
 const HD4: u32 = HD / 4u;
 const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 
@@ -31,16 +32,12 @@ var<workgroup> qs: array<vec4<f32>, KC * 16u>;        // (dim, row quad): the Q 
 var<workgroup> ks: array<vec4<f32>, KC * KEYS / 4u>;  // (dim, key quad): the K chunk
 var<workgroup> ps: array<vec4<f32>, KEYS * 16u>;      // (key, row quad): probabilities
 var<workgroup> vs: array<vec4<f32>, KEYS * 16u>;      // (key, dim quad): a block of V
-var<workgroup> row_max: array<f32, ROWS * 16u>;       // (row, tc): the tile's maxima
+var<workgroup> xchg: array<vec4<f32>, 256u>;          // (tr, tc): each invocation's maxima or sums of its rows
 
 // Query row r of this workgroup: (token, head), token == n_tokens when past the chunk
 fn row_of(block: u32, r: u32) -> vec2<u32> {
     let index = block * ROWS + r;
     return vec2<u32>(min(index / GROUP, S.n_tokens), index % GROUP);
-}
-
-fn visible(pos: u32, key: u32) -> bool {
-    return key <= pos && (P.window == 0u || pos - key < P.window);
 }
 
 // The Q and K chunks of head dims d0 .. d0 + KC: each invocation loads whole vec4 of dims (4 dims
@@ -74,6 +71,67 @@ fn load_chunk(lid: u32, block: u32, kv_head: u32, key0: u32, d0: u32) {
     }
 }
 
+// Scores of my 4 rows (vec4 lanes) at one key: soft-capped, EMPTY where the key is not visible
+fn masked(v: vec4<f32>, key: u32, pos: vec4<u32>) -> vec4<f32> {
+    var x = v;
+    if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
+        x = P.softcap * tanh(clamp(x / P.softcap, vec4<f32>(-20.0), vec4<f32>(20.0)));
+    }
+    let k = vec4<u32>(key);
+    let seen = (k <= pos) & (vec4<bool>(P.window == 0u) | (pos - k < vec4<u32>(P.window)));
+    return select(vec4<f32>(EMPTY), x, seen);
+}
+
+// Per row of mine, the maximum (is_max) or the sum of v over the 16 invocations sharing my rows
+fn across_row(v: vec4<f32>, tr: u32, tc: u32, is_max: bool) -> vec4<f32> {
+    workgroupBarrier();  // the previous exchange has been read
+    xchg[tr * 16u + tc] = v;
+    workgroupBarrier();
+    var total = xchg[tr * 16u];
+    for (var j = 1u; j < 16u; j++) {
+        let x = xchg[tr * 16u + j];
+        total = select(total + x, max(total, x), is_max);
+    }
+    return total;
+}
+
+fn probs(s: vec4<f32>, m: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), exp(s - m), s > vec4<f32>(EMPTY));
+}
+
+// o with each row's column scaled: rows are the columns of o
+fn rescaled(o: mat4x4<f32>, c: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(o[0] * c.x, o[1] * c.y, o[2] * c.z, o[3] * c.w);
+}
+
+// Block j of V (head dims 64 j ..) at the tile's keys into workgroup memory
+fn load_v(lid: u32, j: u32, key0: u32, kv_head: u32) {
+    for (var i = lid; i < KEYS * 16u; i += 256u) {   // (key, dim quad)
+        let key = min(key0 + i / 16u, P.n_ctx - 1u);
+        let dq = 16u * j + i % 16u;
+        var v = vec4<f32>(0.0);
+        if (dq < HD4) {
+            v = KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + key * HD4 + dq];
+        }
+        vs[i] = v;
+    }
+}
+
+fn write_rows(o: mat4x4<f32>, j: u32, block: u32, kv_head: u32, tr: u32, tc: u32, total: vec4<f32>) {
+    for (var e = 0u; e < 4u; e++) {
+        let row = row_of(block, 4u * tr + e);
+        let d = 64u * j + 4u * tc;
+        if (row.x < S.n_tokens && d < HD) {
+            let out = (row.x * P.n_head + kv_head * GROUP + row.y) * HD + d;
+            let v = o[e] / total[e];
+            OUT[out] = v.x;
+            OUT[out + 1u] = v.y;
+            OUT[out + 2u] = v.z;
+            OUT[out + 3u] = v.w;
+        }
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -82,26 +140,29 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let block = wid.x;
     let kv_head = wid.y;
     // the positions of my 4 rows, and the keys the whole block sees
-    var pos: array<u32, 4>;
-    for (var e = 0u; e < 4u; e++) {
-        pos[e] = S.n_past + min(row_of(block, 4u * tr + e).x, S.n_tokens - 1u);
-    }
+    let last = S.n_tokens - 1u;
+    let pos = S.n_past + vec4<u32>(min(row_of(block, 4u * tr).x, last), min(row_of(block, 4u * tr + 1u).x, last),
+                                   min(row_of(block, 4u * tr + 2u).x, last), min(row_of(block, 4u * tr + 3u).x, last));
     let first_pos = S.n_past + row_of(block, 0u).x;
-    let last_pos = S.n_past + min(row_of(block, ROWS - 1u).x, S.n_tokens - 1u);
+    let last_pos = S.n_past + min(row_of(block, ROWS - 1u).x, last);
     var lo = 0u;
     if (P.window > 0u && first_pos + 1u > P.window) {
         lo = first_pos + 1u - P.window;
     }
     lo = lo / KEYS * KEYS;
 
-    var m = vec4<f32>(EMPTY);     // running max of my rows
-    var l = vec4<f32>(0.0);       // running sum of my rows over my columns
-    var o: array<mat4x4<f32>, DB>;  // O of my rows: column = row, vec4 over 4 dims
+    var m = vec4<f32>(EMPTY);  // running max of my rows
+    var l = vec4<f32>(0.0);    // running sum of my rows over my columns
+    var o0 = mat4x4<f32>();    // O of my rows, head dims 64 j + 4 tc ..: column = row
+    var o1 = mat4x4<f32>();
+    var o2 = mat4x4<f32>();
+    var o3 = mat4x4<f32>();
     for (var key0 = lo; key0 <= last_pos; key0 += KEYS) {
-        var s: array<vec4<f32>, SC>;  // s[c][e]: key key0 + SC tc + c, row 4 tr + e
-        for (var c = 0u; c < SC; c++) {
-            s[c] = vec4<f32>(0.0);  // explicitly: Naga zeroes a loop's `var` once, not on every iteration
-        }
+        // s_c[e]: key key0 + SC tc + c, row 4 tr + e
+        var s0 = vec4<f32>(0.0);
+        var s1 = vec4<f32>(0.0);
+        var s2 = vec4<f32>(0.0);
+        var s3 = vec4<f32>(0.0);
         for (var d0 = 0u; d0 < HD; d0 += KC) {
             workgroupBarrier();
             load_chunk(lid, block, kv_head, key0, d0);
@@ -109,93 +170,83 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             for (var k = 0u; k < KC; k++) {
                 let q = qs[k * 16u + tr];
                 let quad = ks[k * (KEYS / 4u) + (SC * tc) / 4u];  // my SC keys: all 4, or half
-                let kk = select(quad, quad.zwzw, SC == 2u && tc % 2u == 1u);
-                for (var c = 0u; c < SC; c++) {
-                    s[c] += q * kk[c];
+                if (SC == 4u) {
+                    s0 += q * quad.x;
+                    s1 += q * quad.y;
+                    s2 += q * quad.z;
+                    s3 += q * quad.w;
+                } else {
+                    let pair = select(quad.xy, quad.zw, tc % 2u == 1u);
+                    s0 += q * pair.x;
+                    s1 += q * pair.y;
                 }
             }
         }
-        // mask, soft-cap, and the tile's max of each row over my columns
-        var tile_max = vec4<f32>(EMPTY);
-        for (var c = 0u; c < SC; c++) {
-            let key = key0 + SC * tc + c;
-            for (var e = 0u; e < 4u; e++) {
-                var v = s[c][e];
-                if (P.softcap > 0.0) {  // tanh saturates long before 20: clamping avoids inf / inf
-                    v = P.softcap * tanh(clamp(v / P.softcap, -20.0, 20.0));
-                }
-                s[c][e] = select(EMPTY, v, visible(pos[e], key));
-            }
-            tile_max = max(tile_max, s[c]);
+        let key = key0 + SC * tc;  // my first key; local index SC tc in the tile
+        s0 = masked(s0, key, pos);
+        s1 = masked(s1, key + 1u, pos);
+        var tile_max = max(s0, s1);
+        if (SC == 4u) {
+            s2 = masked(s2, key + 2u, pos);
+            s3 = masked(s3, key + 3u, pos);
+            tile_max = max(tile_max, max(s2, s3));
         }
-        for (var e = 0u; e < 4u; e++) {
-            row_max[(4u * tr + e) * 16u + tc] = tile_max[e];
-        }
-        workgroupBarrier();
-        var new_m = m;
-        for (var j = 0u; j < 16u; j++) {
-            for (var e = 0u; e < 4u; e++) {
-                new_m[e] = max(new_m[e], row_max[(4u * tr + e) * 16u + j]);
-            }
-        }
+        let new_m = max(m, across_row(tile_max, tr, tc, true));
         let correction = exp(m - new_m);
         m = new_m;
-        l *= correction;
-        for (var c = 0u; c < SC; c++) {
-            let p = select(vec4<f32>(0.0), exp(s[c] - m), s[c] > vec4<f32>(EMPTY));
-            l += p;
-            ps[(SC * tc + c) * 16u + tr] = p;
+        let p0 = probs(s0, m);
+        let p1 = probs(s1, m);
+        ps[SC * tc * 16u + tr] = p0;
+        ps[(SC * tc + 1u) * 16u + tr] = p1;
+        l = l * correction + p0 + p1;
+        if (SC == 4u) {
+            let p2 = probs(s2, m);
+            let p3 = probs(s3, m);
+            ps[(SC * tc + 2u) * 16u + tr] = p2;
+            ps[(SC * tc + 3u) * 16u + tr] = p3;
+            l += p2 + p3;
         }
+        // O += P V, 64 head dims at a time, in main: the H200's compiler ran this loop 2.5 times
+        // slower in a function taking and returning the block
         for (var j = 0u; j < DB; j++) {
-            o[j] = mat4x4<f32>(o[j][0] * correction[0], o[j][1] * correction[1], o[j][2] * correction[2],
-                               o[j][3] * correction[3]);
-        }
-        // O += P V, 64 head dims at a time
-        for (var j = 0u; j < DB; j++) {
-            workgroupBarrier();
-            for (var i = lid; i < KEYS * 16u; i += 256u) {   // (key, dim quad) of V
-                let key = min(key0 + i / 16u, P.n_ctx - 1u);
-                let dq = 16u * j + i % 16u;
-                var v = vec4<f32>(0.0);
-                if (dq < HD4) {
-                    v = KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + key * HD4 + dq];
-                }
-                vs[i] = v;
+            var acc = o0;
+            if (j == 1u) {
+                acc = o1;
+            } else if (j == 2u) {
+                acc = o2;
+            } else if (j == 3u) {
+                acc = o3;
             }
+            acc = rescaled(acc, correction);
+            workgroupBarrier();  // the probabilities are visible, the previous block of V read
+            load_v(lid, j, key0, kv_head);
             workgroupBarrier();
-            var acc = o[j];
             for (var k = 0u; k < KEYS; k++) {
                 let p = ps[k * 16u + tr];
                 let v = vs[k * 16u + tc];
                 acc = mat4x4<f32>(acc[0] + v * p.x, acc[1] + v * p.y, acc[2] + v * p.z, acc[3] + v * p.w);
             }
-            o[j] = acc;
+            if (j == 0u) {
+                o0 = acc;
+            } else if (j == 1u) {
+                o1 = acc;
+            } else if (j == 2u) {
+                o2 = acc;
+            } else {
+                o3 = acc;
+            }
         }
     }
     // each row's sum over all columns: my l covers my columns only
-    workgroupBarrier();
-    for (var e = 0u; e < 4u; e++) {
-        row_max[(4u * tr + e) * 16u + tc] = l[e];
+    let total = across_row(l, tr, tc, false);
+    write_rows(o0, 0u, block, kv_head, tr, tc, total);
+    if (DB > 1u) {
+        write_rows(o1, 1u, block, kv_head, tr, tc, total);
     }
-    workgroupBarrier();
-    var total = vec4<f32>(0.0);
-    for (var j = 0u; j < 16u; j++) {
-        for (var e = 0u; e < 4u; e++) {
-            total[e] += row_max[(4u * tr + e) * 16u + j];
-        }
+    if (DB > 2u) {
+        write_rows(o2, 2u, block, kv_head, tr, tc, total);
     }
-    for (var e = 0u; e < 4u; e++) {
-        let row = row_of(block, 4u * tr + e);
-        if (row.x < S.n_tokens) {
-            let out = (row.x * P.n_head + kv_head * GROUP + row.y) * HD;
-            for (var j = 0u; j < DB; j++) {
-                for (var c = 0u; c < 4u; c++) {
-                    let d = 64u * j + 4u * tc + c;
-                    if (d < HD) {
-                        OUT[out + d] = o[j][e][c] / total[e];
-                    }
-                }
-            }
-        }
+    if (DB > 3u) {
+        write_rows(o3, 3u, block, kv_head, tr, tc, total);
     }
 }

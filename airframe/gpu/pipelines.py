@@ -285,7 +285,8 @@ def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes
     if block is None:
         raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 32 * 128:,} bytes of "
                                f"workgroup memory in attention_decode.wgsl; the adapter has {workgroup_bytes:,}")
-    keys = 64 if 4 * (256 + 16 * 64 + 2 * 64 * 64 + 64 * 16) <= workgroup_bytes else 32
+    # 64-key tiles: Q and K chunks (16 dims x 64), P (64 keys x 64 rows), V (64 x 64 dims), the row exchange
+    keys = 64 if 4 * (16 * 64 + 16 * 64 + 2 * 64 * 64 + 1024) <= workgroup_bytes else 32
     decode = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_BLOCK": block}
     prefill = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_KEYS": keys}
     return decode, prefill

@@ -1,9 +1,11 @@
-"""Decode attention variants side by side: shaders/attention_decode.wgsl and any experiment copies
-of it put in dev/webgpu/attention/*.wgsl, one dispatch per layer of the Llama 3.2 1B shape (32
-query heads, 8 K/V heads of 64) repeated in one pass, GPU time per dispatch at several positions,
-and each variant's output against the shipped kernel's (variants that drop work differ).
+"""Attention variants side by side: the shipped program and any experiment copies of it put in
+dev/webgpu/<program>/*.wgsl, one layer's dispatch of the Llama 3.2 1B shape (32 query heads, 8 K/V
+heads of 64) repeated in one pass, GPU time per dispatch, and each variant's output against the
+shipped program's (variants that drop work differ). Decode (attention_decode.wgsl): one token at
+each of --positions. Prefill (attention_prefill.wgsl): a chunk of --tokens after each of --depths.
 
     python dev/webgpu/attention_ab.py [--positions 0,511,4095]
+    python dev/webgpu/attention_ab.py --program prefill [--tokens 512] [--depths 0,4096]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from airframe.gpu import pipelines as pl
+from airframe.gpu.backend import MIN_SPLIT_LEN, SPLIT_WORKGROUPS
 from airframe.gpu.device import get_context
 from airframe.gpu.shaders import load_wgsl
 
@@ -21,17 +24,21 @@ HERE = Path(__file__).parent
 N_HEAD, N_KV, HD, N_CTX = 32, 8, 64, 4160
 
 
-def pipeline(pipes, path: Path | None, shape: dict):
+def pipeline(pipes, path: Path | None, shape: dict, program: str = "attention_decode"):
     defines = {**{k: str(v) for k, v in shape.items()}, "REDUCE": pipes.reduce}
-    source = load_wgsl(str(path) if path else "attention_decode.wgsl", defines)
+    source = load_wgsl(str(path) if path else f"{program}.wgsl", defines)
     module = pipes.device.create_shader_module(code=source)
-    layout = pipes.device.create_pipeline_layout(bind_group_layouts=[pipes.layout("attention_decode")])
+    layout = pipes.device.create_pipeline_layout(bind_group_layouts=[pipes.layout(program)])
     return pipes.device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": "main"})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--positions", default="0,511,4095")
+    ap.add_argument("--program", choices=("decode", "prefill"), default="decode")
+    ap.add_argument("--positions", default="0,511,4095", help="decode: the token's positions")
+    ap.add_argument("--split-lens", default="", help="decode: positions per split (default: the backend's choice)")
+    ap.add_argument("--tokens", type=int, default=512, help="prefill: the chunk's tokens")
+    ap.add_argument("--depths", default="0,4096", help="prefill: positions cached before the chunk")
     args = ap.parse_args()
     ctx = get_context()
     pipes = pl.Pipelines(ctx)
@@ -39,6 +46,8 @@ def main() -> None:
 
     timer = GpuTimer(ctx)
     rng = np.random.default_rng(0)
+    if args.program == "prefill":
+        return prefill(ctx, pipes, timer, rng, args.tokens, [int(d) for d in args.depths.split(",")])
     stride = (N_HEAD + 2 * N_KV) * HD
     qkv = pipes.storage(stride * 4, "qkv")
     ctx.device.queue.write_buffer(qkv, 0, rng.standard_normal(stride).astype(np.float32))
@@ -58,21 +67,59 @@ def main() -> None:
                                         table=0, qkv_bias=0, q_bias=0, k_bias=0, v_bias=0))
     decode_shape, _ = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]))
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention").glob("*.wgsl"))]
+    merge = pipes.uniform(pl.pack_params("attention_merge", n_head=N_HEAD, head_dim=HD))
     for position in (int(p) for p in args.positions.split(",")):
-        per_split = max(-(-(position + 1) // (512 // N_KV)), 64)
-        split_len = -(-per_split // 64) * 64
-        n_splits = -(-(position + 1) // split_len)
-        step = pipes.uniform(pl.pack_step(position, 1, 0, split_len))
-        group = pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, step])
+        per_split = max(-(-(position + 1) // (SPLIT_WORKGROUPS // N_KV)), MIN_SPLIT_LEN)
+        lens = [int(n) for n in args.split_lens.split(",")] if args.split_lens else [-(-per_split // 64) * 64]
+        for split_len in lens:
+            n_splits = -(-(position + 1) // split_len)
+            step = pipes.uniform(pl.pack_step(position, 1, 0, split_len))
+            group = pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, step])
+            merged = pl.Dispatch("merge", pipes.pipeline("attention_merge"),
+                                 pipes.bind("attention_merge", [part, out, merge, step]), (N_HEAD, 1, 1))
+            reference = None
+            for name, path in variants:
+                d = pl.Dispatch(name, pipeline(pipes, path, decode_shape), group, (n_splits, N_KV, 1))
+                pair = [d, merged] if n_splits > 1 else [d]
+                warm_up(ctx, timer, pair * 16, 0.2)
+                t = time_passes(ctx, timer, [d] * 16, 20) / 16
+                both = time_passes(ctx, timer, pair * 16, 20) / 16
+                got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
+                reference = got if reference is None else reference
+                diff = float(np.abs(got - reference).max())
+                print(f"position {position:5} ({n_splits:3} splits of {split_len:4}): {name:12} {t * 1e6:7.2f} us a "
+                      f"dispatch, {both * 1e6:7.2f} with the merge, max difference from shipped {diff:.2e}")
+
+
+def prefill(ctx, pipes, timer, rng, tokens: int, depths: list[int]) -> None:
+    from airframe.gpu.bench import time_passes, warm_up
+
+    stride = (N_HEAD + 2 * N_KV) * HD
+    n_ctx = max(depths) + tokens
+    qkv = pipes.storage(tokens * stride * 4, "qkv")
+    ctx.device.queue.write_buffer(qkv, 0, rng.standard_normal(tokens * stride).astype(np.float32))
+    kv = pipes.storage(2 * N_KV * n_ctx * HD * 4, "kv")
+    ctx.device.queue.write_buffer(kv, 0, rng.standard_normal(2 * N_KV * n_ctx * HD).astype(np.float32))
+    out = pipes.storage(tokens * N_HEAD * HD * 4, "out")
+    attn = pipes.uniform(pl.pack_params("attention_decode", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, n_ctx=n_ctx,
+                                        window=0, scale=HD ** -0.5, qkv_stride=stride, softcap=0.0))
+    _, shape = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]))
+    variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention_prefill").glob("*.wgsl"))]
+    grid = (pl.ceil_div(tokens * N_HEAD // N_KV, 64), N_KV, 1)
+    for depth in depths:
+        step = pipes.uniform(pl.pack_step(depth, tokens, 0, 0))
+        group = pipes.bind("attention_prefill", [qkv, kv, out, attn, step])
+        keys = tokens * (depth + (tokens + 1) / 2)  # causal: keys summed over the chunk's tokens
         reference = None
         for name, path in variants:
-            d = pl.Dispatch(name, pipeline(pipes, path, decode_shape), group, (n_splits, N_KV, 1))
-            warm_up(ctx, timer, [d] * 16, 0.2)
-            t = time_passes(ctx, timer, [d] * 16, 20) / 16
-            got = np.frombuffer(ctx.device.queue.read_buffer(part), np.float32).copy()
+            d = pl.Dispatch(name, pipeline(pipes, path, shape, "attention_prefill"), group, grid)
+            warm_up(ctx, timer, [d] * 2, 0.3)
+            t = time_passes(ctx, timer, [d] * 2, 3) / 2
+            got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
             reference = got if reference is None else reference
             diff = float(np.abs(got - reference).max())
-            print(f"position {position:5} ({n_splits:3} splits): {name:12} {t * 1e6:7.2f} us a dispatch, "
+            tflops = 4 * N_HEAD * HD * keys / t / 1e12
+            print(f"depth {depth:5} ({tokens} tokens): {name:12} {t * 1e3:8.3f} ms a dispatch, {tflops:5.2f} TFLOP/s, "
                   f"max difference from shipped {diff:.2e}")
 
 

@@ -273,7 +273,7 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
 
 
 # ---- decode matmuls --------------------------------------------------------------------------
-def gemv(ctx, timer, types, bandwidth) -> dict:
+def gemv(ctx, timer, types, bandwidth, units=()) -> dict:
     kern = K.Pipelines(ctx, matmul="tiled")
     shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
               "lm_head": (128256, 2048)}
@@ -290,15 +290,30 @@ def gemv(ctx, timer, types, bandwidth) -> dict:
                                    seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
                                    y_stride=rows, y_off=0)
             rows_wg, shape = kern.decode_matmul(rows, cols, quant)
-            shader = "gemv/" + shape["GEMV_UNIT"]
             group = kern.bind("gemv", [buf, x, y, kern.uniform(params), step])
-            d = K.Dispatch(name, kern.pipeline("gemv", quant, shape), group, (K.ceil_div(rows, rows_wg), 1, 1))
-            warm_up(ctx, timer, [d], 0.1)
-            t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
-            share = rows * row_words * 4 / t / bandwidth
-            print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream ({shader}, {rows_wg} rows)")
-            rows_out.append({"qtype": qtype.name, "shape": name, "us": t * 1e6, "share": share, "shader": shader})
+            others = [u for u in units if u.startswith(quant.shader) and u != shape["GEMV_UNIT"]]
+            for unit in [shape["GEMV_UNIT"]] + others:
+                shader = "gemv/" + unit
+                wg = rows_wg if unit == shape["GEMV_UNIT"] else _unit_rows_wg(kern, rows, cols, unit)
+                d = K.Dispatch(name, kern.pipeline("gemv", quant, {"GEMV_ROWS_WG": wg, "GEMV_UNIT": unit}), group,
+                               (K.ceil_div(rows, wg), 1, 1))
+                warm_up(ctx, timer, [d], 0.1)
+                t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
+                share = rows * row_words * 4 / t / bandwidth
+                print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream "
+                      f"({shader}, {wg} rows)")
+                rows_out.append({"qtype": qtype.name, "shape": name, "us": t * 1e6, "share": share, "shader": shader})
     return {"rows": rows_out}
+
+
+def _unit_rows_wg(kern, rows: int, cols: int, unit: str) -> int:
+    """Pipelines.decode_matmul's rows per workgroup for another unit file of the same type."""
+    size = K.shader_constant(f"gemv/{unit}.wgsl", "UNIT")
+    lanes_per_row = K.ceil_div(cols // size, K.LANES)
+    rows_wg = next((r for r in (32, 16, 8) if K.ceil_div(rows, r) >= K.FULL_GPU), 4)
+    while rows_wg < 32 and 4 * K.SUBGROUPS // rows_wg > lanes_per_row:
+        rows_wg *= 2
+    return rows_wg
 
 
 def main() -> None:
@@ -307,6 +322,7 @@ def main() -> None:
     ap.add_argument("--programs", default="gemm", help="gemm programs to compare: gemm and any shaders/gemm_*.wgsl beside it")
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--tiles", default="64x64,128x64,64x128,128x128")
+    ap.add_argument("--units", default="", help="gemv: other unit files of a type to compare (shaders/gemv/*.wgsl)")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -329,7 +345,7 @@ def main() -> None:
     if "gemm" in parts:
         out["gemm"] = gemm(ctx, timer, types, tiles, speed=not args.check_only, programs=args.programs.split(","))
     if "gemv" in parts:
-        out["gemv"] = gemv(ctx, timer, types, bandwidth)
+        out["gemv"] = gemv(ctx, timer, types, bandwidth, [u for u in args.units.split(",") if u])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
