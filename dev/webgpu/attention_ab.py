@@ -1,7 +1,8 @@
 """Attention variants side by side: the shipped program and any experiment copies of it put in
 dev/webgpu/<program>/*.wgsl, one layer's dispatch of the Llama 3.2 1B shape (32 query heads, 8 K/V
-heads of 64) repeated in one pass, GPU time per dispatch, and each variant's output against the
-shipped program's (variants that drop work differ). Decode (attention_decode.wgsl): one token at
+heads of 64) repeated in one pass (decode: over 16 layers' caches, which together outgrow the L2
+as a token's do), GPU time per dispatch, and each variant's output against the shipped program's
+(variants that drop work differ). Decode (attention_decode.wgsl): one token at
 each of --positions. Prefill (attention_prefill.wgsl): a chunk of --tokens after each of --depths.
 
     python dev/webgpu/attention_ab.py [--positions 0,511,4095]
@@ -22,6 +23,7 @@ from airframe.gpu.shaders import load_wgsl
 
 HERE = Path(__file__).parent
 N_HEAD, N_KV, HD, N_CTX = 32, 8, 64, 4160
+LAYERS = 16  # decode: one cache per layer, as in a token: the caches together outgrow the GPU's L2
 
 
 def pipeline(pipes, path: Path | None, shape: dict, program: str = "attention_decode"):
@@ -56,8 +58,9 @@ def main() -> None:
     table_data = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
     table = pipes.storage(table_data.nbytes, "table")
     ctx.device.queue.write_buffer(table, 0, table_data)
-    kv = pipes.storage(2 * N_KV * N_CTX * HD * 4, "kv")
-    ctx.device.queue.write_buffer(kv, 0, rng.standard_normal(2 * N_KV * N_CTX * HD).astype(np.float32))
+    kvs = [pipes.storage(2 * N_KV * N_CTX * HD * 4, f"kv#{i}") for i in range(LAYERS)]
+    for kv in kvs:
+        ctx.device.queue.write_buffer(kv, 0, rng.standard_normal(2 * N_KV * N_CTX * HD).astype(np.float32))
     part = pipes.storage(256 * N_HEAD * (HD + 2) * 4, "part")
     out = pipes.storage(N_HEAD * HD * 4, "out")
     attn = pipes.uniform(pl.pack_params("attention_decode", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, n_ctx=N_CTX,
@@ -74,16 +77,17 @@ def main() -> None:
         for split_len in lens:
             n_splits = -(-(position + 1) // split_len)
             step = pipes.uniform(pl.pack_step(position, 1, 0, split_len))
-            group = pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, step])
+            groups = [pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, step]) for kv in kvs]
             merged = pl.Dispatch("merge", pipes.pipeline("attention_merge"),
                                  pipes.bind("attention_merge", [part, out, merge, step]), (N_HEAD, 1, 1))
             reference = None
             for name, path in variants:
-                d = pl.Dispatch(name, pipeline(pipes, path, decode_shape), group, (n_splits, N_KV, 1))
-                pair = [d, merged] if n_splits > 1 else [d]
-                warm_up(ctx, timer, pair * 16, 0.2)
-                t = time_passes(ctx, timer, [d] * 16, 20) / 16
-                both = time_passes(ctx, timer, pair * 16, 20) / 16
+                program = pipeline(pipes, path, decode_shape)
+                layers = [pl.Dispatch(name, program, g, (n_splits, N_KV, 1)) for g in groups]
+                pairs = [d for layer in layers for d in ([layer, merged] if n_splits > 1 else [layer])]
+                warm_up(ctx, timer, pairs, 0.2)
+                t = time_passes(ctx, timer, layers, 20) / LAYERS
+                both = time_passes(ctx, timer, pairs, 20) / LAYERS
                 got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
                 reference = got if reference is None else reference
                 diff = float(np.abs(got - reference).max())
