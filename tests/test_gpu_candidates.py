@@ -233,29 +233,37 @@ def test_chained_sampling_gives_the_tokens_of_the_full_logits(tiny, params):
     assert len(want) == 50 and tiny.backend.n_past == len(prompt) + 49
 
 
+def inject_faults(monkeypatch, wrong_every: int, undecided_every: int) -> dict:
+    """Every `wrong_every`-th reduction written with a wrong random number (the GPU draws another
+    token than the host), every `undecided_every`-th host check on candidates answering None."""
+    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
+    calls = {"write": 0, "sample": 0}
+
+    def wrong_u(be, ops, reduction):
+        calls["write"] += 1
+        if calls["write"] % wrong_every == 0:
+            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
+        write_request(be, ops, reduction)
+
+    def undecided(self, history, found):
+        calls["sample"] += 1
+        return None if calls["sample"] % undecided_every == 0 else sample_reduced(self, history, found)
+
+    monkeypatch.setattr(cand, "write_request", wrong_u)
+    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    return calls
+
+
 def test_the_chain_keeps_the_hosts_token_where_the_gpu_drew_another(tiny, monkeypatch):
     """A wrong random number on the GPU for some tokens, and candidates the host says it cannot
     decide from for others: the tokens stay those of the full logits."""
     prompt = [1, 15, 27, 300, 4000]
     params = SamplingParams(temperature=1.2, top_k=30, repeat_penalty=1.1, seed=21)
     want = chained(tiny.backend, prompt, params, 40, on_gpu=False)
-    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
-    calls = {"write": 0, "sample": 0, "chains": 0}
-
-    def wrong_u(be, ops, reduction):
-        calls["write"] += 1
-        if calls["write"] % 7 == 0:
-            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
-        write_request(be, ops, reduction)
-
-    def undecided(self, history, found):
-        calls["sample"] += 1
-        return None if calls["sample"] % 11 == 0 else sample_reduced(self, history, found)
-
     from airframe.gpu import sampled
     chain = sampled._chain
-    monkeypatch.setattr(cand, "write_request", wrong_u)
-    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    calls = inject_faults(monkeypatch, wrong_every=7, undecided_every=11)
+    calls["chains"] = 0
     monkeypatch.setattr(sampled, "_chain", lambda *a: calls.__setitem__("chains", calls["chains"] + 1) or chain(*a))
     assert chained(tiny.backend, prompt, params, 40) == want
     assert calls["chains"] >= 5  # it started over after each disagreement
@@ -326,21 +334,7 @@ def test_a_constrained_chain_keeps_the_hosts_token_where_the_gpu_drew_another(ti
     decide from for others: the answer stays that of the host path."""
     params = SamplingParams(temperature=1.2, top_k=30, repeat_penalty=1.1, seed=21)
     host_text, host_finish, _ = constrained(tiny, params, on_gpu=False)
-    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
-    calls = {"write": 0, "sample": 0}
-
-    def wrong_u(be, ops, reduction):
-        calls["write"] += 1
-        if calls["write"] % 5 == 0:
-            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
-        write_request(be, ops, reduction)
-
-    def undecided(self, history, found):
-        calls["sample"] += 1
-        return None if calls["sample"] % 7 == 0 else sample_reduced(self, history, found)
-
-    monkeypatch.setattr(cand, "write_request", wrong_u)
-    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    inject_faults(monkeypatch, wrong_every=5, undecided_every=7)
     text, finish, counts = constrained(tiny, params)
     assert (text, finish.completion_tokens) == (host_text, host_finish.completion_tokens)
     assert counts.restarts >= 3 and counts.drawn >= 3

@@ -69,7 +69,7 @@ def _chain(be, sampler: Sampler, history: History) -> Iterator[int]:
     be.drop_prerecorded()
     be.ctx.device.queue.write_buffer(be.scratch.ids, 0, np.array([history.tokens[-1]], np.uint32))
     be.write_head_step(1, 0)
-    plan = (_Split if sampler.constraint is not None else _Fused)(be, room)
+    plan = (_Split if sampler.constraint is not None else _Fused)(be)
     unread = deque()  # (step, reduction, submission index) submitted and not read, oldest first
     kept = 0          # steps whose tokens were taken: history's last token runs at first + kept
     try:
@@ -110,7 +110,7 @@ class _Fused:
 
     lag, pending = 1, True
 
-    def __init__(self, be, room: int):
+    def __init__(self, be):
         self.be, self.first = be, be.n_past
         self.commands = cand.record(be, be.candidates, 0, be.token_dispatches(1))
 
@@ -131,11 +131,10 @@ class _Split:
 
     lag, pending = 0, False
 
-    def __init__(self, be, room: int):
+    def __init__(self, be):
         self.be, self.first = be, be.n_past
         be.write_step(1)
-        pl.submit(be.ctx.device.queue, [be._record_decode(read=False)])
-        self.forward = self._record(1, room)
+        self.forward = be._record_decode(read=False)
 
     def _record(self, step: int, room: int):
         """Forward `step`'s command buffer, if the context has room for it."""
@@ -146,6 +145,9 @@ class _Split:
 
     def submit(self, step: int, room: int) -> int | None:
         be, queue = self.be, self.be.ctx.device.queue
+        if step == 0:  # submitted once its reduction is known: a sampler that cannot reduce runs none
+            pl.submit(queue, [self.forward])
+            self.forward = self._record(1, room)
         index = pl.submit(queue, [cand.record(be, be.candidates, step % 2)])
         if step + 1 < room:
             be.n_past = self.first + step + 1
