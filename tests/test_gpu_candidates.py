@@ -3,15 +3,19 @@ sampler, and the sampled path through them (chained on the GPU, and one token at
 tokens equal sampling from the full logits on the host, on a synthetic model and both real models."""
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 
+from airframe.constraint import json_schema_grammar
 from airframe.engine import Engine, GenerationParams
 from airframe.gpu import candidates as cand
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
+from airframe.gpu.sampled import ChainCounts
 from airframe.options import RunOptions
 from airframe.sampling import History, Sampler, SamplingParams
 
@@ -301,9 +305,6 @@ CONSTRAINED = [SamplingParams(temperature=0.0, seed=1),
 def constrained(engine, params: SamplingParams, on_gpu: bool = True):
     """A request constrained by SCHEMA: (its text, finish, ChainCounts of the chained run), chained
     on the GPU or (not on_gpu) through the host path, the full logits masked on the host."""
-    from airframe.constraint import json_schema_grammar
-    from airframe.gpu.sampled import ChainCounts
-
     be = engine.backend
     be.chain_counts = ChainCounts()
     reduces, be.reduces_on_device = be.reduces_on_device, on_gpu
@@ -315,18 +316,19 @@ def constrained(engine, params: SamplingParams, on_gpu: bool = True):
     return text, finish, be.chain_counts
 
 
-@pytest.mark.parametrize("params", CONSTRAINED, ids=lambda p: f"seed{p.seed}")
-def test_a_constrained_chain_gives_the_tokens_of_the_host_path(tiny, params):
-    import json
-
-    import jsonschema
-
-    text, finish, counts = constrained(tiny, params)
-    host_text, host_finish, _ = constrained(tiny, params, on_gpu=False)
+def assert_chained_as_the_host_path(engine, params: SamplingParams) -> None:
+    """The constrained answer chained on the GPU is the host path's, and it validates."""
+    text, finish, counts = constrained(engine, params)
+    host_text, host_finish, _ = constrained(engine, params, on_gpu=False)
     assert (text, finish.completion_tokens) == (host_text, host_finish.completion_tokens)
     assert finish.reason == "stop"
     jsonschema.validate(json.loads(text), SCHEMA)
     assert counts.drawn >= finish.completion_tokens // 2  # chained, not one forward at a time
+
+
+@pytest.mark.parametrize("params", CONSTRAINED, ids=lambda p: f"seed{p.seed}")
+def test_a_constrained_chain_gives_the_tokens_of_the_host_path(tiny, params):
+    assert_chained_as_the_host_path(tiny, params)
 
 
 def test_a_constrained_chain_keeps_the_hosts_token_where_the_gpu_drew_another(tiny, monkeypatch):
@@ -338,3 +340,10 @@ def test_a_constrained_chain_keeps_the_hosts_token_where_the_gpu_drew_another(ti
     text, finish, counts = constrained(tiny, params)
     assert (text, finish.completion_tokens) == (host_text, host_finish.completion_tokens)
     assert counts.restarts >= 3 and counts.drawn >= 3
+
+
+@pytest.mark.slow
+def test_constrained_answers_of_a_real_model_are_those_of_the_host_path():
+    engine = Engine.load("smollm2-135m", backend="webgpu", options=RunOptions(n_ctx=128))
+    for params in CONSTRAINED[:2]:
+        assert_chained_as_the_host_path(engine, params)
