@@ -117,6 +117,13 @@ def test_masked_candidates_equal_the_numpy_reference(vocab, share):
     assert found.drawn == sampler.sample_reduced(history, got) == sampler.sample(history, logits)
 
 
+def test_a_mask_that_allows_nothing_gives_no_candidates(reducer):
+    logits = np.linspace(-4, 4, 5000).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.0), 5000, FixedMask(np.zeros(5000, dtype=bool)))
+    _, found = reducer(logits, sampler.chain.params, History(), sampler=sampler)
+    assert found.candidates is None and found.drawn is None  # the host path takes the full logits
+
+
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
 def test_the_gpu_draws_the_masked_token_of_the_host_sampler(reducer, params):
     """Against the host path: the full logits, masked to -inf before the sampler chain."""

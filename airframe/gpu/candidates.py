@@ -110,7 +110,7 @@ def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()
 class Found:
     """What the GPU wrote for one token, as read back."""
 
-    candidates: Candidates | None  # None: too many for CAP, or a logit was not finite
+    candidates: Candidates | None  # None: too many for CAP, none allowed, or a logit was not finite
     raw: np.ndarray                # float32: the logits the penalties overwrote, by entry of `penalised`
     penalised: np.ndarray          # int64, ascending: the tokens whose logits the penalties rewrote
     drawn: int | None              # the token draw.wgsl picked; None: it could not
@@ -133,7 +133,7 @@ def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: in
         raw = np.insert(raw[:n_pen], at, raw[n_pen])
     else:
         raw = raw[:n_pen]
-    if non_finite or count > CAP:
+    if non_finite or count > CAP or count == 0:  # none: a mask allowed nothing, the host path reports it
         return Found(None, raw, penalised, None)
     pairs = np.frombuffer(data, np.uint32, 2 * count, HEADER + 4 * PEN_MAX).reshape(count, 2)
     order = np.argsort(pairs[:, 0], kind="stable")
