@@ -138,14 +138,15 @@ class Backend:
         raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
 
     def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
-        """Tokens sampled after `tokens` (not yet run: the prompt's last chunk), each appended to
-        `history` before it is yielded, until the context is full or the caller stops: the tokens
-        sampler.sample() gives from the full logits. Here one forward and one sample per token
-        (sample_next); a backend may chain tokens on the device if it keeps to the same tokens."""
+        """Tokens sampled after `tokens` (not yet run: the prompt's last chunk), each taken by the
+        sampler (Sampler.accept: appended to `history`, its constraint advanced) before it is
+        yielded, until the context is full or the caller stops: the tokens sampler.sample() gives
+        from the full logits. Here one forward and one sample per token (sample_next); a backend
+        may chain tokens on the device if it keeps to the same tokens."""
         tokens = list(tokens)
         while True:
             token, _ = sample_next(self, sampler, history, tokens)
-            history.tokens.append(token)
+            sampler.accept(history, token)
             yield token
             if self.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token

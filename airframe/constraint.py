@@ -4,8 +4,9 @@ A `Grammar` is what a request asks for, turned into llguidance's grammar text; a
 that grammar's state for one answer. Before the sampler chain runs, the constraint masks every
 token the grammar does not allow next (-inf), so greedy and sampled requests alike can only pick
 allowed tokens; each accepted token advances it; once the grammar is complete (`done`) the answer
-ends with finish_reason "stop". The mask needs the full logits on the host, so a constrained
-request takes the host path: one forward per token, never a token chain on the device.
+ends with finish_reason "stop". A device that reduces the logits to candidates applies the same
+mask there, as a bitset (`allowed_words`): the WebGPU backend chains constrained tokens on the GPU
+(airframe/gpu/sampled.py); elsewhere the host masks the full logits.
 
 llguidance (https://github.com/guidance-ai/llguidance, used by llama.cpp and vLLM) computes the
 masks: it reads the vocabulary as raw token bytes, so the GGUF's own tokens are the tokenizer.
@@ -156,6 +157,18 @@ class Constraint:
         """(vocab_size,) bool: the tokens the grammar allows next."""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+
+    def allowed_words(self, n: int) -> np.ndarray:
+        """(ceil(n / 32),) uint32: bit i % 32 of word i // 32 set where the grammar allows token i
+        next, over n logits (ids past the vocabulary never)."""
+        words = np.zeros(-(-n // 32), dtype=np.uint32)
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint32)[:words.size]
+        words[:bits.size] = bits
+        end = min(n, self.vocab_size)  # no token at or past it
+        words[-(-end // 32):] = 0
+        if end % 32:
+            words[end // 32] &= np.uint32((1 << (end % 32)) - 1)
+        return words
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """`logits` with -inf for every token not allowed next (ids past the vocabulary too)."""

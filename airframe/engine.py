@@ -225,9 +225,7 @@ class Engine:
             timed = self.backend.greedy_first_token_timed
         else:
             sampler = Sampler(params.sampling, self.config.vocab_size, constraint)
-            # the mask needs each token's full logits: one forward per token, nothing chained on the device
-            source = partial(self._host_tokens, prompt_ids, sampler, params.logprobs is not None or constraint is not None,
-                             cancel)
+            source = partial(self._host_tokens, prompt_ids, sampler, params.logprobs is not None, cancel)
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel, constraint)
 
@@ -272,9 +270,7 @@ class Engine:
             return
         while True:
             token, logits = sample_next(self.backend, sampler, history, tokens, with_logits=True)
-            history.tokens.append(token)
-            if sampler.constraint is not None:
-                sampler.constraint.advance(token)
+            sampler.accept(history, token)
             yield token, logits
             if self.backend.n_past >= self.n_ctx:
                 return  # the context is full: no room to run the last token

@@ -353,7 +353,9 @@ class Reduction:
     generated), the request's penalty amounts, and how many candidates to keep at least; and what it
     needs to draw the token from them itself: the truncation settings and this token's random number.
     With `pending` the table leaves out the token the device is about to run (it drew it and the
-    host has not read it yet): the device counts that one as generated and in the window itself."""
+    host has not read it yet): the device counts that one as generated and in the window itself.
+    A constrained request's `allowed` bitset (Constraint.allowed_words) leaves every other token out,
+    as the host's -inf would."""
 
     table: np.ndarray  # (n, 4) uint32
     repeat_penalty: float  # 1.0 when the repetition penalty is off
@@ -366,6 +368,7 @@ class Reduction:
     temperature: float
     u: float
     pending: bool = False
+    allowed: np.ndarray | None = None  # (ceil(vocab / 32),) uint32; None: every token
 
 
 @dataclass
@@ -385,11 +388,18 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, vocab_size: int, constraint=None):
         self.chain = build_chain(params, vocab_size)
+        self.vocab_size = vocab_size
         seed = check_seed(params.seed)
         self.seed = secrets.randbits(64) if seed is None else seed
-        # a Constraint (airframe/constraint.py): masks the full logits before the chain, so a
-        # device's candidates cannot decide a token (reduction() is None)
+        # a Constraint (airframe/constraint.py): masks the logits before the chain, on the host or
+        # (Reduction.allowed) on the device; accept() advances it
         self.constraint = constraint
+
+    def accept(self, history: History, token: int) -> None:
+        """`token` taken: appended to `history`, and the constraint advanced by it."""
+        history.tokens.append(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
 
     def uniform(self, history: History, ahead: int = 0) -> float:
         """The random number that draws generated token len(history.generated) + ahead."""
@@ -425,10 +435,10 @@ class Sampler:
         """The request for a device to reduce this token's logits to candidates, or None when the
         candidates could not decide the token (nothing truncates: top-k, top-p and min-p off) or
         the request is larger than the device takes. `pending`: the logits are those after one more
-        token than `history` holds, which the device adds to the penalties itself."""
+        token than `history` holds, which the device adds to the penalties itself (not with a
+        constraint: its mask follows that token)."""
         chain, params = self.chain, self.chain.params
-        if self.constraint is not None:
-            return None
+        assert not (pending and self.constraint is not None), "a constraint's mask needs the pending token"
         if chain.greedy:
             want = 1 + CANDIDATE_MARGIN
         elif params.top_k:
@@ -455,9 +465,10 @@ class Sampler:
         table[:, 1] = bias.view(np.uint32)
         table[np.searchsorted(ids, window), 2] = 1
         table[np.searchsorted(ids, generated), 3] = counts
+        allowed = self.constraint.allowed_words(self.vocab_size) if self.constraint is not None else None
         return Reduction(table, params.repeat_penalty if repeat else 1.0, params.presence_penalty,
                          params.frequency_penalty, want, params.top_k, params.top_p, params.min_p,
-                         params.temperature, self.uniform(history, int(pending)), pending)
+                         params.temperature, self.uniform(history, int(pending)), pending, allowed)
 
     def sample_reduced(self, history: History, found: Candidates) -> int | None:
         """The token sample() would pick from the full logits, from a device's candidates; None

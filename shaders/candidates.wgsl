@@ -1,7 +1,10 @@
 // A sampled token's candidates: the logits after the penalties, reduced to every token above a
 // threshold chosen so that at least P.want tokens pass, with the log-sum-exp of the whole vocabulary.
 // draw.wgsl then picks the token from those few, and the host checks it with its own sampler chain
-// (airframe/gpu/candidates.py). Four dispatches of this program, one per {CANDIDATES_STAGE}:
+// (airframe/gpu/candidates.py). With P.masked only the tokens whose bit is set in ALLOWED (a
+// grammar's mask) count: the others are neither candidates nor in the log-sum-exp, as if their
+// logits were -inf, the way the host's sampler masks them. Four dispatches of this program, one
+// per {CANDIDATES_STAGE}:
 //   1 penalties: entry j of PEN (a token id, its logit bias, whether it is in the repetition window,
 //     its count among the generated tokens) rewrites that token's logit in place; the logit it had
 //     goes to OUT.raw[j], so the host can recompute every step in float64. With P.pending the token
@@ -22,6 +25,7 @@ struct Params {
     presence: f32,
     frequency: f32,
     pending: u32,          // 1: add TOKENS[0] to the penalties as a generated token
+    masked: u32,           // 1: only the tokens set in ALLOWED count
 }
 
 #include "candidates_out.wgsl"
@@ -30,11 +34,12 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read_write> LOGITS: array<f32>;           // (n,)
 @group(0) @binding(1) var<storage, read> PEN: array<vec4<u32>>;              // (PEN_MAX,) id, bias bits, in window, count
-@group(0) @binding(2) var<storage, read_write> HIST: array<atomic<u32>>;     // (BINS,) zero between tokens
-@group(0) @binding(3) var<storage, read_write> PART: array<vec4<f32>>;       // (n_groups,) max, sum of exp, non-finite
-@group(0) @binding(4) var<storage, read_write> OUT: Out;
-@group(0) @binding(5) var<uniform> P: Params;
-@group(0) @binding(6) var<storage, read> TOKENS: array<u32>;                 // [0]: the token this forward ran
+@group(0) @binding(2) var<storage, read> ALLOWED: array<u32>;               // (ceil(n / 32),) bit i % 32 of word i / 32
+@group(0) @binding(3) var<storage, read_write> HIST: array<atomic<u32>>;     // (BINS,) zero between tokens
+@group(0) @binding(4) var<storage, read_write> PART: array<vec4<f32>>;       // (n_groups,) max, sum of exp, non-finite
+@group(0) @binding(5) var<storage, read_write> OUT: Out;
+@group(0) @binding(6) var<uniform> P: Params;
+@group(0) @binding(7) var<storage, read> TOKENS: array<u32>;                 // [0]: the token this forward ran
 
 const STAGE: u32 = {CANDIDATES_STAGE}u;
 const WG: u32 = 256u;
@@ -52,6 +57,10 @@ var<workgroup> running: array<u32, WG>;
 
 fn finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+fn allowed(i: u32) -> bool {
+    return P.masked == 0u || ((ALLOWED[i >> 5u] >> (i & 31u)) & 1u) != 0u;
 }
 
 // whether token t has an entry in PEN (whose ids ascend)
@@ -111,13 +120,13 @@ fn histogram(lid: u32, wid: u32) {
         let i = first + k * WG + lid;
         if (i < P.n) {
             let v = LOGITS[i];
-            atomicAdd(&local_hist[order_key(v) >> (32u - BIN_BITS)], 1u);
-            if (finite(v)) {
+            if (!finite(v)) {
+                bad = 1.0;  // masked or not: the host path reports it
+            } else if (allowed(i)) {
+                atomicAdd(&local_hist[order_key(v) >> (32u - BIN_BITS)], 1u);
                 values[k] = v;
                 live |= 1u << k;
                 top = max(top, v);
-            } else {
-                bad = 1.0;
             }
         }
     }
@@ -209,7 +218,7 @@ fn gather(lid: u32, wid: u32) {
         let i = first + k * WG + lid;
         if (i < P.n) {
             let v = LOGITS[i];
-            if (order_key(v) >= cut) {
+            if (order_key(v) >= cut && allowed(i)) {
                 let j = atomicAdd(&OUT.count, 1u);
                 if (j < CAP) {
                     OUT.cand[j] = vec2<u32>(i, bitcast<u32>(v));

@@ -26,7 +26,8 @@ def quantized(rng, rows, cols, qtype):
 
 def reduce_reference(logits: np.ndarray, reduction: Reduction, bin_bits: int = 12) -> Candidates:
     """What candidates.wgsl returns, in numpy: float32 penalties, a histogram of order keys, every
-    token whose key's bin reaches `want` from the top, and the log-sum-exp after the penalties."""
+    token whose key's bin reaches `want` from the top, and the log-sum-exp after the penalties; with
+    `reduction.allowed`, over the allowed tokens only."""
     pen = logits.astype(np.float32).copy()
     repeat = np.float32(reduction.repeat_penalty)
     for token, bias, in_window, count in reduction.table:
@@ -37,13 +38,21 @@ def reduce_reference(logits: np.ndarray, reduction: Reduction, bin_bits: int = 1
         pen[token] = v - (np.float32(reduction.frequency) * np.float32(count) + presence)
     bits = np.where(pen == 0, 0, pen.view(np.uint32)).astype(np.uint32)  # -0.0 ties with +0.0
     keys = np.where(bits & 0x80000000, ~bits, bits | 0x80000000).astype(np.uint32)
-    from_top = np.bincount(keys >> (32 - bin_bits), minlength=1 << bin_bits)[::-1].cumsum()
-    top_bin = (1 << bin_bits) - 1 - int(np.searchsorted(from_top, min(reduction.want, logits.size)))
-    cut = top_bin << (32 - bin_bits)
-    ids = np.flatnonzero(keys >= cut)
-    m = float(pen.max())
+    allowed = allowed_tokens(reduction.allowed, logits.size)
+    from_top = np.bincount(keys[allowed] >> (32 - bin_bits), minlength=1 << bin_bits)[::-1].cumsum()
+    top_bin = (1 << bin_bits) - 1 - int(np.searchsorted(from_top, reduction.want))
+    cut = max(top_bin, 0) << (32 - bin_bits)  # fewer tokens than wanted: all of them
+    ids = np.flatnonzero((keys >= cut) & allowed)
+    m = float(pen[allowed].max())
     return Candidates(ids, logits[ids].astype(np.float32), key_floor(cut),
-                      m + math.log(np.exp(pen.astype(np.float64) - m).sum()))
+                      m + math.log(np.exp(pen[allowed].astype(np.float64) - m).sum()))
+
+
+def allowed_tokens(words: np.ndarray | None, n: int) -> np.ndarray:
+    """(n,) bool of an allowed-token bitset (Reduction.allowed); None: every token."""
+    if words is None:
+        return np.ones(n, dtype=bool)
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
 
 
 # six settings of the sampled path: temperature, top-k, top-p, min-p, each penalty, greedy with penalties

@@ -71,11 +71,22 @@ def test_sampler_picks_only_allowed_tokens_and_the_answer_validates(tiny, temper
     while not constraint.done:
         token = sampler.sample(history, logits)
         assert token != ids(tiny, "x")[0]
-        constraint.advance(token)
-        history.tokens.append(token)
+        sampler.accept(history, token)  # the constraint advances with the history
         assert len(history.generated) < 40
-    assert sampler.reduction(history, 64, 64) is None  # a device's candidates cannot decide a masked token
     assert json.loads(b"".join(tiny.token_bytes(t) for t in history.generated)) in ({"a": 1}, {"a": 2})
+
+
+@pytest.mark.parametrize("extra", [0, 3, 40])  # a model's vocabulary may be padded
+def test_allowed_words_are_the_mask_as_a_bitset(tiny, extra):
+    constraint = Constraint(json_schema_grammar({"enum": ["ab", "b"]}), tiny)
+    constraint.advance(ids(tiny, '"')[0])
+    n = tiny.vocab_size + extra
+    words = constraint.allowed_words(n)
+    assert words.dtype == np.uint32 and words.size == -(-n // 32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    assert bits[:tiny.vocab_size].tolist() == constraint.allowed().tolist() and not bits[tiny.vocab_size:].any()
+    sampler = Sampler(SamplingParams(top_k=5, seed=1), n, constraint)
+    assert sampler.reduction(History([1]), 64, 64).allowed.tolist() == words.tolist()  # what a device masks with
 
 
 def test_gbnf_grammar_limits_the_tokens(tiny):

@@ -35,14 +35,18 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
     assert p["tokens_per_s"] > 0 and p["tokens_per_s_at_depth"] > 0 and p["ttft_s"] > 0
     assert (p["tokens"], p["depth"], p["ttft_tokens"]) == (64, 70, 70)  # sized to what was asked
     assert [d["context"] for d in result["decode"]] == [1, 70]
-    assert all(d["chained_ms"] > 0 and d["sampled_ms"] > 0 and d["sampled_full_ms"] > 0 and d["floor_ms"] > 0
-               for d in result["decode"])
+    assert all(d["chained_ms"] > 0 and d["sampled_ms"] > 0 and d["sampled_full_ms"] > 0 and d["constrained_ms"] > 0
+               and d["floor_ms"] > 0 for d in result["decode"])
+    for d in result["decode"]:  # the constrained tokens chained on the GPU, each answer's first on the host
+        assert d["constrained_tokens"]["drawn"] >= 4 - d["constrained_tokens"]["restarts"]
+        assert d["constrained_tokens"]["host"] >= 1
     # two layers: one attention merge each beyond 64 positions
     assert result["decode"][1]["dispatches"] == result["decode"][0]["dispatches"] + 2
     low, high = result["bandwidth_spread_GBps"]
     assert low <= result["bandwidth_GBps"] <= high
     text = bench.format_result(result)
-    assert "chained greedy" in text and "chained on the GPU / full logits" in text and "time to first token" in text
+    assert "chained greedy" in text and "chained on the GPU / full logits / constrained" in text
+    assert "constrained tokens drawn on the GPU" in text and "time to first token" in text
 
 
 def test_the_gpu_breakdown_covers_every_op_class(result):
@@ -52,6 +56,35 @@ def test_the_gpu_breakdown_covers_every_op_class(result):
         assert {"qkv", "attention", "attn_output", "ffn_gate_up", "ffn_down", "lm_head"} <= set(g["ops_ms"])
         assert all(ms >= 0 for ms in g["ops_ms"].values()) and g["total_ms"] > 0
     assert "rope" in chunk["ops_ms"] and "rope" not in decode["ops_ms"]  # a decode token's attention rotates
+
+
+def test_the_constrained_row_times_its_steps_over_answers_the_grammar_ends_early(tiny, monkeypatch):
+    """An enum's answers are a few tokens each: the row runs as many as it takes to time `steps`."""
+    from airframe.constraint import Constraint, json_schema_grammar
+    from airframe.gpu.backend import WebGPUBackend
+    from airframe.model import open_model
+    from airframe.options import RunOptions
+    from airframe.tokenizer import load_tokenizer
+
+    be = WebGPUBackend.load(open_model(tiny), RunOptions(n_ctx=32))
+    grammar, tokenizer = json_schema_grammar({"enum": ["yes please", "no thanks"]}), load_tokenizer(be.gf)
+    made, answers = [], []  # each answer's Constraint and tokens
+    stream_tokens = be.sample_stream
+
+    def counted(sampler, history, tokens):
+        answers.append([])
+        for token in stream_tokens(sampler, history, tokens):
+            answers[-1].append(token)
+            yield token
+
+    def constrain():
+        made.append(Constraint(grammar, tokenizer))
+        return made[-1]
+
+    monkeypatch.setattr(be, "sample_stream", counted)
+    assert bench.sampled_decode_ms(be, 8, 12, constrain=constrain) > 0
+    assert len(made) >= 3 and all(c.done for c in made[1:-1])  # the warm-up's and the last answer may stop early
+    assert sum(len(tokens) - 1 for tokens in answers[1:]) == 12  # timed: every token but an answer's first
 
 
 def test_a_failing_chained_measurement_keeps_the_other_numbers(tiny, monkeypatch, capsys):

@@ -3,15 +3,19 @@ sampler, and the sampled path through them (chained on the GPU, and one token at
 tokens equal sampling from the full logits on the host, on a synthetic model and both real models."""
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 
+from airframe.constraint import json_schema_grammar
 from airframe.engine import Engine, GenerationParams
 from airframe.gpu import candidates as cand
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
+from airframe.gpu.sampled import ChainCounts
 from airframe.options import RunOptions
 from airframe.sampling import History, Sampler, SamplingParams
 
@@ -21,12 +25,10 @@ SETTINGS = SAMPLED + [SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=
                                      repeat_last_n=-1, seed=17)]
 
 
-@pytest.fixture(scope="module")
-def reducer():
-    """build_candidates on a bare logits buffer of 5,000 tokens (3 workgroups, the last partial)."""
+def make_reducer(vocab: int):
+    """build_candidates on a bare logits buffer of `vocab` tokens."""
     ctx = get_context()
     pipes = pl.Pipelines(ctx)
-    vocab = 5000
     be = SimpleNamespace(pipes=pipes, ctx=ctx, config=SimpleNamespace(vocab_size=vocab),
                          scratch=SimpleNamespace(logits=pipes.storage(vocab * 4, "logits"), ids=pipes.storage(16, "ids")))
     ops = cand.build_candidates(be)
@@ -44,6 +46,30 @@ def reducer():
         return reduction, cand.read(be, ops, reduction, pending=pending)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def reducer():
+    """5,000 tokens: 3 workgroups, the last partial."""
+    return make_reducer(5000)
+
+
+class FixedMask:
+    """A constraint (Sampler's constraint= interface) that allows the same tokens at every step."""
+
+    def __init__(self, allowed: np.ndarray):
+        self.allowed = allowed
+
+    def allowed_words(self, n: int) -> np.ndarray:
+        bits = np.zeros(-(-n // 32) * 32, dtype=bool)
+        bits[:self.allowed.size] = self.allowed
+        return np.packbits(bits, bitorder="little").view(np.uint32)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return np.where(self.allowed, logits, -np.inf)
+
+    def advance(self, token: int) -> None:
+        assert self.allowed[token]
 
 
 PENALTIES = SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.3, presence_penalty=0.5,
@@ -66,6 +92,56 @@ def test_candidates_equal_the_numpy_reference(reducer, scale):
     assert got.log_sum_exp == pytest.approx(want.log_sum_exp, rel=1e-5)
     table_ids = reduction.table[:, 0].astype(np.int64)
     assert found.raw.tolist() == logits[table_ids].tolist()
+
+
+@pytest.mark.parametrize("vocab", [37, 4099, 5000])
+@pytest.mark.parametrize("share", [0.002, 0.3, 1.0])
+def test_masked_candidates_equal_the_numpy_reference(vocab, share):
+    rng = np.random.default_rng(vocab)
+    run = make_reducer(vocab)
+    allowed = rng.random(vocab) < share
+    allowed[[3, vocab - 1]] = True
+    logits = (3 * rng.standard_normal(vocab)).astype(np.float32)
+    logits[np.flatnonzero(~allowed)[:5]] = 40.0  # the model's favourites are not allowed
+    history = History(list(rng.integers(0, vocab, 20)), n_prompt=10)
+    params = dataclasses.replace(PENALTIES, logit_bias={vocab - 1: 3.0, 0: -100})
+    sampler = Sampler(params, vocab, FixedMask(allowed))
+    reduction, found = run(logits, params, history, sampler=sampler)
+    want = reduce_reference(logits, reduction)
+    got = found.candidates
+    assert got.ids.tolist() == want.ids.tolist() and allowed[got.ids].all()
+    assert len(got.ids) >= min(reduction.want, allowed.sum())
+    assert got.logits.tolist() == want.logits.tolist()
+    assert got.threshold == want.threshold
+    assert got.log_sum_exp == pytest.approx(want.log_sum_exp, rel=1e-5)
+    assert found.drawn == sampler.sample_reduced(history, got) == sampler.sample(history, logits)
+
+
+def test_a_mask_that_allows_nothing_gives_no_candidates(reducer):
+    logits = np.linspace(-4, 4, 5000).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.0), 5000, FixedMask(np.zeros(5000, dtype=bool)))
+    _, found = reducer(logits, sampler.chain.params, History(), sampler=sampler)
+    assert found.candidates is None and found.drawn is None  # the host path takes the full logits
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
+def test_the_gpu_draws_the_masked_token_of_the_host_sampler(reducer, params):
+    """Against the host path: the full logits, masked to -inf before the sampler chain."""
+    rng = np.random.default_rng(params.seed)
+    history = History(list(rng.integers(0, 5000, 30)), n_prompt=30)
+    drawn = 0
+    for step in range(8):
+        allowed = rng.random(5000) < rng.choice([0.005, 0.1, 0.9])
+        sampler = Sampler(params, 5000, FixedMask(allowed))
+        logits = ((0.5 + 5 * rng.random()) * rng.standard_normal(5000)).astype(np.float32)
+        _, found = reducer(logits, params, history, sampler=sampler)
+        want = sampler.sample_reduced(history, found.candidates)
+        assert found.drawn == want, f"step {step}"
+        if want is not None:
+            drawn += 1
+            assert want == sampler.sample(history, logits), f"step {step}"
+        history.tokens.append(want if want is not None else int(rng.integers(0, 5000)))
+    assert drawn >= 3
 
 
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"seed{p.seed}")
@@ -168,29 +244,37 @@ def test_chained_sampling_gives_the_tokens_of_the_full_logits(tiny, params):
     assert len(want) == 50 and tiny.backend.n_past == len(prompt) + 49
 
 
+def inject_faults(monkeypatch, wrong_every: int, undecided_every: int) -> dict:
+    """Every `wrong_every`-th reduction written with a wrong random number (the GPU draws another
+    token than the host), every `undecided_every`-th host check on candidates answering None."""
+    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
+    calls = {"write": 0, "sample": 0}
+
+    def wrong_u(be, ops, reduction):
+        calls["write"] += 1
+        if calls["write"] % wrong_every == 0:
+            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
+        write_request(be, ops, reduction)
+
+    def undecided(self, history, found):
+        calls["sample"] += 1
+        return None if calls["sample"] % undecided_every == 0 else sample_reduced(self, history, found)
+
+    monkeypatch.setattr(cand, "write_request", wrong_u)
+    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    return calls
+
+
 def test_the_chain_keeps_the_hosts_token_where_the_gpu_drew_another(tiny, monkeypatch):
     """A wrong random number on the GPU for some tokens, and candidates the host says it cannot
     decide from for others: the tokens stay those of the full logits."""
     prompt = [1, 15, 27, 300, 4000]
     params = SamplingParams(temperature=1.2, top_k=30, repeat_penalty=1.1, seed=21)
     want = chained(tiny.backend, prompt, params, 40, on_gpu=False)
-    write_request, sample_reduced = cand.write_request, Sampler.sample_reduced
-    calls = {"write": 0, "sample": 0, "chains": 0}
-
-    def wrong_u(be, ops, reduction):
-        calls["write"] += 1
-        if calls["write"] % 7 == 0:
-            reduction = dataclasses.replace(reduction, u=(reduction.u + 0.5) % 1.0)
-        write_request(be, ops, reduction)
-
-    def undecided(self, history, found):
-        calls["sample"] += 1
-        return None if calls["sample"] % 11 == 0 else sample_reduced(self, history, found)
-
     from airframe.gpu import sampled
     chain = sampled._chain
-    monkeypatch.setattr(cand, "write_request", wrong_u)
-    monkeypatch.setattr(Sampler, "sample_reduced", undecided)
+    calls = inject_faults(monkeypatch, wrong_every=7, undecided_every=11)
+    calls["chains"] = 0
     monkeypatch.setattr(sampled, "_chain", lambda *a: calls.__setitem__("chains", calls["chains"] + 1) or chain(*a))
     assert chained(tiny.backend, prompt, params, 40) == want
     assert calls["chains"] >= 5  # it started over after each disagreement
@@ -212,3 +296,61 @@ def test_nan_logits_are_reported_on_the_greedy_chain_and_never_sampled(tmp_path)
     be.forward_pending([5, 6, 7])
     assert be.read_candidates(sampler.reduction(History([5, 6, 7]), *be.candidate_limits)) is None
     assert np.isnan(be.last_logits()).all()
+
+
+# ---- constrained requests: the grammar's mask on the GPU, the chain split in two submissions ----
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                                    "maxItems": 3}},
+          "required": ["name", "tags"], "additionalProperties": False}
+CONSTRAINED = [SamplingParams(temperature=0.0, seed=1),
+               SamplingParams(temperature=0.8, top_k=40, top_p=0.95, repeat_penalty=1.1, seed=2),
+               SamplingParams(temperature=1.3, top_k=0, top_p=0.9, min_p=0.0, presence_penalty=0.5, seed=3),
+               SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.1, frequency_penalty=0.3, seed=4)]
+
+
+def constrained(engine, params: SamplingParams, on_gpu: bool = True):
+    """A request constrained by SCHEMA: (its text, finish, ChainCounts of the chained run), chained
+    on the GPU or (not on_gpu) through the host path, the full logits masked on the host."""
+    be = engine.backend
+    be.chain_counts = ChainCounts()
+    reduces, be.reduces_on_device = be.reduces_on_device, on_gpu
+    try:
+        text, finish, _ = engine.generate("Hello", GenerationParams(max_tokens=60, sampling=params,
+                                                                    grammar=json_schema_grammar(SCHEMA)))
+    finally:
+        be.reduces_on_device = reduces
+    return text, finish, be.chain_counts
+
+
+def assert_chained_as_the_host_path(engine, params: SamplingParams) -> None:
+    """The constrained answer chained on the GPU is the host path's, and it validates."""
+    text, finish, counts = constrained(engine, params)
+    host_text, host_finish, _ = constrained(engine, params, on_gpu=False)
+    assert (text, finish.completion_tokens) == (host_text, host_finish.completion_tokens)
+    assert finish.reason == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert counts.drawn >= finish.completion_tokens // 2  # chained, not one forward at a time
+
+
+@pytest.mark.parametrize("params", CONSTRAINED, ids=lambda p: f"seed{p.seed}")
+def test_a_constrained_chain_gives_the_tokens_of_the_host_path(tiny, params):
+    assert_chained_as_the_host_path(tiny, params)
+
+
+def test_a_constrained_chain_keeps_the_hosts_token_where_the_gpu_drew_another(tiny, monkeypatch):
+    """A wrong random number on the GPU for some tokens, and candidates the host says it cannot
+    decide from for others: the answer stays that of the host path."""
+    params = SamplingParams(temperature=1.2, top_k=30, repeat_penalty=1.1, seed=21)
+    host_text, host_finish, _ = constrained(tiny, params, on_gpu=False)
+    inject_faults(monkeypatch, wrong_every=5, undecided_every=7)
+    text, finish, counts = constrained(tiny, params)
+    assert (text, finish.completion_tokens) == (host_text, host_finish.completion_tokens)
+    assert counts.restarts >= 3 and counts.drawn >= 3
+
+
+@pytest.mark.slow
+def test_constrained_answers_of_a_real_model_are_those_of_the_host_path():
+    engine = Engine.load("smollm2-135m", backend="webgpu", options=RunOptions(n_ctx=128))
+    for params in CONSTRAINED[:2]:
+        assert_chained_as_the_host_path(engine, params)

@@ -10,7 +10,8 @@ then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, lon
 Prompts are prefilled in chunks of `prefill_chunk` tokens; decode reads back only the logits.
 Sampled requests draw each token on the GPU from a few candidates, feed it to the next forward
 there and read back only the candidates, which the host checks the token with (candidates.py,
-sampled.py); greedy requests read back only the ids (greedy.py).
+sampled.py), constrained ones (greedy too) with the grammar's mask applied to the candidates;
+greedy requests read back only the ids (greedy.py).
 """
 
 from __future__ import annotations

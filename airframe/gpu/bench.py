@@ -1,8 +1,9 @@
 """WebGPU measurements for `airframe bench`: prefill tokens/s of an N-token chunk at depth 0 and at
 the largest context asked (llama-bench's pp512 and pp512 @ d4096 by default), the time to the first
 token of a longer prompt, decode ms/token at several contexts (greedy chained on the GPU, and a sampled
-request: drawn on the GPU from its candidates, and sampled from the full logits), where a token's and a chunk's GPU time goes per op
-class, and the share of the bandwidth floor, against a streaming read measured in the same run.
+request: drawn on the GPU from its candidates, sampled from the full logits, and constrained by a
+JSON schema), where a token's and a chunk's GPU time goes per op class, and the share of the
+bandwidth floor, against a streaming read measured in the same run.
 
 GPU times come from timestamp queries at the start and end of compute passes where the adapter has
 them (wall time around a submit otherwise). Every measurement starts after WARM_S seconds of GPU
@@ -18,14 +19,17 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import wgpu
 from tqdm import tqdm
 
+from ..constraint import Constraint, json_schema_grammar
 from ..model import open_model
 from ..options import RunOptions
 from ..sampling import History, Sampler, SamplingParams
+from ..tokenizer import load_tokenizer
 from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
@@ -207,31 +211,48 @@ def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int =
 
 # ---- decode ---------------------------------------------------------------------------------
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, repeat_penalty=1.1, seed=0)
+# the constrained row's answers: strings as long as the model makes them, as many as it likes
+CONSTRAINED_SCHEMA = {"type": "array", "items": {"type": "string"}}
 
 
-def sampled_decode_ms(be: WebGPUBackend, context: int, steps: int, on_gpu: bool = True) -> float:
+def sampled_decode_ms(be: WebGPUBackend, context: int, steps: int, on_gpu: bool = True,
+                      constrain: Callable[[], Constraint] | None = None) -> float:
     """ms/token of a sampled request (SAMPLED) decoding `steps` tokens from position context - 1 as
     the engine does (sample_stream): drawn on the GPU and checked by the host a token behind
-    (sampled.py), or (not on_gpu) one forward at a time sampled from the full logits read back."""
+    (sampled.py), or (not on_gpu) one forward at a time sampled from the full logits read back.
+    With `constrain` (a new answer's Constraint) each token keeps to a grammar; an answer it
+    completes early is followed by another from the same position (another seed) until `steps`
+    tokens are timed, an answer's first token (the host path) never."""
     reduces, be.reduces_on_device = be.reduces_on_device, be.reduces_on_device and on_gpu
-    sampler = Sampler(SAMPLED, be.config.vocab_size)
-    warm = be.sample_stream(sampler, History([1], n_prompt=1), [1])  # the first use of its pipelines and calls
-    for _ in zip(range(4), warm):
-        pass
-    warm.close()
-    if on_gpu:
-        be.chain_counts = ChainCounts()
-    be.reset()
-    be.n_past = context - 1
-    stream = be.sample_stream(sampler, History([1], n_prompt=1), [1])
+
+    def answer(seed: int, limit: int) -> tuple[int, float]:
+        """Up to `limit` tokens of one answer after its first: (how many, their seconds)."""
+        be.reset()
+        be.n_past = context - 1
+        constraint = constrain() if constrain is not None else None
+        sampler = Sampler(dataclasses.replace(SAMPLED, seed=seed), be.config.vocab_size, constraint)
+        stream = be.sample_stream(sampler, History([1], n_prompt=1), [1])
+        try:
+            next(stream)  # the first token runs on the host path, and records the pipelines' first use
+            started = time.perf_counter()
+            n = 0
+            while n < limit and not (constraint is not None and constraint.done):
+                next(stream)
+                n += 1
+            return n, time.perf_counter() - started
+        finally:
+            stream.close()
+
     try:
-        next(stream)  # the first token runs on the host path, and records the pipelines' first use
-        started = time.perf_counter()
-        for _ in range(steps):
-            next(stream)
-        return 1000 * (time.perf_counter() - started) / steps
+        answer(0, 4)  # the first use of its pipelines and calls
+        if on_gpu:
+            be.chain_counts = ChainCounts()
+        timed, seconds, answers = 0, 0.0, 0
+        while timed < steps:
+            n, s = answer(answers, steps - timed)
+            timed, seconds, answers = timed + n, seconds + s, answers + 1
+        return 1000 * seconds / steps
     finally:
-        stream.close()
         be.reduces_on_device = reduces
         be.reset()
 
@@ -287,6 +308,11 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
 
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
                  timer: GpuTimer, bar) -> list[dict]:
+    grammar, tokenizer = json_schema_grammar(CONSTRAINED_SCHEMA), load_tokenizer(be.gf)
+
+    def constrain() -> Constraint:
+        return Constraint(grammar, tokenizer)
+
     rows = []
     for context in ctx_list:
         n_bytes = weights + kv_bytes_per_token(be, context)
@@ -294,17 +320,20 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
         row = {"context": context, "bytes_per_token": n_bytes, "floor_ms": floor_ms}
         be.n_past = context - 1
         row["dispatches"] = be.dispatch_count(1) + len(be.argmax.dispatches)
-        measures = (("chained_ms", chained_decode_ms), ("sampled_ms", sampled_decode_ms),
-                    ("sampled_full_ms", lambda *a: sampled_decode_ms(*a, on_gpu=False)))
-        for name, measure in measures:
+        # (the row's key, the measurement, the key of its chain's counts)
+        measures = (("chained_ms", chained_decode_ms, None), ("sampled_ms", sampled_decode_ms, "sampled_tokens"),
+                    ("sampled_full_ms", lambda *a: sampled_decode_ms(*a, on_gpu=False), None),
+                    ("constrained_ms", lambda *a: sampled_decode_ms(*a, constrain=constrain), "constrained_tokens"))
+        for name, measure, counts in measures:
             try:  # the other numbers must survive a failure here
                 row[name] = measure(be, context, steps)
+                if counts:
+                    row[counts] = dataclasses.asdict(be.chain_counts)
             except Exception as e:  # noqa: BLE001 - reported in the result instead
                 row[name + "_error"] = f"{type(e).__name__}: {e}"
             bar.update(1)
         if timer.enabled:
             row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
-        row["sampled_tokens"] = dataclasses.asdict(be.chain_counts)  # of the chained sampled run
         rows.append(row)
     return rows
 
@@ -341,7 +370,7 @@ def estimate_seconds(be: WebGPUBackend, sizes: Sizes, ctx_list: list[int], steps
     per_prompt_token = prompt_seconds(be, probe, runs=1) / probe
     prompt_tokens = (PROMPT_RUNS + 1) * sum(n for n, _ in sizes.prompts())
     prompt_tokens += 10 * sizes.prefill  # the chunk's GPU breakdown: 5 passes, 5 timestamped runs
-    tokens = len(ctx_list) * (105 + 6 * steps + 2)  # per context: the breakdown, then the decode runs
+    tokens = len(ctx_list) * (105 + 7 * steps + 3)  # per context: the breakdown, then the decode runs
     return prompt_tokens * per_prompt_token + tokens * token_s
 
 
@@ -354,7 +383,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     options = RunOptions.from_env(n_ctx=sizes.n_ctx(ctx_list, steps), progress=progress, matmul=matmul)
     be = WebGPUBackend.load(open_model(path), options)
     timer = GpuTimer(ctx)
-    n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + 1 + 3 * len(ctx_list)
+    n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + 1 + 4 * len(ctx_list)
     with tqdm(total=n_steps, desc="bench", unit="step", disable=not progress) as bar:
         bar.set_description("bench: streaming read")
         probe = streaming_bandwidth(ctx, timer)
@@ -394,18 +423,19 @@ def _duration(seconds: float) -> str:
 
 def _decode_lines(r: dict) -> list[str]:
     lines = ["decode ms/token   chained greedy (share of floor)   sampled: chained on the GPU / full logits"
-             "   floor ms   dispatches"]
+             " / constrained   floor ms   dispatches"]
     for d in r["decode"]:
         chained = (f"{d['chained_ms']:8.3f} ({100 * d['floor_ms'] / d['chained_ms']:5.1f}%)"
                    if "chained_ms" in d else f"FAILED ({d['chained_ms_error']})")
         sampled = " / ".join(f"{d[k]:8.3f}" if k in d else f"FAILED ({d[k + '_error']})"
-                             for k in ("sampled_ms", "sampled_full_ms"))
-        lines.append(f"  context {d['context']:>6}   {chained:>30}   {sampled:>42}   {d['floor_ms']:8.3f}   "
+                             for k in ("sampled_ms", "sampled_full_ms", "constrained_ms"))
+        lines.append(f"  context {d['context']:>6}   {chained:>30}   {sampled:>56}   {d['floor_ms']:8.3f}   "
                      f"{d['dispatches']:>10}")
     for d in r["decode"]:
-        if c := d.get("sampled_tokens"):
-            lines.append(f"  context {d['context']:>6}: sampled tokens drawn on the GPU {c['drawn']}, through the host "
-                         f"path {c['host']} (the first, and after {c['restarts']} chains stopped)")
+        for key, what in (("sampled_tokens", "sampled"), ("constrained_tokens", "constrained")):
+            if c := d.get(key):
+                lines.append(f"  context {d['context']:>6}: {what} tokens drawn on the GPU {c['drawn']}, through the "
+                             f"host path {c['host']} (each answer's first, and after {c['restarts']} chains stopped)")
     return lines
 
 

@@ -2,7 +2,8 @@
 few KB instead of the whole vocabulary and samples from a few hundred values (candidates.wgsl).
 
 After the LM head, four dispatches apply the request's penalties in place, histogram the logits
-by their order key, find the key above which at least `want` tokens lie, and gather those tokens;
+by their order key, find the key above which at least `want` tokens lie, and gather those tokens
+(of a constrained request only those its grammar allows: Reduction.allowed);
 a fifth (draw.wgsl) draws the token from them and makes it the next forward's input. The host's
 sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in float64 from the
 model's own logits of the candidates, so the token is the one the full logits would give, and
@@ -37,6 +38,7 @@ class CandidateOps:
 
     dispatches: list[pl.Dispatch]
     table: object    # (PEN_MAX, 4) u32 penalty table, written per token
+    allowed: object  # (mask_words(vocab),) u32 bitset of the tokens a grammar allows, written per token
     params: object   # uniform Params, written per token
     draw: object     # draw.wgsl's uniform Params, written per token
     out: object      # struct Out
@@ -51,36 +53,45 @@ def build_candidates(be) -> CandidateOps:
     vocab = be.config.vocab_size
     n_groups = pl.ceil_div(vocab, PER_GROUP)
     table = k.storage(PEN_MAX * 16, "penalty_table")
+    allowed = k.storage(mask_words(vocab) * 4, "allowed_tokens")
     hist = k.storage(BINS * 4, "candidate_histogram")  # zero; stage 3 clears it after reading
     part = k.storage(n_groups * 16, "candidate_partials")
     out = k.storage(OUT_BYTES, "candidates")
-    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0), "candidate_params")
+    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0, 0), "candidate_params")
     draw = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0), "draw_params")
     logits = (be.scratch.logits, 0, vocab * 4)
-    group = k.bind(SHADER, [logits, table, hist, part, out, params, be.scratch.ids])
+    group = k.bind(SHADER, [logits, table, allowed, hist, part, out, params, be.scratch.ids])
     grids = {1: pl.ceil_div(PEN_MAX, 256), 2: n_groups, 3: 1, 4: n_groups}
     dispatches = [pl.Dispatch(f"candidates#{stage}", k.pipeline(SHADER, shape={"CANDIDATES_STAGE": stage}),
                               group, (grid, 1, 1)) for stage, grid in grids.items()]
     dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw]), (1, 1, 1)))
     staging = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)]
-    return CandidateOps(dispatches, table, params, draw, out, staging, n_groups)
+    return CandidateOps(dispatches, table, allowed, params, draw, out, staging, n_groups)
+
+
+def mask_words(vocab: int) -> int:
+    """u32 words of the allowed-token bitset over `vocab` logits."""
+    return pl.ceil_div(vocab, 32)
 
 
 def _pack(n: int, n_groups: int, n_pen: int, want: int, repeat: float, presence: float, frequency: float,
-          pending: int) -> bytes:
+          pending: int, masked: int) -> bytes:
     return pl.pack_params(SHADER, n=n, n_groups=n_groups, n_pen=n_pen, want=want, repeat_penalty=repeat,
-                          presence=presence, frequency=frequency, pending=pending)
+                          presence=presence, frequency=frequency, pending=pending, masked=masked)
 
 
 def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
-    """This token's penalty table and parameters, ahead of its submit."""
+    """This token's penalty table, allowed tokens and parameters, ahead of its submit."""
     queue = be.ctx.device.queue
     n_pen = len(reduction.table)
     if n_pen:
         queue.write_buffer(ops.table, 0, np.ascontiguousarray(reduction.table))
+    masked = reduction.allowed is not None
+    if masked:
+        queue.write_buffer(ops.allowed, 0, reduction.allowed)
     queue.write_buffer(ops.params, 0, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
                                             reduction.repeat_penalty, reduction.presence, reduction.frequency,
-                                            int(reduction.pending)))
+                                            int(reduction.pending), int(masked)))
     queue.write_buffer(ops.draw, 0, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
                                                    min_p=reduction.min_p, temperature=reduction.temperature,
                                                    u=reduction.u))
@@ -99,7 +110,7 @@ def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()
 class Found:
     """What the GPU wrote for one token, as read back."""
 
-    candidates: Candidates | None  # None: too many for CAP, or a logit was not finite
+    candidates: Candidates | None  # None: too many for CAP, none allowed, or a logit was not finite
     raw: np.ndarray                # float32: the logits the penalties overwrote, by entry of `penalised`
     penalised: np.ndarray          # int64, ascending: the tokens whose logits the penalties rewrote
     drawn: int | None              # the token draw.wgsl picked; None: it could not
@@ -122,7 +133,7 @@ def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: in
         raw = np.insert(raw[:n_pen], at, raw[n_pen])
     else:
         raw = raw[:n_pen]
-    if non_finite or count > CAP:
+    if non_finite or count > CAP or count == 0:  # none: a mask allowed nothing, the host path reports it
         return Found(None, raw, penalised, None)
     pairs = np.frombuffer(data, np.uint32, 2 * count, HEADER + 4 * PEN_MAX).reshape(count, 2)
     order = np.argsort(pairs[:, 0], kind="stable")
