@@ -1,10 +1,10 @@
 """From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
 
 The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
-`keep_prefix()` at the start of every request, `forward()` for the prompt, then `sample_stream()`
-for the sampled tokens (one forward each, or chained on the device), or, for a plain greedy request
-to a backend with `greedy_on_device`, `greedy_stream()`. Either way the tokens go through the same
-loop below.
+`keep_prefix()` at the start of every request, `prefill()` for the prompt but its last chunk, then
+`sample_stream()` for the sampled tokens (one forward each, or chained on the device), or, for a
+plain greedy request to a backend with `greedy_on_device`, `greedy_stream()`. Either way the tokens
+go through the same loop below.
 
 The prompt cache (airframe/prompt_cache.py): the engine remembers which ids the backend's cache
 holds after each request (the prompt, then the generated tokens that ran). A backend with
