@@ -125,7 +125,7 @@ class WebGPUBackend(Backend):
         # keyed by (attention splits, whether the logits are copied for the host)
         self._next_decode: tuple[tuple[int, bool], object] | None = None
         self._next_reduce = None  # the next reduction's command buffer, recorded while a forward runs
-        self._token_lists: dict = {}  # (n_tokens, n_splits): token_dispatches
+        self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
@@ -304,7 +304,7 @@ class WebGPUBackend(Backend):
     def token_dispatches(self, n_tokens: int = 1) -> list[pl.Dispatch]:
         """A forward over n_tokens positions from n_past and the LM head of its last position (the
         same list for the same attention splits: do not change it)."""
-        key = (n_tokens, self.n_splits(n_tokens))
+        key = (self.slot, n_tokens, self.n_splits(n_tokens))  # each slot binds its own K/V cache
         if key not in self._token_lists:  # a decode token's list is built once, not per token
             self._token_lists[key] = (self.layer_dispatches(n_tokens) + self.globals_ops.final_norm(n_tokens)
                                       + self.globals_ops.lm_head(1))
