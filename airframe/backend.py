@@ -15,13 +15,16 @@ host's sampler gives from the full logits. The engine asks those flags, it never
 Cancellation, the hook's contract: `cancel` is a callable without arguments, cheap to call from
 the thread that runs the backend, that turns True once the request's client has left and stays
 True. The engine asks it before every token it takes and hands it to the backend:
-- The engine's host path asks it before each prompt chunk it runs through `forward`;
-  `forward_prompt(tokens, cancel)` does the same for a backend that prefills by itself (a
-  `greedy_cancel` backend's greedy_stream) and returns None once it is True.
+- `prefill(tokens, cancel)` is the one prompt loop: chunks of `prefill_chunk` tokens, cancel asked
+  before each and after the last; with a cancel hook a chunk has finished running before the next
+  question, so at most one chunk runs after the client left.
 - `greedy_stream(..., cancel=cancel)` is called so only where `greedy_cancel` is True; such a
-  backend asks it before each prefill chunk and before each token it queues on the device, queues
-  nothing more once it is True (what is already queued still runs), and simply ends its batches (the last one may
-  carry reason None). Elsewhere the engine asks it between batches only.
+  backend asks it before each prefill chunk and before each token (or launch) it queues on the
+  device, with at most two tokens queued and unfinished (so at most two run after the client
+  left), and simply ends its batches (the last one may carry reason None). Elsewhere the engine
+  asks it between batches only.
+- `sample_stream` is not given it: the engine asks before taking each token, so a backend that
+  chains sampled tokens keeps at most one token queued ahead of the one it yields.
 A backend never raises because of it; the engine reports the finish as "cancelled".
 """
 
@@ -65,7 +68,7 @@ class Backend:
     # launches (CUDA): the time to the first token is unknown and the engine reports it as 0.
     greedy_first_token_timed = True
     greedy_cancel = False  # True: greedy_stream takes cancel= and asks it before each device step
-    prefill_chunk = 512  # prompt tokens per forward in forward_prompt, and per cancel check
+    prefill_chunk = 512  # prompt tokens per pass of prefill(), and per cancel check (RunOptions.prefill_chunk)
     keeps_prompt_cache = False  # True: positions below n_past stay valid across requests (keep_prefix)
     n_slots = 1  # K/V caches held; more only where keeps_prompt_cache is set
     slot = 0  # the one forward, reset and keep_prefix use
@@ -152,15 +155,23 @@ class Backend:
                 return  # the context is full: no room to run the last token
             tokens = [token]
 
-    def forward_prompt(self, tokens: Sequence[int], cancel: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """forward() over a request's prompt in chunks of prefill_chunk tokens, asking `cancel`
-        before each: the last position's logits, or None when cancel said stop."""
-        logits = None
-        for first in range(0, max(len(tokens), 1), self.prefill_chunk):
+    def prefill(self, tokens: Sequence[int], cancel: Callable[[], bool] | None = None,
+                progress: Callable[[int], object] | None = None) -> bool:
+        """Run a prompt's `tokens` into the cache in chunks of prefill_chunk, their logits unused,
+        asking `cancel` before each chunk and after the last: False once it says stop (the chunks
+        before ran), else True. `progress(n)` is told the size of each chunk run."""
+        for first in range(0, len(tokens), self.prefill_chunk):
             if cancel is not None and cancel():
-                return None
-            logits = self.forward(tokens[first:first + self.prefill_chunk])
-        return logits
+                return False
+            chunk = tokens[first:first + self.prefill_chunk]
+            self.prefill_part(chunk, wait=cancel is not None)
+            if progress is not None:
+                progress(len(chunk))
+        return cancel is None or not cancel()
+
+    def prefill_part(self, tokens: Sequence[int], wait: bool) -> None:
+        """One chunk of prefill(); `wait`: return only once it has run (forward() always does)."""
+        self.forward(tokens)
 
     def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
                       cancel: Callable[[], bool] | None = None, keep: int = 0) -> GreedyBatches:

@@ -1,10 +1,10 @@
 """From a prompt to streamed text: tokenize, prefill, then sample, stop and detokenize token by token.
 
 The engine knows nothing of HTTP and nothing of shaders: it drives any Backend through
-`keep_prefix()` at the start of every request, `forward()` for the prompt, then `sample_stream()`
-for the sampled tokens (one forward each, or chained on the device), or, for a plain greedy request
-to a backend with `greedy_on_device`, `greedy_stream()`. Either way the tokens go through the same
-loop below.
+`keep_prefix()` at the start of every request, `prefill()` for the prompt but its last chunk, then
+`sample_stream()` for the sampled tokens (one forward each, or chained on the device), or, for a
+plain greedy request to a backend with `greedy_on_device`, `greedy_stream()`. Either way the tokens
+go through the same loop below.
 
 The prompt cache (airframe/prompt_cache.py): the engine remembers which ids the backend's cache
 holds after each request (the prompt, then the generated tokens that ran). A backend with
@@ -104,7 +104,7 @@ class Engine:
     n_ctx: int
 
     def __init__(self, backend: Backend, tokenizer: GGUFTokenizer, template: ChatTemplate, model_id: str,
-                 progress: bool = False, prefill_chunk: int = 512, prompt_cache: bool = True):
+                 progress: bool = False, prompt_cache: bool = True):
         self.backend = backend
         self.tokenizer = tokenizer
         self.template = template
@@ -113,7 +113,6 @@ class Engine:
         self.n_ctx = backend.n_ctx
         self.eog_ids = set(tokenizer.eog_ids)  # EOS and the template's end-of-turn tokens
         self.progress = progress  # a bar over the prefill of a prompt longer than one chunk
-        self.prefill_chunk = prefill_chunk
         self.prompt_cache = prompt_cache  # off: every request starts with reset(), as RunOptions.prompt_cache
         self.slots = PromptSlots(backend.n_slots)
 
@@ -142,8 +141,7 @@ class Engine:
         except BaseException:
             opened.gguf.close()  # a file refused halfway is not left mapped
             raise
-        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prefill_chunk,
-                   options.prompt_cache)
+        return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prompt_cache)
 
     # ---- prompts --------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -277,21 +275,16 @@ class Engine:
             tokens = [token]
 
     def _prefill(self, prompt_ids: list[int], cancel: Callable[[], bool] | None = None) -> list[int] | None:
-        """All of the prompt's chunks of prefill_chunk tokens (what a backend runs per pass) but the
-        last through forward(), asking `cancel` before each, with a progress bar on stderr when there
-        is more than one and progress is on; returns the last chunk, whose logits the first token is
-        sampled from, or None when cancelled."""
-        chunk = self.prefill_chunk
+        """All of the prompt's chunks of the backend's prefill_chunk tokens but the last through
+        Backend.prefill (which asks `cancel`), with a progress bar on stderr when there is more than
+        one and progress is on; returns the last chunk, whose logits the first token is sampled
+        from, or None when cancelled."""
+        chunk = self.backend.prefill_chunk
         last = (len(prompt_ids) - 1) // chunk * chunk
         with tqdm(total=len(prompt_ids), desc="prefill", unit="token", disable=not self.progress or last == 0,
                   leave=False) as bar:
-            for first in range(0, last, chunk):
-                if cancel is not None and cancel():
-                    return None
-                self.backend.forward(prompt_ids[first:first + chunk])
-                bar.update(chunk)
-        if cancel is not None and cancel():
-            return None
+            if not self.backend.prefill(prompt_ids[:last], cancel, bar.update):
+                return None
         return prompt_ids[last:]
 
     def _device_tokens(self, prompt_ids: list[int], params: GenerationParams,

@@ -187,7 +187,7 @@ def test_cancel_is_asked_before_every_token(smollm2):
 
 def test_cancel_is_asked_before_every_prefill_chunk(smollm2):
     engine = smollm2.engine([5, 6, 7])
-    engine.prefill_chunk = 4
+    engine.backend.prefill_chunk = 4
     prompt = "one two three four five six seven eight nine ten eleven twelve"
     n_prompt = len(engine.tokenize_prompt(prompt))
 
@@ -200,13 +200,17 @@ def test_cancel_is_asked_before_every_prefill_chunk(smollm2):
     assert engine.backend.fed == [engine.tokenize_prompt(prompt)[:4], engine.tokenize_prompt(prompt)[4:8]]
 
 
-def test_forward_prompt_runs_the_prompt_in_chunks(smollm2):
+def test_prefill_runs_the_prompt_in_chunks_and_stops_where_cancel_says(smollm2):
     whole, chunked = smollm2.engine([5]), smollm2.engine([5])
     chunked.backend.prefill_chunk = 3
     ids = list(range(10, 20))
-    assert chunked.backend.forward_prompt(ids) is not None
+    assert chunked.backend.prefill(ids)
     assert [len(t) for t in chunked.backend.fed] == [3, 3, 3, 1] and sum(chunked.backend.fed, []) == ids
-    assert whole.backend.forward_prompt(ids) is not None and whole.backend.fed == [ids]
+    assert whole.backend.prefill(ids) and whole.backend.fed == [ids]
+    cancelled = smollm2.engine([5])
+    cancelled.backend.prefill_chunk = 3
+    assert not cancelled.backend.prefill(ids, lambda: len(cancelled.backend.fed) == 2)
+    assert cancelled.backend.fed == [ids[:3], ids[3:6]]
 
 
 # ---- streaming text -----------------------------------------------------------------------------
@@ -615,10 +619,9 @@ def test_max_tokens_beyond_the_context_is_refused_before_the_backend_runs(smollm
 def test_a_long_prompt_is_prefilled_in_chunks_with_a_progress_bar(smollm2, capsys):
     script = script_for(smollm2, " yes")
     prompt = " ".join(["word"] * 40)
-    quiet = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s",
-                   prefill_chunk=16)
-    shown = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s",
-                   progress=True, prefill_chunk=16)
+    quiet = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s")
+    shown = Engine(ScriptedBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template, "s", progress=True)
+    quiet.backend.prefill_chunk = shown.backend.prefill_chunk = 16
     ids = quiet.tokenize_prompt(prompt)
     quiet.generate(prompt, GenerationParams(max_tokens=1, sampling=GREEDY))
     assert quiet.backend.fed == [ids[i:i + 16] for i in range(0, len(ids), 16)]
@@ -633,9 +636,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_a_progress_bar(smollm2, capsy
 def test_a_prompt_prefilled_in_chunks_gives_the_same_answer(tmp_path):
     from airframe.synthetic import write_synthetic_gguf
 
-    whole = Engine.load(write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "F32"), backend="reference",
-                        options=RunOptions(n_ctx=64))
-    chunked = Engine(whole.backend, whole.tokenizer, whole.template, "chunked", prefill_chunk=4)
+    path = write_synthetic_gguf(tmp_path / "tiny.gguf", "llama", "tiny", "F32")
+    whole = Engine.load(path, backend="reference", options=RunOptions(n_ctx=64))
+    chunked = Engine.load(path, backend="reference", options=RunOptions(n_ctx=64, prefill_chunk=4))
     prompt = "The capital of France is Paris, and the capital of Italy is"
     assert len(whole.tokenize_prompt(prompt)) > 8
     params = GenerationParams(max_tokens=6, sampling=GREEDY)
@@ -650,9 +653,11 @@ class CancellableGreedyBackend(InKernelGreedyBackend):
 
     def greedy_stream(self, prompt, max_new_tokens, eos=(), cancel=None):
         self.reset()
-        logits = self.forward_prompt(prompt, cancel)
+        if not self.prefill(prompt[:-1], cancel):
+            return
+        logits = self.forward(prompt[-1:])
         for _ in range(max_new_tokens):
-            if logits is None or cancel():
+            if cancel():
                 return
             token = int(np.argmax(logits))
             if token in eos:
@@ -665,14 +670,15 @@ class CancellableGreedyBackend(InKernelGreedyBackend):
 
 def test_a_backend_with_greedy_cancel_gets_the_request_cancel(smollm2):
     script = script_for(smollm2, " one two three four five six seven")
-    backend = CancellableGreedyBackend(smollm2.config, script)
+    backend = CancellableGreedyBackend(smollm2.config, [0] + script)  # the prefill's logits are not used
     engine = Engine(backend, smollm2.tokenizer, smollm2.template, "fused")
+    assert len(engine.tokenize_prompt("Count:")) > 1
 
     def cancel():
-        return len(backend.fed) >= 3  # the prompt and two tokens have run
+        return len(backend.fed) >= 4  # the prompt (prefill, then its last token) and two tokens have run
 
     text, finish, _ = engine.generate("Count:", GenerationParams(max_tokens=20, sampling=GREEDY), cancel)
-    assert finish.reason == "cancelled" and len(backend.fed) == 3
+    assert finish.reason == "cancelled" and len(backend.fed) == 4
     assert finish.completion_tokens == 2 and text == smollm2.tokenizer.decode(script[:2])
     # a backend without the flag is called as before, with no cancel argument
     text, finish, _ = Engine(StreamingGreedyBackend(smollm2.config, script), smollm2.tokenizer, smollm2.template,

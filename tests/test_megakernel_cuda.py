@@ -475,6 +475,20 @@ def test_greedy_stream_is_generate_greedy_in_one_batch():
     assert list(backend.greedy_stream([4], 5)) == [(chain[:5], "length")]
 
 
+def test_with_a_cancel_hook_a_launch_makes_at_most_two_tokens_and_none_starts_after_it():
+    backend = scripted_backend()
+    prompt = list(range(5, 75))  # one prompt-only launch of 64, then the rest with the first tokens
+    launches = backend.runtime.launches
+    left_after = 3  # the client leaves while the third launch runs
+    batches = list(backend.greedy_stream(prompt, 100, cancel=lambda: len(launches) >= left_after))
+    assert len(launches) == left_after
+    assert [(len(tokens), n) for tokens, _, n in launches] == [(64, 64), (6, 7), (1, 2)]
+    assert batches == [(expected_chain(prompt[-1], 2), None), (expected_chain(prompt[-1], 4)[2:], None)]
+    uncancelled = scripted_backend()
+    assert list(uncancelled.greedy_stream(prompt, 100, cancel=lambda: False))[-1][1] == "length"
+    assert uncancelled.generate_greedy(prompt, 100)[0] == expected_chain(prompt[-1], 100)
+
+
 def test_bad_token_ids_are_parameter_errors():
     backend = scripted_backend()
     with pytest.raises(ParameterError, match="outside the vocabulary 0..49151"):

@@ -4,7 +4,9 @@ chat template) on the numpy reference backend, served by uvicorn in a thread.
 Checked as a client sees it: schemathesis from the live OpenAPI schema (no 5xx, and no error
 inside a stream that the same request without streaming answers with a 4xx), extreme sampling
 settings, validation before the first byte, control tokens in message content, and how many
-backend steps still run after a client has left (counted by a gate around the backend's forward).
+backend steps still run after a client has left: on the reference backend counted by a gate around
+its forward, on WebGPU (lavapipe in CI, a tiny Q8_0 model) by a gate around every pass's step
+uniform and the waits and reads that show which passes the GPU has finished.
 
 `--server-fuzz-examples N` runs N schemathesis examples per operation instead of the CI's few.
 """
@@ -25,6 +27,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from airframe.engine import Engine
+from airframe.gpu import pipelines as pl
+from airframe.gpu.greedy import GREEDY_BATCH
 from airframe.options import RunOptions
 from airframe.server import ServerOptions, create_app
 from airframe.synthetic import write_synthetic_gguf
@@ -72,7 +76,15 @@ def live(tmp_path_factory):
     path = write_synthetic_gguf(tmp_path_factory.mktemp("live") / "tiny.gguf", "llama", "tiny", fast=True)
     engine = Engine.load(path, backend="reference", options=RunOptions(n_ctx=N_CTX, prefill_chunk=PREFILL_CHUNK))
     engine.backend.forward = gate = Gate(engine.backend.forward)
-    cancels = []  # the cancel callable of every generation, in order
+    cancels = record_cancels(engine)
+    app = create_app(engine, ServerOptions(max_queue=8))
+    with serving(app) as url:
+        yield url, app.state.airframe, gate, cancels
+
+
+def record_cancels(engine: Engine) -> list:
+    """The cancel callable of every generation `engine` runs, in order."""
+    cancels = []
     stream_ids = engine.stream_ids
 
     def recording(ids, params, cancel=None):
@@ -80,9 +92,7 @@ def live(tmp_path_factory):
         return stream_ids(ids, params, cancel)
 
     engine.stream_ids = recording
-    app = create_app(engine, ServerOptions(max_queue=8))
-    with serving(app) as url:
-        yield url, app.state.airframe, gate, cancels
+    return cancels
 
 
 def wait_until(condition, what: str, timeout: float = 60) -> None:
@@ -277,3 +287,144 @@ def test_after_a_disconnect_no_further_backend_step_runs(live, stream, leave_at)
     assert gate.calls == held  # the step running when the client left finished; no other one started
     answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=60)
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+
+
+class DeviceSteps:
+    """Counts the forward passes a WebGPU backend submits (each writes its step uniform just before
+    its submit) and how many of them the host has seen finish (a wait or a read-back, which waits
+    for what came before); holds the pass numbered `hold` before its submit until open()."""
+
+    def __init__(self, backend, patch: pytest.MonkeyPatch):
+        self.sizes: list[int] = []  # tokens of every pass, in order
+        self.done = 0  # passes known finished
+        self.done_at_hold = None  # self.done when the held pass was reached
+        self.hold = None
+        self.at_index: dict[int, int] = {}  # submission index -> passes submitted up to it
+        self.cond = threading.Condition()
+        self.backend = backend
+        write_step, submit, wait_done, read_mapped = backend.write_step, pl.submit, pl.wait_done, pl.read_mapped
+
+        def counted_write_step(n_tokens):
+            with self.cond:
+                self.sizes.append(n_tokens)
+                if len(self.sizes) == self.hold:
+                    self.done_at_hold = self.done
+                    self.cond.notify_all()
+                    self.cond.wait_for(lambda: self.hold is None)
+            write_step(n_tokens)
+
+        def indexed_submit(queue, buffers):
+            index = submit(queue, buffers)
+            self.at_index[index] = len(self.sizes)
+            return index
+
+        def waited(device, index):
+            wait_done(device, index)
+            self.finished(len(self.sizes) if index is None else self.at_index.get(index, 0))
+
+        def read(buffer, n_bytes, dtype):
+            data = read_mapped(buffer, n_bytes, dtype)
+            self.finished(len(self.sizes))
+            return data
+
+        backend.write_step = counted_write_step
+        patch.setattr(pl, "submit", indexed_submit)
+        patch.setattr(pl, "wait_done", waited)
+        patch.setattr(pl, "read_mapped", read)
+
+    def finished(self, n: int) -> None:
+        self.done = max(self.done, n)
+
+    def hold_at(self, n: int) -> None:
+        with self.cond:
+            self.sizes, self.done, self.done_at_hold, self.hold, self.at_index = [], 0, None, n, {}
+
+    def wait_for_hold(self, timeout: float = 120) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.done_at_hold is not None, timeout), (
+                f"{len(self.sizes)} passes, expected {self.hold}")
+
+    def open(self) -> None:
+        with self.cond:
+            self.hold = None
+            self.cond.notify_all()
+
+    def after_hold(self) -> list[int]:
+        """The sizes of the passes that may have run once the held one was reached: those not known
+        finished then, the held one and every later one."""
+        return self.sizes[self.done_at_hold:]
+
+
+@pytest.fixture(scope="module")
+def live_webgpu(tmp_path_factory):
+    path = write_synthetic_gguf(tmp_path_factory.mktemp("live_webgpu") / "tiny.gguf", "llama", "tiny", "Q8_0")
+    engine = Engine.load(path, backend="webgpu", options=RunOptions(n_ctx=N_CTX, prefill_chunk=PREFILL_CHUNK))
+    cancels = record_cancels(engine)
+    app = create_app(engine, ServerOptions(max_queue=8))
+    with pytest.MonkeyPatch.context() as patch:
+        steps = DeviceSteps(engine.backend, patch)
+        with serving(app) as url:
+            yield url, app.state.airframe, steps, cancels
+
+
+PATHS = {"greedy chained": {"temperature": 0},
+         "sampled chained": {"temperature": 0.8, "seed": 5},
+         "constrained chained": {"temperature": 0.8, "seed": 5, "grammar": "root ::= [a-z ]*"},
+         "host": {"temperature": 0.8, "seed": 5, "logprobs": 1}}
+CHAINED = ("sampled chained", "constrained chained")  # the paths that draw tokens on the GPU
+
+
+LONG_PROMPT = "one two three four five six seven eight nine ten " * 4
+
+
+def passes_after_leaving(live_webgpu, held: int, body: dict) -> list[int]:
+    """The sizes of the passes that may run on the GPU once the client of `body` leaves just before
+    pass `held` is submitted (as counted by DeviceSteps); checks that the server still answers."""
+    url, state, steps, cancels = live_webgpu
+    steps.hold_at(held)
+    sock = _raw_request(url, "/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 40, "cache_prompt": False,
+                                                  **body})
+    try:
+        steps.wait_for_hold()
+    finally:
+        sock.close()
+    wait_until(lambda: cancels and cancels[-1](), "the server did not cancel the generation of a client that left")
+    steps.open()
+    wait_until(lambda: state.queue.running == 0, "the cancelled generation did not end")
+    after = steps.after_hold()
+    answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
+    return after
+
+
+def prompt_chunks(url: str) -> tuple[int, int]:
+    n_prompt = len(httpx.post(f"{url}/tokenize", json={"prompt": LONG_PROMPT}, timeout=60).json()["tokens"])
+    return n_prompt, -(-n_prompt // PREFILL_CHUNK)
+
+
+def two_tokens_or_one_chunk(after: list[int]) -> bool:
+    return len(after) <= 1 or (len(after) == 2 and max(after) == 1)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_client_leaving_at_any_prefill_chunk_lets_at_most_that_chunk_run(live_webgpu, path, stream):
+    n_prompt, n_chunks = prompt_chunks(live_webgpu[0])
+    assert n_chunks >= 4
+    for held in range(1, n_chunks + 1):
+        after = passes_after_leaving(live_webgpu, held, {"stream": stream, **PATHS[path]})
+        assert two_tokens_or_one_chunk(after), (held, after)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_client_leaving_in_decode_lets_at_most_two_tokens_run(live_webgpu, path, stream):
+    n_prompt, n_chunks = prompt_chunks(live_webgpu[0])
+    # late in a greedy read-back batch; a grammar's answer may end sooner: a few tokens in
+    held = n_chunks + (3 if path == "constrained chained" else GREEDY_BATCH + 2)
+    assert held < N_CTX - n_prompt + n_chunks
+    backend = live_webgpu[2].backend
+    drawn = backend.chain_counts.drawn
+    after = passes_after_leaving(live_webgpu, held, {"stream": stream, **PATHS[path]})
+    assert two_tokens_or_one_chunk(after) and max(after) == 1, after
+    assert (backend.chain_counts.drawn > drawn) == (path in CHAINED)  # the path it is named after

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..backend import Backend, check_tokens, kv_cache_bytes, slot_count
+from ..backend import Backend, check_tokens, default_context, kv_cache_bytes, slot_count
 from ..errors import UnsupportedError
 from ..family import ModelConfig
 from ..gguf_file import GGUFFile
@@ -41,7 +41,6 @@ from .pack import LayerPack, pack_rows, pack_tensors
 from .layer import LayerOps, build_globals, build_layer
 
 log = logging.getLogger("airframe.gpu")
-DEFAULT_CTX = 4096
 MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.wgsl's MAX_SPLITS
 SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
@@ -126,13 +125,13 @@ class WebGPUBackend(Backend):
         # keyed by (attention splits, whether the logits are copied for the host)
         self._next_decode: tuple[tuple[int, bool], object] | None = None
         self._next_reduce = None  # the next reduction's command buffer, recorded while a forward runs
-        self._token_lists: dict = {}  # (n_tokens, n_splits): token_dispatches
+        self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
     def load(cls, model: Model, options: RunOptions) -> "WebGPUBackend":
-        n_ctx = options.n_ctx or min(model.config.ctx_train, DEFAULT_CTX)
-        return cls(get_context(), model.gguf, model.config, n_ctx, options, slot_count("webgpu", model.config, options))
+        return cls(get_context(), model.gguf, model.config, default_context(model.config, options), options,
+                   slot_count("webgpu", model.config, options))
 
     # ---- buffers made once -------------------------------------------------------------------
     def _rope_table(self):
@@ -206,11 +205,12 @@ class WebGPUBackend(Backend):
         """The ids as an array, or ParameterError / ContextOverflowError if they cannot run at n_past."""
         return check_tokens(tokens, self.n_past, self.n_ctx, self.token_embd.rows)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Run tokens into the K/V cache in chunks, computing no logits."""
-        ids = self.check_tokens(tokens)
-        for first in range(0, ids.size, self.scratch.tokens):
-            self._chunk(ids[first:first + self.scratch.tokens], all_logits=False, last=False)
+    def prefill_part(self, tokens: Sequence[int], wait: bool) -> None:
+        """One chunk of Backend.prefill into the K/V cache, computing no logits; submitted and, only
+        if `wait`, waited for (else the host records the next chunk while the GPU runs this one)."""
+        self._traced_chunk(self.check_tokens(tokens), all_logits=False, last=False)
+        if wait:
+            pl.wait_done(self.ctx.device, None)
 
     greedy_cancel = True  # greedy_stream asks cancel before each prefill chunk and each token
 
@@ -268,20 +268,23 @@ class WebGPUBackend(Backend):
         step = self.scratch.tokens
         self._reduced = None
         for first in range(0, ids.size, step):
-            chunk = ids[first:first + step]
-            last = first + step >= ids.size
-            started = time.perf_counter()
-            out = self._chunk(chunk, all_logits, last, read)
+            out = self._traced_chunk(ids[first:first + step], all_logits, first + step >= ids.size, read)
             if out is not None:
                 outputs.append(out)
-            if self.trace_chunks:
-                log.warning("prefill chunk %d..%d (%d tokens): %.1f ms", self.n_past - chunk.size,
-                            self.n_past, chunk.size, 1000 * (time.perf_counter() - started))
         if all_logits:
             return np.concatenate(outputs, axis=0)
         return outputs[-1][0] if read else None
 
     # ---- one chunk ----------------------------------------------------------------------------
+    def _traced_chunk(self, ids: np.ndarray, all_logits: bool, last: bool, read: bool = True) -> np.ndarray | None:
+        """_chunk, its positions and time logged with trace_prefill_chunks."""
+        started = time.perf_counter()
+        out = self._chunk(ids, all_logits, last, read)
+        if self.trace_chunks:
+            log.warning("prefill chunk %d..%d (%d tokens): %.1f ms", self.n_past - ids.size,
+                        self.n_past, ids.size, 1000 * (time.perf_counter() - started))
+        return out
+
     def split_len(self, n_tokens: int) -> int:
         """K/V positions per attention split of a decode token: enough splits to keep SPLIT_WORKGROUPS
         workgroups busy, each of at least MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
@@ -301,7 +304,7 @@ class WebGPUBackend(Backend):
     def token_dispatches(self, n_tokens: int = 1) -> list[pl.Dispatch]:
         """A forward over n_tokens positions from n_past and the LM head of its last position (the
         same list for the same attention splits: do not change it)."""
-        key = (n_tokens, self.n_splits(n_tokens))
+        key = (self.slot, n_tokens, self.n_splits(n_tokens))  # each slot binds its own K/V cache
         if key not in self._token_lists:  # a decode token's list is built once, not per token
             self._token_lists[key] = (self.layer_dispatches(n_tokens) + self.globals_ops.final_norm(n_tokens)
                                       + self.globals_ops.lm_head(1))

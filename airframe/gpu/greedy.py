@@ -8,7 +8,10 @@ with the submits) and records the next while the GPU runs. The ids are copied ou
 first batch is the first token alone (time to first token), then `batch` tokens each; a batch is
 read back only once READ_LAG more tokens are queued behind it, so the GPU does not wait for the host
 while it reads. Tokens computed past an end-of-generation token are dropped and n_past set back:
-their K/V rows are overwritten later.
+their K/V rows are overwritten later. With a cancel hook (a server request) the host asks it before
+each submit and, before it, waits for the token CANCEL_AHEAD steps back to finish: at most that many
+tokens are queued and unfinished, so at most that many run after the client left, while the GPU
+still has the next token queued when it finishes one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from . import pipelines as pl
 NON_FINITE = pl.shader_constant("argmax.wgsl", "NON_FINITE")  # set in a ring id: a logit was NaN or infinite
 GREEDY_BATCH = 16     # ids read back together after the first token
 READ_LAG = 4          # tokens queued behind a batch's last one before the host waits for that batch
+CANCEL_AHEAD = 2      # with a cancel hook: tokens submitted and maybe unfinished at most
 ARGMAX_PER_GROUP = 2048  # logits per stage-1 workgroup of argmax.wgsl (WG * ITEMS there)
 
 
@@ -68,8 +72,8 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
           cancel: Callable[[], bool] | None = None) -> Iterator[tuple[list[int], str | None]]:
     """Greedy tokens after `token`, fed at position be.n_past: yields (ids, None) per batch and ends
     with (ids, "stop") at an `eos` id (not included) or (ids, "length") at max_new_tokens or the
-    full context; once `cancel()` is True it submits nothing more and ends. n_past ends after the
-    last token run whose output was kept (tokens already queued still run on the GPU).
+    full context; once `cancel()` is True it submits nothing more and ends (at most CANCEL_AHEAD
+    tokens submitted before still run). n_past ends after the last token run whose output was kept.
     `timestamps` (a callable giving each token's pass its timestamp_writes) times the tokens on the
     GPU (bench)."""
     first = be.n_past
@@ -85,16 +89,22 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
     be.write_head_step(1, 0)
     in_flight: deque[int] = deque()  # batches submitted, not read
+    unfinished: deque[int | None] = deque()  # with a cancel hook: submission indices not waited for
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
     try:
         commands = _record(be, ops, first, bounds, 0, timestamps)
         for step in range(total):
-            if cancel is not None and cancel():
-                return
+            if cancel is not None:
+                if len(unfinished) == CANCEL_AHEAD:
+                    pl.wait_done(be.ctx.device, unfinished.popleft())
+                if cancel():
+                    return
             be.n_past = first + step
             be.write_step(1)
-            queue.submit([commands])
+            index = pl.submit(queue, [commands])
+            if cancel is not None:
+                unfinished.append(index)
             if step + 1 < total:
                 be.n_past = first + step + 1
                 commands = _record(be, ops, first, bounds, step + 1, timestamps)
@@ -144,8 +154,8 @@ def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
 def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
                   cancel: Callable[[], bool] | None = None, keep: int = 0) -> Iterator[tuple[list[int], str | None]]:
     """A new request: keep the cache's first `keep` positions (the prompt's first ids; 0: reset),
-    prefill the rest of `prompt` but its last token (no logits) a chunk at a time, asking `cancel`
-    before each, then chain()."""
+    prefill the rest of `prompt` but its last token (Backend.prefill, which asks `cancel`), then
+    chain()."""
     if max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
     if not 0 <= keep < max(len(prompt), 1):
@@ -159,11 +169,8 @@ def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[
     if be.debug_raw:  # SHIMMY_DEBUG_RAW=1 logs every op of forward(): take the host's loop
         yield from _host_loop(be, new, max_new_tokens, eos)
         return
-    chunk = be.scratch.tokens
-    for lo in range(0, len(new) - 1, chunk):
-        if cancel is not None and cancel():
-            return
-        be.prefill(new[lo:min(lo + chunk, len(new) - 1)])
+    if not be.prefill(new[:-1], cancel):
+        return
     yield from chain(be, new[-1], max_new_tokens, eos, cancel=cancel)
 
 

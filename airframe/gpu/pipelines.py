@@ -236,14 +236,24 @@ def submit(queue, command_buffers: list) -> int | None:
     return int(lib.wgpuQueueSubmitForIndex(queue._internal, len(command_buffers), handles))
 
 
+def wait_done(device, index: int | None) -> None:
+    """Return once submission `index` (submit()) has run, not waiting for the ones after it; with no
+    index, once everything submitted has."""
+    if _RAW is None:
+        device.queue.on_submitted_work_done_sync()
+        return
+    lib, ffi = _RAW
+    lib.wgpuDevicePoll(device._internal, True, ffi.NULL if index is None else ffi.new("WGPUSubmissionIndex *", index))
+
+
 def read_after(device, buffer, n_bytes: int, dtype, index: int | None) -> np.ndarray:
     """read_mapped of a buffer that submission `index` (submit()) wrote, once that submission is
     done and not the ones after it: wgpu-py's maps wait for every submission, which would idle the
     GPU between a chain's steps. With no index, read_mapped."""
     if index is None or _RAW is None:
         return read_mapped(buffer, n_bytes, dtype)
+    wait_done(device, index)
     lib, ffi = _RAW
-    lib.wgpuDevicePoll(device._internal, True, ffi.new("WGPUSubmissionIndex *", index))
     mapped = _map_callback()
     status = mapped.status
     status.clear()

@@ -3,10 +3,11 @@
 `forward` runs tokens through the persistent worker, one cooperative launch per 64 tokens, and
 reads back the logits: the prompt goes through the same kernel as decoding (no separate prefill
 path). Because the logits come back to the host, the engine's sampler works unchanged, at the
-price of one launch and one logits copy per token. `generate_greedy` is the fast path: up to 64
-tokens per launch with the argmax and the end-of-generation test inside the kernel, which the
-engine reaches through `greedy_stream` (one batch: every token comes back at the end). It is greedy
-only: the engine takes it only for requests that `sampling.greedy_blockers` finds nothing against.
+price of one launch and one logits copy per token. `greedy_stream` is the fast path: up to 64
+tokens per launch with the argmax and the end-of-generation test inside the kernel, one batch per
+launch (a server request, with a cancel hook, makes at most CANCEL_TOKENS per launch: a launch
+cannot be stopped once started). It is greedy only: the engine takes it only for requests that
+`sampling.greedy_blockers` finds nothing against.
 
 A model is planned for this GPU's probed worker and packed once into the package cache
 (~/.cache/airframe/megakernel/packages).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from .build import cache_dir
 from .probe import probe
 from .runtime import MAX_STEPS, Device, Runtime, Worker
 
+CANCEL_TOKENS = 2  # with a cancel hook: tokens a launch makes at most
+
 
 def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Path:
     """Where the package of `model_path` for one worker binary and context lives in the cache (also
@@ -45,10 +48,10 @@ def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Pat
 
 class CudaBackend(Backend):
     name = "cuda"
-    supports_sampling = False  # generate_greedy cannot sample; forward() returns full logits
+    supports_sampling = False  # greedy_stream cannot sample; forward() returns full logits
     greedy_on_device = True
     greedy_first_token_timed = False  # the prompt runs in the launches that generate
-    # generate_greedy starts every request at position 0; starting it at a kept prefix is not
+    # greedy_stream starts every request at position 0; starting it at a kept prefix is not
     # yet checked against the VM on a GPU, so each request prefills its whole prompt
     keeps_prompt_cache = False
 
@@ -71,7 +74,9 @@ class CudaBackend(Backend):
         else:
             package = write_package(model.path, target, folder, ctx=options.n_ctx, progress=options.progress)
         runtime = Runtime(package, worker, options.progress)
-        return cls(runtime, package.plan.config)
+        backend = cls(runtime, package.plan.config)
+        backend.prefill_chunk = options.prefill_chunk
+        return backend
 
     def reset(self) -> None:
         self.n_past = 0  # positions >= n_past are never read, so the cache needs no clearing
@@ -87,34 +92,44 @@ class CudaBackend(Backend):
                 rows.append(self.runtime.all_logits(len(chunk)))
         return np.concatenate(rows) if all_logits else self.runtime.logits()
 
-    def generate_greedy(self, prompt: Sequence[int], max_new_tokens: int,
-                        eos: Sequence[int] = ()) -> tuple[list[int], str]:
-        """Greedy tokens after `prompt` (which starts a new request) and the finish reason:
-        "stop" (an `eos` token, not included), "length" (max_new_tokens or the context)."""
+    greedy_cancel = True  # greedy_stream asks cancel before each launch
+
+    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
+                      cancel: Callable[[], bool] | None = None) -> GreedyBatches:
+        """Greedy tokens after `prompt` (which starts a new request), one batch per launch: (ids, None)
+        ..., then (ids, "stop") at an `eos` token (not included) or (ids, "length") at max_new_tokens
+        or the context. With `cancel`, asked before each launch, a launch makes at most
+        CANCEL_TOKENS tokens (a prompt launch still runs up to MAX_STEPS positions), so that few run
+        after the client left; without it, up to MAX_STEPS."""
         if max_new_tokens < 0:
             raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
         self.reset()
-        pending, out = [int(t) for t in check_tokens(prompt, 0, self.n_ctx, self.config.vocab_size)], []
+        pending = [int(t) for t in check_tokens(prompt, 0, self.n_ctx, self.config.vocab_size)]
+        per_launch = MAX_STEPS if cancel is None else CANCEL_TOKENS
+        made = 0
         while True:
+            if cancel is not None and cancel():
+                return
             if len(pending) > MAX_STEPS:  # prompt only: no token of this launch is generated
                 self.runtime.launch(pending[:MAX_STEPS], self.n_past)
                 self.n_past += MAX_STEPS
                 pending = pending[MAX_STEPS:]
                 continue
-            want, room = max_new_tokens - len(out), self.n_ctx - self.n_past
+            want, room = max_new_tokens - made, self.n_ctx - self.n_past
             if want <= 0 or room < len(pending):
-                return out, "length"
-            steps = min(MAX_STEPS, len(pending) + want - 1, room)
+                yield [], "length"
+                return
+            steps = min(MAX_STEPS, len(pending) - 1 + min(want, per_launch), room)
             result = self.runtime.launch(pending, self.n_past, n_steps=steps, eos=eos)
             self.n_past += result.steps_done
             new = result.tokens[len(pending) - 1:]
             if result.stopped:
-                return out + new[:-1], "stop"
-            out += new
-            if len(out) >= max_new_tokens or self.n_past >= self.n_ctx:
-                return out[:max_new_tokens], "length"
-            pending = [out[-1]]
-
-    def greedy_stream(self, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = ()) -> GreedyBatches:
-        """generate_greedy as a stream of one batch: the kernel hands every token over at the end."""
-        yield self.generate_greedy(prompt, max_new_tokens, eos)
+                yield new[:-1], "stop"
+                return
+            new = new[:want]
+            made += len(new)
+            if made >= max_new_tokens or self.n_past >= self.n_ctx:
+                yield new, "length"
+                return
+            yield new, None
+            pending = [new[-1]]
