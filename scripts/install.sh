@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything airframe needs on a Debian machine, idempotently:
 # system packages (Vulkan loader + Mesa's lavapipe CPU driver, tmux for the terminal tests),
-# a virtual environment in .venv with airframe and its test extras, and the two real test models.
+# a virtual environment in .venv with airframe and its test extras, and the real test models CI uses
+# (not qwen2.5-coder-1.5b: tests/conftest.py --large-models).
 # Set AIRFRAME_SKIP_MODELS=1 to skip fetching the models, AIRFRAME_WITH_HF=1 to add torch and
 # transformers (for the tests that compare against HF transformers).
 set -euo pipefail
@@ -34,5 +35,5 @@ if [ "${AIRFRAME_WITH_HF:-0}" = "1" ]; then
 fi
 
 if [ "${AIRFRAME_SKIP_MODELS:-0}" != "1" ]; then
-  .venv/bin/airframe pull smollm2-135m gemma3-270m
+  .venv/bin/airframe pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 fi

@@ -51,12 +51,14 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN_DIR = REPO / "tests" / "data" / "golden"
 
 # The real models, then a tiny synthetic model (airframe/synthetic.py) of every family in family/.
-REAL_MODELS = ("smollm2-135m", "gemma3-270m")
+REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 SYNTHETIC_FAMILIES = tuple(sorted({family.name for family in families().values()}))
 VERIFIED_MODELS = REAL_MODELS + tuple(f"synthetic-{family}" for family in SYNTHETIC_FAMILIES)
 
 N_CTX = 256
 PROMPT = "The capital of France is"
+# Models whose greedy continuation of PROMPT has near ties: their golden tokens come from a prompt they answer clearly
+PROMPTS = {"qwen2.5-coder-0.5b": "def fibonacci(n):"}
 GOLDEN_TOKENS = 8          # greedy tokens compared with the expectation
 SERVER_TOKENS = 4          # tokens streamed through the server
 DECODE_STEPS = 3           # positions run one by one after a prefill, against one-shot prefill
@@ -87,6 +89,7 @@ class Check:
 class ModelRun:
     name: str
     path: Path
+    prompt: str = PROMPT
     checks: list[Check] = field(default_factory=list)
     greedy_ids: list[int] | None = None  # what the backend under test generated
 
@@ -153,10 +156,14 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def reference_expectation(path: Path, engine: Engine) -> dict:
+def prompt_of(name: str) -> str:
+    return PROMPTS.get(name, PROMPT)
+
+
+def reference_expectation(path: Path, engine: Engine, prompt: str) -> dict:
     """Greedy ids and margins from the numpy reference backend, made now."""
     reference = open_backend("reference", open_model(path), RunOptions(n_ctx=N_CTX))
-    prompt_ids = engine.tokenize_prompt(PROMPT)
+    prompt_ids = engine.tokenize_prompt(prompt)
     ids, margins = greedy(reference, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
     return {"prompt_ids": prompt_ids, "ids": ids, "margins": margins, "source": "reference backend, now"}
 
@@ -181,7 +188,7 @@ def check_tokenizer(engine: Engine) -> str:
 
 def check_golden(engine: Engine, run: ModelRun, expected: dict) -> str:
     """Greedy tokens equal the expected ones; they may part only where the expectation was a near tie."""
-    prompt_ids = engine.tokenize_prompt(PROMPT)
+    prompt_ids = engine.tokenize_prompt(run.prompt)
     assert prompt_ids == expected["prompt_ids"], (
         f"the prompt tokenizes to {prompt_ids}, the expectation was made from {expected['prompt_ids']}")
     run.greedy_ids, _ = greedy(engine.backend, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
@@ -255,11 +262,11 @@ def _wait_ready(base: str, proc: subprocess.Popen, log) -> None:
     raise AssertionError(f"the server was not ready after {SERVER_START_SECONDS} s")
 
 
-def _stream_completion(base: str) -> tuple[str, dict | None, str | None]:
+def _stream_completion(base: str, prompt: str) -> tuple[str, dict | None, str | None]:
     """One streamed /v1/completions request: (text, usage, finish_reason)."""
     import httpx
 
-    body = {"prompt": PROMPT, "max_tokens": SERVER_TOKENS, "temperature": 0, "stream": True,
+    body = {"prompt": prompt, "max_tokens": SERVER_TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, usage, reason, done = [], None, None, False
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=SERVER_START_SECONDS) as response:
@@ -290,7 +297,7 @@ def check_server(engine: Engine, run: ModelRun, backend: str) -> str:
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             _wait_ready(base, proc, log)
-            text, usage, reason = _stream_completion(base)
+            text, usage, reason = _stream_completion(base, run.prompt)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -305,7 +312,7 @@ def check_server(engine: Engine, run: ModelRun, backend: str) -> str:
 
 # ---- one model ----------------------------------------------------------------------------------
 def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Path, matmul: str = "auto") -> ModelRun:
-    run = ModelRun(name, path)
+    run = ModelRun(name, path, prompt=prompt_of(name))
     holder: dict = {}
 
     def load() -> str:
@@ -321,8 +328,8 @@ def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Pa
     golden_skip = not_loaded
     if engine is not None and golden is None and backend == "reference":
         golden_skip = "no expectation independent of the reference backend"
-        run.greedy_ids, _ = greedy(engine.backend, engine.tokenize_prompt(PROMPT), GOLDEN_TOKENS, engine.eog_ids)
-    timed(run, "golden", lambda: check_golden(engine, run, golden or reference_expectation(path, engine)),
+        run.greedy_ids, _ = greedy(engine.backend, engine.tokenize_prompt(run.prompt), GOLDEN_TOKENS, engine.eog_ids)
+    timed(run, "golden", lambda: check_golden(engine, run, golden or reference_expectation(path, engine, run.prompt)),
           golden_skip)
     timed(run, "prefill/decode", lambda: check_prefill_decode(engine), not_loaded)
     timed(run, "chat template", lambda: check_chat_template(engine), not_loaded)
@@ -334,14 +341,15 @@ def smoke(name: str, path: Path, backend: str, skip_server: bool, golden_dir: Pa
 def write_golden(name: str, path: Path, golden_dir: Path) -> Path:
     """A model's expected greedy continuation, from the numpy reference backend."""
     engine = Engine.load(str(path), backend="reference", options=RunOptions(n_ctx=N_CTX, progress=True))
-    prompt_ids = engine.tokenize_prompt(PROMPT)
+    prompt = prompt_of(name)
+    prompt_ids = engine.tokenize_prompt(prompt)
     ids, margins = greedy(engine.backend, prompt_ids, GOLDEN_TOKENS, engine.eog_ids)
     golden = {
         "model": name,
         "file": path.name,
         "generated_by": "numpy reference backend (scripts/model_smoke_test.py --write-golden)",
         "n_ctx": N_CTX,
-        "prompt": PROMPT,
+        "prompt": prompt,
         "prompt_ids": prompt_ids,
         "ids": ids,
         "text": token_text(engine, ids),

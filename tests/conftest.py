@@ -1,4 +1,9 @@
-"""Shared fixtures: the real test models, resolved once per test run (pytest session scope)."""
+"""Shared fixtures: the real test models, resolved once per test run (pytest session scope).
+
+scripts/install.sh pulls the models every run needs. Tests marked `large_model` need one it does
+not pull (qwen2.5-coder-1.5b, 1.1 GB): they run with --large-models and are reported as skipped,
+with the command that runs them, otherwise.
+"""
 
 from pathlib import Path
 
@@ -6,11 +11,25 @@ import pytest
 
 from airframe.models import resolve_model
 
+LARGE_MODELS = ("qwen2.5-coder-1.5b",)
+
 
 def pytest_addoption(parser):
     parser.addoption("--sampled-tokens", type=int, default=8,
                      help="tokens per setting of the real-model sampled-path checks (the issue's check: 200)")
+    parser.addoption("--large-models", action="store_true",
+                     help=f"also run the tests of {', '.join(LARGE_MODELS)} (`airframe pull` it first)")
     _server_options(parser)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--large-models"):
+        return
+    skip = pytest.mark.skip(reason=f"needs {', '.join(LARGE_MODELS)}: `airframe pull {' '.join(LARGE_MODELS)}`, "
+                                   f"then pytest --large-models")
+    for item in items:
+        if "large_model" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +45,16 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    return resolve_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    return resolve_model("qwen2.5-coder-1.5b")
 
 
 @pytest.fixture(scope="session")

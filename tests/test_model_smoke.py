@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import LARGE_MODELS
 from scripts_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "model_smoke_test.py"
@@ -37,7 +38,7 @@ def table_row(stdout: str, name: str) -> dict[str, str]:
 
 def test_verified_models_cover_the_real_models_and_every_family():
     family_files = {p.stem for p in (SCRIPT.parent.parent / "family").glob("*.toml")}
-    assert set(smoke.REAL_MODELS) == {"smollm2-135m", "gemma3-270m"}
+    assert set(smoke.REAL_MODELS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
     assert {f"synthetic-{f}" for f in family_files} <= set(smoke.VERIFIED_MODELS)
 
 
@@ -47,13 +48,18 @@ def test_golden_files_come_from_the_reference_backend(model):
     assert golden["model"] == model
     assert "reference" in golden["generated_by"]
     assert len(golden["ids"]) == len(golden["margins"]) == smoke.GOLDEN_TOKENS
-    assert golden["prompt"] == smoke.PROMPT
+    assert golden["prompt"] == smoke.prompt_of(model)
     # every golden token is a clear choice of the reference, so any backend must reproduce it
     assert min(golden["margins"]) >= smoke.NEAR_TIE
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow) if m in smoke.REAL_MODELS else m
-                                   for m in smoke.VERIFIED_MODELS])
+def _marks(model: str) -> tuple:
+    if model in LARGE_MODELS:
+        return pytest.mark.slow, pytest.mark.large_model
+    return (pytest.mark.slow,) if model in smoke.REAL_MODELS else ()
+
+
+@pytest.mark.parametrize("model", [pytest.param(m, marks=_marks(m)) for m in smoke.VERIFIED_MODELS])
 def test_every_check_passes_on_webgpu(model):
     rc, out = run_smoke("--only", model)
     assert rc == 0, out

@@ -21,7 +21,8 @@ ENGLISH = Path(__file__).parent / "data" / "english.txt"
 CODE = Path(airframe.__file__).parent / "tokenizer.py"  # whitespace-heavy text that is always there
 
 # Ids from llama.cpp itself (llama-cpp-python 0.3.36, vocab_only, add_bos=False, special=False),
-# produced once; our tokenizers also matched it on ~10,000 random and real strings with every flag.
+# produced once; our tokenizers also matched it on ~10,000 random and real strings with every flag
+# (Qwen2.5-Coder: 3,055 random and code strings, with and without special parsing).
 LLAMA_CPP_IDS = {
     "smollm2-135m": [
         ("\n\n   1. Definitions.", [1004, 33, 30, 39331, 30]),
@@ -52,11 +53,63 @@ LLAMA_CPP_IDS = {
          [236820, 236909, 548, 236779, 3041, 111038, 2364, 107, 236820, 3041, 236779, 1340, 236779, 887, 236813, 4368,
           107, 184, 10979, 191]),
     ],
+    "qwen2.5-coder-0.5b": [
+        ("\n\n   1. Definitions.", [271, 256, 220, 16, 13, 46513, 13]),
+        (" " * 33 + "x", [786, 856]),
+        ("a  b\t\tc\n\n\nd", [64, 220, 293, 197, 1444, 1406, 67]),
+        ("x = [1,  2,   3]\n\tif x:\n\t\treturn   None\r\n",
+         [87, 284, 508, 16, 11, 220, 220, 17, 11, 256, 220, 18, 921, 743, 856, 510, 197, 853, 256, 2240, 319]),
+        ("  leading\xa0nbsp 🙂🙂  中文  ", [220, 6388, 4102, 5674, 27484, 145080, 220, 72858, 16744, 256]),
+        ("I'm you're WE'LL 12345678", [40, 2776, 498, 2299, 19677, 6, 4086, 220, 16, 17, 18, 19, 20, 21, 22, 23]),
+        ("<|im_start|>user\n<start_of_turn>model\n<h1>Hi</h1>",
+         [27, 91, 318, 4906, 91, 29, 872, 198, 27, 2468, 3575, 37274, 29, 2528, 198, 9969, 16, 29, 13048, 522, 71, 16,
+          29]),
+        ("1234567 3.14159 1e-10 0x1F 2024-12-03 1,000,000",
+         [16, 17, 18, 19, 20, 21, 22, 220, 18, 13, 16, 19, 16, 20, 24, 220, 16, 68, 12, 16, 15, 220, 15, 87, 16, 37,
+          220, 17, 15, 17, 19, 12, 16, 17, 12, 15, 18, 220, 16, 11, 15, 15, 15, 11, 15, 15, 15]),
+        ("DON'T it's THEY'RE she'D we'Ve ''quoted'' 'tis",
+         [84641, 17323, 432, 594, 62493, 94153, 1340, 27705, 582, 6, 42612, 3355, 63725, 4605, 364, 83, 285]),
+        ("def f(a, b):\n    if a:\n        return b  \n\t\tpass\n\n\n    # end   \n",
+         [750, 282, 2877, 11, 293, 982, 262, 421, 264, 510, 286, 470, 293, 2303, 197, 41431, 1406, 262, 671, 835,
+          5872]),
+        ("Ünïcödé ñ ß ø — “quotes” … 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 é ² ٣٤٥ ½ Ⅻ",
+         [52491, 77, 37572, 66, 2956, 128505, 1683, 109, 1683, 253, 38118, 1959, 1036, 53282, 854, 4593, 81250, 242,
+          246, 124026, 104, 149880, 124026, 254, 149881, 124026, 94, 149879, 384, 53839, 220, 29456, 220, 149, 96,
+          149, 97, 149, 98, 220, 26062, 220, 70467, 104]),
+        ("👩\u200d👩\u200d👧 🇫🇷 ❤️ 🚀🚀🚀 ✅",
+         [145233, 378, 235, 145233, 378, 235, 145665, 11162, 229, 104, 145070, 70470, 30543, 11162, 248, 222, 145836,
+          145836, 25521, 227]),
+        ("中文字符和日本語のテキスト、한국어。全角\u3000スペース",
+         [104811, 48391, 33108, 101059, 102819, 15767, 56833, 61803, 70534, 5373, 23573, 124785, 31079, 1773, 35987,
+          63836, 22441, 142170]),
+        ("tabs\t\tand  runs   of    spaces     and\n\n\nnewlines\r\n end   \n  \n",
+         [30993, 197, 52477, 220, 8473, 256, 315, 262, 12621, 257, 323, 1406, 931, 7969, 319, 835, 5872, 2303]),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+         [151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 59604, 95642,
+          151658, 27, 91, 318, 6213, 91, 29]),
+        ("<|fim_prefix|>x<|fim_suffix|>y<|fim_middle|> <|endoftext|>",
+         [27, 91, 69, 318, 13974, 91, 29, 87, 27, 91, 69, 318, 37151, 91, 29, 88, 27, 91, 69, 318, 62580, 91, 29,
+          82639, 8691, 723, 427, 91, 29]),
+        ("\u2028line\u2029para\x85next\u3000ideo\u200bzw\x0bvt\x0cff\x1cfs",
+         [378, 101, 1056, 378, 102, 14794, 126, 227, 3600, 22441, 1888, 15692, 30781, 199, 9708, 200, 542, 216, 3848]),
+    ],
+}
+# The same texts with special=True, where that changes the ids: control tokens read as one id
+LLAMA_CPP_SPECIAL_IDS = {
+    "qwen2.5-coder-0.5b": [
+        ("<|im_start|>user\n<start_of_turn>model\n<h1>Hi</h1>",
+         [151644, 872, 198, 27, 2468, 3575, 37274, 29, 2528, 198, 9969, 16, 29, 13048, 522, 71, 16, 29]),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+         [151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 59604, 95642,
+          151658, 151645]),
+        ("<|fim_prefix|>x<|fim_suffix|>y<|fim_middle|> <|endoftext|>", [151659, 87, 151661, 88, 151660, 220, 151643]),
+    ],
 }
 # llama.cpp's ids for tests/data/english.txt: (count, sha256 of the JSON list)
 LLAMA_CPP_ENGLISH = {
     "smollm2-135m": (364, "68f557b42ab6ad559fd3d15916297075d156d96403af0b3fb7e0e474a0359191"),
     "gemma3-270m": (360, "61554c88efe3b64bf0625f66b1728b267d709b4868407156ec40cd6731d22db0"),
+    "qwen2.5-coder-0.5b": (358, "567ca68a6ecdfe2df79a19c135860a750cffcb6fc6aab77ec2b772a29c0a93a0"),
 }
 
 ROUND_TRIPS = [
@@ -82,14 +135,19 @@ def gemma3(gemma3_path):
     return load_tokenizer(GGUFFile(gemma3_path))
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+@pytest.fixture(scope="module")
+def qwen(qwen05_path):
+    return load_tokenizer(GGUFFile(qwen05_path))
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen"])
 def any_tokenizer(request):
     return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="module")
-def by_name(smollm2, gemma3):
-    return {"smollm2-135m": smollm2, "gemma3-270m": gemma3}
+def by_name(smollm2, gemma3, qwen):
+    return {"smollm2-135m": smollm2, "gemma3-270m": gemma3, "qwen2.5-coder-0.5b": qwen}
 
 
 # ---- llama.cpp's ids for the real models ---------------------------------------------------------
@@ -109,6 +167,22 @@ def test_ids_from_llama_cpp(by_name, name):
         assert tokenizer.encode(text, add_special=False) == ids, repr(text)
     ids = tokenizer.encode(ENGLISH.read_text(), add_special=False)
     assert (len(ids), hashlib.sha256(json.dumps(ids).encode()).hexdigest()) == LLAMA_CPP_ENGLISH[name]
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CPP_SPECIAL_IDS))
+def test_ids_from_llama_cpp_with_special_parsing(by_name, name):
+    for text, ids in LLAMA_CPP_SPECIAL_IDS[name]:
+        assert by_name[name].encode(text, add_special=False, parse_special=True) == ids, repr(text)
+
+
+@pytest.mark.large_model
+def test_qwen_1_5b_gives_llama_cpps_ids(qwen15_path):
+    # llama.cpp gave the 1.5B file exactly the 0.5B's ids on every text here: the two share one vocabulary
+    tokenizer = load_tokenizer(GGUFFile(qwen15_path))
+    for text, ids in LLAMA_CPP_IDS["qwen2.5-coder-0.5b"]:
+        assert tokenizer.encode(text, add_special=False) == ids, repr(text)
+    for text, ids in LLAMA_CPP_SPECIAL_IDS["qwen2.5-coder-0.5b"]:
+        assert tokenizer.encode(text, add_special=False, parse_special=True) == ids, repr(text)
 
 
 def test_flags_and_ids(smollm2, gemma3):
