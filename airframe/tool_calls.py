@@ -257,7 +257,13 @@ _INSTRUCTIONS = ("You may call one or more functions to answer the user. The fun
 def hermes_call_text(call: dict) -> str:
     """An assistant message's call (OpenAI's {function: {name, arguments}}) as Hermes text."""
     function = call.get("function", call)
-    body = json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}, ensure_ascii=False)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):  # OpenAI's JSON text, where a caller passes it on as it came
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
