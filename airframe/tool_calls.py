@@ -88,7 +88,7 @@ def _call(obj, names: set[str]) -> ToolCall | None:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     return ToolCall(obj["name"], args) if isinstance(args, dict) else None
 
@@ -111,7 +111,7 @@ def _decode_all(text: str):
             return values
         try:
             value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nesting deeper than Python's stack
             return None
         values.append(value)
 
@@ -261,7 +261,7 @@ def hermes_call_text(call: dict) -> str:
     if isinstance(arguments, str):  # OpenAI's JSON text, where a caller passes it on as it came
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"

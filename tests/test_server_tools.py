@@ -23,7 +23,8 @@ from airframe.engine import Engine
 from airframe.errors import ModelNotFoundError
 from airframe.models import resolve_model
 from airframe.options import RunOptions
-from airframe.server import create_app
+from airframe.server import create_app, translate
+from airframe.server.schemas import ChatMessage
 from test_server_api import FakeEngine, assert_openai_error, openai_client, post_stream
 
 WEATHER = {"type": "function", "function": {
@@ -199,6 +200,12 @@ BAD = [
     ({"tools": [WEATHER], "messages": ASK + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris"}}]}]},
      "messages.1.tool_calls"),
+    ({"tools": [WEATHER], "messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '["Paris"]'}}]}]},
+     "messages.1.tool_calls"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "[" * 100_000}}]}]},
+     "messages.1.tool_calls"),
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
      "messages.1.tool_calls.0.function"),
     ({"functions": [{"name": "f"}]}, "functions"),
@@ -218,6 +225,11 @@ def test_malformed_tool_requests_are_400_with_the_field_named(extra, param):
 
 PARIS_ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 MAX_TOKENS = 32
+
+
+def _as_the_template_takes(conversation: list[dict]) -> list[dict]:
+    """The messages as the server hands them to the template (arguments decoded, names filled in)."""
+    return translate.chat_messages([ChatMessage(**m) for m in conversation])
 
 
 def _answer_sent_back(call) -> list[dict]:
@@ -248,11 +260,12 @@ def test_smollm2_forced_call_names_the_city_and_takes_the_answer_back(smollm2, c
     assert call.function.name == "get_weather"
     assert "paris" in json.loads(call.function.arguments)["city"].lower()
     conversation = _answer_sent_back(call)
-    prompt = engine.render_chat(conversation, tools=[WEATHER])
-    assert '"celsius": 21' in prompt and prompt.index('"celsius": 21') > prompt.index("<tool_call>")
+    rendered = _as_the_template_takes(conversation)
+    prompt = engine.render_chat(rendered, tools=[WEATHER])
+    assert '"celsius": 21' in prompt and prompt.index('"celsius": 21') > prompt.index('"arguments": {"city": ')
     after = api.chat.completions.create(model="m", messages=conversation, tools=[WEATHER], temperature=0, max_tokens=4)
     assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert after.usage.prompt_tokens == len(engine.tokenize_prompt(conversation, tools=[WEATHER]))
+    assert after.usage.prompt_tokens == len(engine.tokenize_prompt(rendered, tools=[WEATHER]))
 
 
 def test_smollm2_forced_call_streams_as_deltas(smollm2):
@@ -287,10 +300,12 @@ def test_qwen_calls_the_weather_tool_by_itself(qwen, stream):
         answer = api.chat.completions.create(**request)
         reason, (call,) = answer.choices[0].finish_reason, answer.choices[0].message.tool_calls
         name, arguments = call.function.name, call.function.arguments
-        conversation = _answer_sent_back(call)
-        assert "<tool_response>" in engine.render_chat(conversation, tools=[WEATHER])
-        after = api.chat.completions.create(model="m", messages=conversation, tools=[WEATHER], temperature=0,
-                                            max_tokens=2)
-        assert after.usage.prompt_tokens == len(engine.tokenize_prompt(conversation, tools=[WEATHER]))
+        rendered = _as_the_template_takes(_answer_sent_back(call))
+        prompt = engine.render_chat(rendered, tools=[WEATHER])
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": ' in prompt
+        assert '<tool_response>\n{"city": "Paris", "sky": "sunny", "celsius": 21}\n</tool_response>' in prompt
+        after = api.chat.completions.create(model="m", messages=_answer_sent_back(call), tools=[WEATHER],
+                                            temperature=0, max_tokens=2)
+        assert after.usage.prompt_tokens == len(engine.tokenize_prompt(rendered, tools=[WEATHER]))
     assert reason == "tool_calls" and name == "get_weather"
     assert "paris" in json.loads(arguments)["city"].lower()

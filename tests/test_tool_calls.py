@@ -176,3 +176,8 @@ def test_the_forcing_schema_accepts_exactly_calls_to_the_tools():
         jsonschema.validate({"name": "get_time", "arguments": {"zone": "PST"}}, either)
     bare = call_schema([{"type": "function", "function": {"name": "ping"}}])
     jsonschema.validate({"name": "ping", "arguments": {}}, bare)
+
+
+def test_json_nested_past_pythons_stack_is_text_not_an_error():
+    for text in ("[" * 100_000, "<tool_call>" + "[" * 100_000, '{"name": "get_weather", "arguments": "' + "[" * 100_000 + '"}'):
+        assert parse(text, HERMES, NAMES).calls == []

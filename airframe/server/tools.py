@@ -94,10 +94,13 @@ def call_messages(index: int, call) -> dict:
     text = call.function.arguments
     try:
         arguments = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as e:
-        raise ApiError(400, f"messages.{index}: the arguments of tool call {call.function.name!r} are not JSON ({e}); "
+    except (json.JSONDecodeError, RecursionError) as e:
+        arguments = e
+    if not isinstance(arguments, dict):
+        found = f"not JSON ({arguments})" if isinstance(arguments, Exception) else f"a JSON {type(arguments).__name__}"
+        raise ApiError(400, f"messages.{index}: the arguments of tool call {call.function.name!r} are {found}; "
                        f"expected the JSON text of an object", param=f"messages.{index}.tool_calls",
-                       code="invalid_value") from None
+                       code="invalid_value")
     return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
 
 
