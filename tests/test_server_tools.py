@@ -209,6 +209,11 @@ BAD = [
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
      "messages.1.tool_calls.0.function"),
     ({"functions": [{"name": "f"}]}, "functions"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"description": "\ud800"}}}}}]}, "tools.0"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": "\\ud800"}'}}]}]},
+     "messages.1.tool_calls"),
 ]
 
 
@@ -216,7 +221,9 @@ BAD = [
 def test_malformed_tool_requests_are_400_with_the_field_named(extra, param):
     _, http = _client(HERMES_CALL)
     with http:
-        response = http.post("/v1/chat/completions", json={"messages": ASK, **extra})
+        # json.dumps writes lone surrogates as \ud800 escapes, as a client in another language may send them
+        response = http.post("/v1/chat/completions", content=json.dumps({"messages": ASK, **extra}),
+                             headers={"content-type": "application/json"})
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error"
 

@@ -71,6 +71,8 @@ def plan(req: ChatCompletionRequest, fmt: str) -> ToolPlan | None:
                            f"each name once", param=f"tools.{i}.function.name", code="invalid_value")
         names.add(tool.function.name)
     tools = [tool.model_dump(exclude_none=True) for tool in req.tools]
+    for i, tool in enumerate(tools):
+        _check_encodable(tool, f"tools.{i}")
     forced = _choice(req, names)
     if forced is not None and _constrained(req):
         raise ApiError(400, f"tool_choice {_shown(req.tool_choice)} and {_constrained(req)} given together, expected "
@@ -101,7 +103,17 @@ def call_messages(index: int, call) -> dict:
         raise ApiError(400, f"messages.{index}: the arguments of tool call {call.function.name!r} are {found}; "
                        f"expected the JSON text of an object", param=f"messages.{index}.tool_calls",
                        code="invalid_value")
+    _check_encodable(arguments, f"messages.{index}.tool_calls")
     return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+
+
+def _check_encodable(value, param: str) -> None:
+    # JSON's "\ud800" escapes decode to lone UTF-16 surrogates, which no tokenizer can encode.
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{param}: text with a lone UTF-16 surrogate at position {e.start} of its JSON; "
+                       f"expected valid Unicode", param=param, code="invalid_value") from None
 
 
 def _call_id() -> str:
