@@ -37,6 +37,7 @@ CALLS = [
     # the drift the issue records: Qwen2.5-Coder 0.5B's bare object, 1.5B's fenced block
     (HERMES, '{"name": "get_weather", "arguments": {"city": "Paris"}}', None, [PARIS]),
     (HERMES, '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', None, [PARIS]),
+    (HERMES, '{"name":"get_weather","arguments":{"city":"Paris"}}', None, [PARIS]),  # compact, as a forced call is
     (HERMES, 'Sure:\n```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```\nDone.',
      "Sure:\nDone.", [PARIS]),
     (HERMES, '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {"zone": "UTC"}}]',
