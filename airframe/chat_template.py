@@ -18,6 +18,10 @@ any failure (MemoryError, RecursionError, ...), is a ChatTemplateError; at compi
 
 `render_parts` tells the template's own markup from the messages' content, so that the engine can
 tokenize content as plain text: control tokens written in a message are not control tokens.
+
+Tools (OpenAI's `tools` list) go to a template that renders them as the `tools` variable, with
+assistant messages' `tool_calls` and `tool` messages as they are; a template that knows no tools
+gets them, and the conversation's calls and answers, as text (tool_calls.plain_messages).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import AirframeError, ParameterError
+from .tool_calls import HERMES, call_format, knows_tools, plain_messages
 
 # Gemma's turn format: there is no system role, so a system message becomes the start of the
 # first user turn; the assistant is called "model".
@@ -200,6 +205,9 @@ class ChatTemplate:
             self._template = make_environment().from_string(source)
         except Exception as e:  # TemplateSyntaxError, and MemoryError or RecursionError on hostile source
             raise ChatTemplateError(f"{origin}: cannot compile the chat template: {type(e).__name__}: {e}"[:500]) from None
+        self.knows_tools = knows_tools(source)
+        # A template without tools is taught the Hermes format by plain_messages.
+        self.tool_format = call_format(source) if self.knows_tools else HERMES
 
     @classmethod
     def for_model(cls, source: str | None, family: str, bos_token: str, eos_token: str,
@@ -211,22 +219,33 @@ class ChatTemplate:
         name = f"the built-in {family} chat format"
         return cls(fallback, bos_token, eos_token, name, name)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        return self._render(normalize_messages(messages), add_generation_prompt, extra)
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               **extra) -> str:
+        normal, extra = self._with_tools(normalize_messages(messages), tools, extra)
+        return self._render(normal, add_generation_prompt, extra)
 
-    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True) -> list[tuple[str, bool]] | None:
+    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True,
+                     tools: list[dict] | None = None) -> list[tuple[str, bool]] | None:
         """The rendered prompt as (text, is_content) runs: True where the text is a message's
         content, False for the template's own markup. None where the template transforms content
         in a way that loses track of it (then only render() is known)."""
-        normal = normalize_messages(messages)
-        plain = self._render(normal, add_generation_prompt, {})
+        normal, extra = self._with_tools(normalize_messages(messages), tools, {})
+        plain = self._render(normal, add_generation_prompt, extra)
         tag = secrets.token_hex(8)  # unguessable: a message cannot forge the marks
         start, end = f"\ue000{tag}\ue001", f"\ue002{tag}\ue003"
         marked = [dict(m, content=_mark(m["content"], start, end)) for m in normal]
-        parts = _split_marked(self._render(marked, add_generation_prompt, {}), start, end)
+        parts = _split_marked(self._render(marked, add_generation_prompt, extra), start, end)
         if parts is None or "".join(text for text, _ in parts) != plain:
             return None
         return parts
+
+    def _with_tools(self, messages: list[dict], tools: list[dict] | None, extra: dict) -> tuple[list[dict], dict]:
+        """The messages and variables to render: the tools as they are, or as text (plain_messages)."""
+        if self.knows_tools:
+            return messages, dict(extra, tools=tools) if tools else extra
+        if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            return plain_messages(messages, tools), extra
+        return messages, extra
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
         context = dict(extra, messages=messages, add_generation_prompt=add_generation_prompt,

@@ -29,6 +29,7 @@ nor a stop string is ever shown.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -144,12 +145,14 @@ class Engine:
         return cls(loaded, tokenizer, template, _model_id(model, opened), options.progress, options.prompt_cache)
 
     # ---- prompts --------------------------------------------------------------------------------
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def tokenize_prompt(self, prompt: str | list[dict], parse_special_in_content: bool = False,
-                        add_generation_prompt: bool = True) -> list[int]:
-        """A string is a raw completion prompt; a list is chat messages rendered by the template.
+                        add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+        """A string is a raw completion prompt; a list is chat messages rendered by the template
+        (with `tools`, OpenAI's function descriptions, where given).
 
         Special tokens written in a raw prompt (`<|im_start|>`) are parsed as such; in chat messages
         only the template's own markup gives them, and message content is plain text unless
@@ -157,16 +160,17 @@ class Engine:
         """
         if isinstance(prompt, list):
             if not parse_special_in_content:
-                return self._tokenize_chat(prompt, add_generation_prompt)
-            prompt = self.render_chat(prompt, add_generation_prompt)
+                return self._tokenize_chat(prompt, add_generation_prompt, tools)
+            prompt = self.render_chat(prompt, add_generation_prompt, tools)
         if not isinstance(prompt, str):
             raise ParameterError(f"prompt of type {type(prompt).__name__}, expected a string or a list of messages")
         return list(self.tokenizer.encode(prompt, add_special=not self._starts_with_bos(prompt), parse_special=True))
 
-    def _tokenize_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        parts = self.template.render_parts(messages, add_generation_prompt)
+    def _tokenize_chat(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> list[int]:
+        self._check_tool_text(messages, tools)
+        parts = self.template.render_parts(messages, add_generation_prompt, tools)
         if parts is None:  # the template rewrites content: safe only if no content holds control token text
-            text = self.render_chat(messages, add_generation_prompt)
+            text = self.render_chat(messages, add_generation_prompt, tools)
             for i, message in enumerate(normalize_messages(messages)):
                 found = self.tokenizer.special_in(message["content"])
                 if found:
@@ -179,6 +183,20 @@ class Engine:
         return self.tokenizer.encode_parts([(t, not is_content) for t, is_content in parts],
                                            add_special=not self._starts_with_bos(text))
 
+    def _check_tool_text(self, messages: list[dict], tools: list[dict] | None) -> None:
+        """Refuse control token text in the tools and tool calls, which a template that knows tools
+        prints as its own markup (where it would be read as control tokens)."""
+        if not self.template.knows_tools:
+            return  # plain_messages makes them message content, tokenized as plain text
+        found = [("tools", json.dumps(tools, ensure_ascii=False))] if tools else []
+        found += [(f"message {i}", json.dumps([m.get("tool_calls"), m.get("tool_call_id"), m.get("name")],
+                                              ensure_ascii=False)) for i, m in enumerate(messages) if isinstance(m, dict)]
+        for where, text in found:
+            token = self.tokenizer.special_in(text)
+            if token:
+                raise ParameterError(f"{where}: the tool calls or tools hold the control token text {token!r}; "
+                                     f"expected none (or parse_special_in_content to read them as control tokens)")
+
     def _starts_with_bos(self, text: str) -> bool:
         bos = _special_text(self.tokenizer, self.tokenizer.bos_id)
         return bool(bos) and text.startswith(bos)
@@ -188,13 +206,13 @@ class Engine:
 
     # ---- generation -----------------------------------------------------------------------------
     def prepare(self, prompt: str | list[dict], params: GenerationParams,
-                parse_special_in_content: bool = False) -> list[int]:
+                parse_special_in_content: bool = False, tools: list[dict] | None = None) -> list[int]:
         """Everything a request can get wrong, checked before any work: the parameters, the
         prompt's tokens (see tokenize_prompt) and their fit in the context. Returns the tokens."""
         _check_params(params)
         if params.grammar is not None:
             check_grammar(params.grammar, self.tokenizer)
-        prompt_ids = self.tokenize_prompt(prompt, parse_special_in_content)
+        prompt_ids = self.tokenize_prompt(prompt, parse_special_in_content, tools=tools)
         self.check_fits(len(prompt_ids))
         return prompt_ids
 

@@ -3,15 +3,17 @@ format, and hostile templates refused by the sandbox."""
 
 import datetime
 import json
+import os
 import re
 import time
+from pathlib import Path
 
 import jinja2
 import pytest
 
-from airframe import chat_template
+from airframe import chat_template, tool_calls
 from airframe.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
-from airframe.errors import ParameterError
+from airframe.errors import ModelNotFoundError, ParameterError
 from airframe.gguf_file import GGUFFile
 from airframe.models import resolve_model
 
@@ -211,3 +213,107 @@ def test_render_parts_follows_a_template_that_trims_content():
 def test_render_parts_gives_up_on_a_template_that_cuts_content():
     source = "{% for m in messages %}<|im_start|>{{ m['content'][:3] }}<|im_end|>{% endfor %}"
     assert ChatTemplate(source).render_parts([{"role": "user", "content": "abcdef"}]) is None
+
+
+# ---- tools ----------------------------------------------------------------------------------------
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASKED = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALLED = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+ANSWERED = {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1", "name": "get_weather"}
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "</s>", "<end_of_turn>")
+
+
+def qwen_template() -> ChatTemplate:
+    try:
+        path = resolve_model("qwen2.5-coder-0.5b")
+    except ModelNotFoundError:
+        pytest.skip("needs the Qwen2.5-Coder 0.5B model: airframe pull qwen2.5-coder-0.5b")
+    gf = GGUFFile(path)
+    return ChatTemplate.for_model(gf.get("tokenizer.chat_template"), "qwen2", "", "<|im_end|>", "qwen")
+
+
+def smollm2_template() -> ChatTemplate:
+    gf = GGUFFile(resolve_model("smollm2-135m"))
+    return ChatTemplate.for_model(gf.get("tokenizer.chat_template"), "llama", special(gf, "tokenizer.ggml.bos_token_id"),
+                                  special(gf, "tokenizer.ggml.eos_token_id"), "smollm2")
+
+
+TOOL_TEMPLATES = {
+    "qwen": qwen_template,
+    "smollm2": smollm2_template,
+    "gemma3": lambda: ChatTemplate.for_model(None, "gemma3", "<bos>", "<eos>", "gemma3"),
+    "chatml": lambda: ChatTemplate.for_model(None, "llama", "", "", "chatml"),
+    "llama3": lambda: ChatTemplate((TEMPLATES / "llama3_tools.jinja").read_text(), "<|begin_of_text|>", "<|eot_id|>"),
+    "mistral": lambda: ChatTemplate((TEMPLATES / "mistral_tools.jinja").read_text(), "<s>", "</s>"),
+}
+EXPECTED_FORMAT = {"qwen": tool_calls.HERMES, "smollm2": tool_calls.HERMES, "gemma3": tool_calls.HERMES,
+                   "chatml": tool_calls.HERMES, "llama3": tool_calls.LLAMA3, "mistral": tool_calls.MISTRAL}
+
+
+@pytest.fixture(params=list(TOOL_TEMPLATES))
+def tool_template(request):
+    return request.param, TOOL_TEMPLATES[request.param]()
+
+
+def test_each_template_gets_its_tool_format(tool_template):
+    name, template = tool_template
+    assert template.tool_format == EXPECTED_FORMAT[name]
+    assert template.knows_tools == (name in ("qwen", "llama3", "mistral"))
+
+
+def test_the_tools_are_rendered_in_the_prompt(tool_template):
+    _, template = tool_template
+    prompt = template.render(ASKED, tools=[WEATHER])
+    assert '"get_weather"' in prompt and "The current weather in a city." in prompt and '"city"' in prompt
+    assert "What is the weather in Paris?" in prompt
+    assert "get_weather" not in template.render(ASKED)  # no tools: not a word of them
+
+
+def test_a_past_call_renders_in_the_format_its_parser_reads(tool_template):
+    """The assistant's turn holding a call, cut out of the render, parses back to that call: the
+    template teaches the model the format airframe reads."""
+    _, template = tool_template
+    before = template.render(ASKED, tools=[WEATHER])
+    after = template.render(ASKED + [CALLED], add_generation_prompt=False, tools=[WEATHER])
+    common = len(os.path.commonprefix([before, after]))
+    turn = after[common:]
+    for end in END_OF_TURN:
+        turn = turn.replace(end, "")
+    parsed = tool_calls.parse(turn, template.tool_format, {"get_weather"})
+    assert parsed.calls == [tool_calls.ToolCall("get_weather", {"city": "Paris"})], turn
+
+
+def test_a_tool_answer_is_rendered_after_the_call(tool_template):
+    _, template = tool_template
+    prompt = template.render(ASKED + [CALLED, ANSWERED], tools=[WEATHER])
+    call_at = prompt.index("Paris", prompt.index("What is the weather in Paris?") + 30)
+    assert prompt.index("sunny, 21 C") > call_at
+    parts = template.render_parts(ASKED + [CALLED, ANSWERED], tools=[WEATHER])
+    assert parts is not None and "".join(t for t, _ in parts) == prompt
+    assert any(is_content and "sunny, 21 C" in t for t, is_content in parts)  # tokenized as plain text
+
+
+def test_the_qwen_template_renders_tools_as_the_qwen_docs_show():
+    template = qwen_template()
+    prompt = template.render(ASKED + [CALLED, ANSWERED], tools=[WEATHER])
+    assert prompt.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                             "\n\n# Tools\n\n")
+    assert f"<tools>\n{json.dumps(WEATHER)}\n</tools>" in prompt
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call><|im_end|>\n') in prompt
+    assert prompt.endswith("<|im_start|>user\n<tool_response>\nsunny, 21 C\n</tool_response><|im_end|>\n"
+                           "<|im_start|>assistant\n")
+
+
+def test_gemma_keeps_alternating_turns_with_tool_answers():
+    template = TOOL_TEMPLATES["gemma3"]()
+    second = {"role": "tool", "content": "windy", "tool_call_id": "call_2"}
+    two_calls = dict(CALLED, tool_calls=CALLED["tool_calls"] * 2)
+    prompt = template.render(ASKED + [two_calls, ANSWERED, second], tools=[WEATHER])
+    assert prompt.count("<start_of_turn>user") == 2  # both answers in one user turn
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>\n<tool_response>\nwindy\n</tool_response>" in prompt

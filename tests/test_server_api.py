@@ -46,21 +46,23 @@ class FakeEngine:
         self.model_id = "fake-model"
         self.config = SimpleNamespace(vocab_size=300)
         self.tokenizer = FakeTokenizer()
-        self.prepared: list[tuple] = []  # (prompt, parse_special_in_content) per prepare()
+        self.template = SimpleNamespace(tool_format="hermes", knows_tools=False)
+        self.prepared: list[tuple] = []  # (prompt, parse_special_in_content, tools) per prepare()
         self.calls: list[tuple] = []  # (prompt ids, params) per stream_ids()
         self.resets = 0
 
-    def render_chat(self, messages, add_generation_prompt=True):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+    def render_chat(self, messages, add_generation_prompt=True, tools=None):
+        text = f"<tools>{json.dumps(tools)}\n" if tools else ""
+        text += "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
-    def tokenize_prompt(self, prompt, parse_special_in_content=False, add_generation_prompt=True):
-        text = self.render_chat(prompt, add_generation_prompt) if isinstance(prompt, list) else prompt
+    def tokenize_prompt(self, prompt, parse_special_in_content=False, add_generation_prompt=True, tools=None):
+        text = self.render_chat(prompt, add_generation_prompt, tools) if isinstance(prompt, list) else prompt
         return [BOS, *text.encode("utf-8")]
 
-    def prepare(self, prompt, params, parse_special_in_content=False):
-        self.prepared.append((prompt, parse_special_in_content))
-        ids = self.tokenize_prompt(prompt)
+    def prepare(self, prompt, params, parse_special_in_content=False, tools=None):
+        self.prepared.append((prompt, parse_special_in_content, tools))
+        ids = self.tokenize_prompt(prompt, tools=tools)
         if len(ids) + 1 > self.n_ctx:
             raise ContextOverflowError(f"the prompt has {len(ids)} tokens and the context holds {self.n_ctx}")
         return ids
@@ -314,7 +316,7 @@ def test_content_parts_and_developer_role_reach_the_template(client, engine):
     client.post("/v1/chat/completions", json={"messages": [
         {"role": "developer", "content": "Rules."},
         {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]})
-    prompt, _ = engine.prepared[-1]
+    prompt, _, _ = engine.prepared[-1]
     assert prompt == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Hello"}]
 
 
@@ -389,7 +391,6 @@ def test_completion_stream_offsets_continue_across_chunks(client):
     ({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"300": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"3": 101}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "Hi"}], "n": 2}, "n"),
-    ({"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "Hi"}], "functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "xml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema"}}, "response_format"),
@@ -401,7 +402,7 @@ def test_completion_stream_offsets_continue_across_chunks(client):
     ({"messages": [{"role": "user", "content": "Hi"}], "grammar": "root ::= \"a\"", "json_schema": {}}, "grammar"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
-    ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.role"),
+    ({"messages": [{"role": "function", "content": "42"}]}, "messages.0.role"),
     ({"messages": [{"role": "robot", "content": "Hi"}]}, "messages.0.role"),
     ({"messages": []}, "messages"),
     ({}, "messages"),

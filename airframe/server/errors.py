@@ -60,7 +60,8 @@ _FIELD_NAMES = {
     name
     for model in (schemas.ChatCompletionRequest, schemas.CompletionRequest, schemas.TokenizeRequest,
                   schemas.DetokenizeRequest, schemas.ChatMessage, schemas.ContentPart, schemas.StreamOptions,
-                  schemas.ResponseFormat)
+                  schemas.ResponseFormat, schemas.ToolCallIn, schemas.FunctionCall, schemas.ToolDef,
+                  schemas.FunctionDef, schemas.NamedToolChoice, schemas.NamedFunction)
     for name in model.model_fields
 }
 

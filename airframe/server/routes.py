@@ -23,7 +23,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine import Finish, Piece
 from ..errors import AirframeError
-from . import translate
+from ..tool_calls import CallStream, parse
+from . import tools, translate
 from .errors import ApiError, from_airframe, overloaded
 from .metrics import CONTENT_TYPE
 from .queue import END, Job
@@ -94,10 +95,10 @@ def _served_name(state, requested: str | None) -> str:
     return state.model_id
 
 
-def _prepare(engine, prompt, params, param: str, parse_special_in_content: bool) -> list[int]:
+def _prepare(engine, prompt, params, param: str, parse_special_in_content: bool, tool_list=None) -> list[int]:
     """The prompt's tokens, with everything engine.prepare checks (run before the first byte)."""
     try:
-        return engine.prepare(prompt, params, parse_special_in_content)
+        return engine.prepare(prompt, params, parse_special_in_content, tools=tool_list)
     except AirframeError as e:
         raise from_airframe(e, param) from None
 
@@ -208,18 +209,30 @@ def _chat_chunk(meta: dict, delta: Delta, logprobs=None, finish_reason=None, usa
     return body
 
 
-async def _chat_stream(state, job: Job, meta: dict, include_usage: bool):
+async def _chat_stream(state, job: Job, meta: dict, include_usage: bool, plan: tools.ToolPlan | None):
     yield _sse(_chat_chunk(meta, Delta(role="assistant", content=""), usage_field=include_usage))
+    calls = CallStream(plan.fmt, plan.names) if plan is not None else None
+    held = []  # logprobs of text held back while it may be a call
     async for event in _events(job):
         if event is None:
             yield KEEPALIVE
         elif isinstance(event, Piece) and (event.text or event.logprobs):
-            logprobs = None
-            if event.logprobs:
-                logprobs = ChoiceLogprobs(content=translate.chat_logprobs(event.logprobs, state.engine.tokenizer.token_bytes))
-            yield _sse(_chat_chunk(meta, Delta(content=event.text), logprobs, usage_field=include_usage))
+            text = calls.push(event.text) if calls is not None else event.text
+            held += event.logprobs or []
+            if text or (held and calls is None):
+                yield _sse(_chat_chunk(meta, Delta(content=text), _chunk_logprobs(state, held), usage_field=include_usage))
+                held = []
         elif isinstance(event, Finish):
-            yield _sse(_chat_chunk(meta, Delta(), finish_reason=_reason(event), usage_field=include_usage))
+            reason = _reason(event)
+            if calls is not None:
+                rest, found = calls.finish()
+                if rest or held:
+                    yield _sse(_chat_chunk(meta, Delta(content=rest), _chunk_logprobs(state, held), usage_field=include_usage))
+                if found:
+                    reason = "tool_calls"
+                    for delta in tools.tool_call_deltas(plan.calls(found)):
+                        yield _sse(_chat_chunk(meta, Delta(tool_calls=delta), usage_field=include_usage))
+            yield _sse(_chat_chunk(meta, Delta(), finish_reason=reason, usage_field=include_usage))
             if include_usage:
                 yield _sse(ChatCompletionChunk(**meta, choices=[], usage=_usage(event)).model_dump())
         elif isinstance(event, Exception):
@@ -227,13 +240,26 @@ async def _chat_stream(state, job: Job, meta: dict, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
-def _chat_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool, token_bytes) -> ChatCompletion:
+def _chunk_logprobs(state, items) -> ChoiceLogprobs | None:
+    if not items:
+        return None
+    return ChoiceLogprobs(content=translate.chat_logprobs(items, state.engine.tokenizer.token_bytes))
+
+
+def _chat_answer(meta: dict, pieces: list[Piece], finish: Finish, logprobs_on: bool, token_bytes,
+                 plan: tools.ToolPlan | None) -> ChatCompletion:
     text = "".join(p.text for p in pieces)
     logprobs = None
     if logprobs_on:
         items = [lp for p in pieces for lp in (p.logprobs or [])]
         logprobs = ChoiceLogprobs(content=translate.chat_logprobs(items, token_bytes))
-    choice = ChatChoice(message=AssistantMessage(content=text), logprobs=logprobs, finish_reason=_reason(finish))
+    message, reason = AssistantMessage(content=text), _reason(finish)
+    if plan is not None:
+        parsed = parse(text, plan.fmt, plan.names)
+        if parsed.calls:
+            message = AssistantMessage(content=parsed.content, tool_calls=tools.tool_calls_out(plan.calls(parsed.calls)))
+            reason = "tool_calls"
+    choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=reason)
     return ChatCompletion(**meta, choices=[choice], usage=_usage(finish))
 
 
@@ -243,17 +269,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, engine
     translate.check_chat(body)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": _served_name(state, body.model)}
     messages = translate.chat_messages(body.messages)
-    params = translate.chat_params(body, engine.config.vocab_size, engine.n_ctx)
-    ids = await run_in_threadpool(_prepare, engine, messages, params, "messages", body.parse_special_in_content)
+    plan = tools.plan(body, engine.template.tool_format)
+    params = translate.chat_params(body, engine.config.vocab_size, engine.n_ctx, plan)
+    ids = await run_in_threadpool(_prepare, engine, messages, params, "messages", body.parse_special_in_content,
+                                  plan.tools if plan else None)
     job = _submit(request, ids, params)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _stream_response(job, _chat_stream(state, job, meta, include_usage))
+        return _stream_response(job, _chat_stream(state, job, meta, include_usage, plan))
     try:
         pieces, finish = await _collect(request, job, "messages")
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return _chat_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes)
+    return _chat_answer(meta, pieces, finish, params.logprobs is not None, engine.tokenizer.token_bytes, plan)
 
 
 # ---- text completions ----

@@ -2,7 +2,7 @@
 
 Ranges that OpenAI documents are declared here (so they appear in the OpenAPI schema and are
 checked before a request reaches the queue); unknown fields are ignored, as OpenAI does. Options
-that parse but that airframe does not run (n > 1, tools, JSON mode) are refused in `unsupported`.
+that parse but that airframe does not run (n > 1, the legacy `functions`) are refused in translate.
 """
 
 from __future__ import annotations
@@ -53,10 +53,46 @@ class ContentPart(_Lenient):
     text: Text | None = None
 
 
+class FunctionCall(_Lenient):
+    name: Text
+    arguments: Text = ""  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Lenient):
+    """A call in an assistant message sent back with the conversation."""
+
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Union[Text, list[ContentPart], None] = None
-    name: str | None = None
+    name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: Text | None = None  # tool messages: the call answered
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ToolDef(_Lenient):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class _Sampling(_Lenient):
@@ -90,8 +126,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS_CHAT)
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
@@ -164,9 +200,21 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprobOut] | None
 
 
+class FunctionOut(BaseModel):
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -186,9 +234,24 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of one call in a stream; `index` says which call the pieces build up."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

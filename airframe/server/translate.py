@@ -13,6 +13,7 @@ from ..constraint import Grammar, json_object_grammar, json_schema_grammar, text
 from ..engine import GenerationParams, TokenLogprob
 from ..errors import ParameterError
 from ..sampling import SamplingParams
+from . import tools
 from .errors import ApiError
 from .schemas import (
     MAX_STOP_SEQUENCES,
@@ -41,13 +42,11 @@ def _check_common(req: _Sampling) -> None:
 def check_chat(req: ChatCompletionRequest) -> None:
     """Refuse options that parse but that airframe does not run."""
     _check_common(req)
-    if req.tools or req.functions:
-        which = "tools" if req.tools else "functions"
-        raise _unsupported(which, f"'{which}' is not supported: airframe does not do tool or function calling")
-    for name in ("tool_choice", "function_call"):
-        value = getattr(req, name)
-        if value not in (None, "none", "auto"):
-            raise _unsupported(name, f"'{name}'={value!r} is not supported: airframe does not call tools")
+    if req.functions:
+        raise _unsupported("functions", "the legacy 'functions' are not supported; expected 'tools'")
+    if req.function_call not in (None, "none", "auto"):
+        raise _unsupported("function_call", f"'function_call'={req.function_call!r} is not supported; "
+                                            f"expected 'tool_choice'")
     if req.modalities and set(req.modalities) != {"text"}:
         raise _unsupported("modalities", f"modalities {req.modalities} are not supported; only ['text']")
     if req.audio is not None:
@@ -96,13 +95,24 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """The messages as the chat template takes them: role and plain-text content."""
-    out = []
+    """The messages as the chat template takes them: role and plain-text content, an assistant's
+    tool calls (arguments decoded), a tool answer's call id and function name."""
+    out, called = [], {}  # called: call id -> function name, for tool answers that do not say
     for i, message in enumerate(messages):
-        if message.role in ("tool", "function"):
-            raise _unsupported(f"messages.{i}.role", f"messages with role {message.role!r} are not supported: airframe does not call tools")
+        if message.role == "function":
+            raise _unsupported(f"messages.{i}.role", "messages with the legacy role 'function' are not supported; "
+                                                     "expected role 'tool'")
         role = "system" if message.role == "developer" else message.role
-        out.append({"role": role, "content": _message_text(message, i)})
+        item = {"role": role, "content": _message_text(message, i)}
+        if message.tool_calls and role == "assistant":
+            item["tool_calls"] = [tools.call_messages(i, call) for call in message.tool_calls]
+            called.update((call.id, call.function.name) for call in message.tool_calls if call.id)
+        if role == "tool":
+            item["tool_call_id"] = message.tool_call_id
+            name = message.name or called.get(message.tool_call_id)
+            if name:
+                item["name"] = name
+        out.append(item)
     return out
 
 
@@ -186,15 +196,17 @@ def grammar(req: _Sampling) -> Grammar | None:
         raise ApiError(400, str(e), param=name, code="invalid_value") from None
 
 
-def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int) -> GenerationParams:
+def chat_params(req: ChatCompletionRequest, vocab_size: int, n_ctx: int,
+                plan: tools.ToolPlan | None = None) -> GenerationParams:
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    forced = plan.grammar() if plan is not None else None
     return GenerationParams(
         max_tokens=_max_tokens(getattr(req, param), param, n_ctx),
         sampling=sampling_params(req, vocab_size),
         stop=_stop(req.stop),
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         cache_prompt=req.cache_prompt,
-        grammar=grammar(req),
+        grammar=forced or grammar(req),
     )
 
 
