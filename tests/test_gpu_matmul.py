@@ -216,7 +216,7 @@ def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
                                              (8192, True, (128, 64, 128)), (45, False, (128, 64, 1))])
 def test_gemm_tile_choice(tiled, rows, gated, want):
     """128 x 64 for every matrix; a gate/up tile holds 64 gate rows and their 64 up rows."""
-    assert tiled.gemm_tile(rows, 512, gated) == want
+    assert tiled.gemm_tile(rows, gated) == want
 
 
 class _WithoutF16:

@@ -41,7 +41,7 @@ class Op:
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
         else:
-            tile_r, tile_t, groups = pipes.gemm_tile(self.rows, n_tokens, self.gated)
+            tile_r, tile_t, groups = pipes.gemm_tile(self.rows, self.gated)
             shader, grid = "gemm", (groups, pl.ceil_div(n_tokens, tile_t), 1)
             shape = {"GEMM_TILE_R": tile_r, "GEMM_TILE_T": tile_t}
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)

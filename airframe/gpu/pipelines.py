@@ -165,11 +165,11 @@ class Pipelines:
             rows_wg *= 2
         return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name}
 
-    def gemm_tile(self, rows: int, n_tokens: int, gated: bool) -> tuple[int, int, int]:
-        """gemm.wgsl's tile (weight rows, tokens) for an output of rows x n_tokens, and its
-        workgroups along the rows. 128 x 64 everywhere: on the H200 it ran every matrix of the
-        Llama 3.2 1B chunk faster than 128 x 128 and 64 x 64 (gate/up 24 TFLOP/s against 22 and
-        15; the 2048-row matrices 16-17 against 11-12 and 13-14)."""
+    def gemm_tile(self, rows: int, gated: bool) -> tuple[int, int, int]:
+        """gemm.wgsl's tile (weight rows, tokens) for a matrix of `rows` outputs, and its workgroups
+        along the rows. 128 x 64 for every chunk: on the H200 it ran every matrix of the Llama 3.2
+        1B chunk fastest (gate/up 24 TFLOP/s against 22 at 128 x 128; the 2048-row matrices 16-17
+        against 11-12 at 128 x 128 and 13.5-14.5 at 64 x 64)."""
         return 128, 64, ceil_div(rows, 64 if gated else 128)
 
     def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):
