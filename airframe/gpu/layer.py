@@ -34,8 +34,7 @@ class Op:
         shape = self.shape
         if self.shader != "matmul":
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
-        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > 1 and not pipes.ctx.has_f16):
-            # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
+        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > 1 and not pipes.f16_chunks):
             shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
         elif n_tokens == 1:
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)

@@ -144,6 +144,11 @@ class Pipelines:
     def device(self):
         return self.ctx.device
 
+    @property
+    def f16_chunks(self) -> bool:
+        """Chunks go through gemm.wgsl, whose products are f16 (gemm_rows.wgsl's are f32)."""
+        return self.matmul == "tiled" and self.ctx.has_f16
+
     def layout(self, shader: str):
         kinds = signature(shader).kinds
         if kinds not in self._layouts:
