@@ -46,7 +46,7 @@ from tqdm import tqdm
 from .errors import ParameterError, TokenizerError, UnsupportedError, excerpt
 from .gguf_file import GGUFFile
 
-CACHE_FORMAT = "airframe-tokenizer-1"  # change when the built tokenizer changes for the same metadata
+CACHE_FORMAT = "airframe-tokenizer-2"  # change when the built tokenizer changes for the same metadata
 SPACE_MARK = "\u2581"  # SentencePiece's stand-in for a space
 
 # The split regexes llama.cpp runs before byte-level BPE, per `tokenizer.ggml.pre`; each splits the
@@ -70,7 +70,15 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
 _IGNORE_MERGES = {"llama-bpe", "llama3", "llama-v3", "falcon3"}
 
 # Tokens that end generation when present, as llama.cpp finds them by text.
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>")
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+             "_<EOT>", "<|end_of_text|>", "<|return|>", "<|call|>", "<end_of_utterance>", "<eos>")
+# ... and these only as control tokens: Gemma's and Qwen's "</s>" is HTML's strikethrough, text a model writes.
+EOG_CONTROL_TEXTS = ("</s>",)
+# Fill-in-the-middle markers end generation too (a code model writes one when it leaves the file):
+# the file's tokenizer.ggml.<role>_token_id, else the first of these texts the vocabulary has.
+FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+             "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+             "fim_sep": ("<|file_sep|>",)}
 _SPECIAL_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)
 
 
@@ -91,6 +99,7 @@ class GGUFVocab:
     pad_id: int | None
     eot_id: int | None
     eom_id: int | None
+    fim_ids: tuple[int, ...]  # FIM_TEXTS' roles found, in that order
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
@@ -128,10 +137,23 @@ def read_vocab(gf: GGUFFile) -> GGUFVocab:
         bos_id=_read_id(gf, "bos_token_id", n), eos_id=_read_id(gf, "eos_token_id", n),
         unk_id=_read_id(gf, "unknown_token_id", n), pad_id=_read_id(gf, "padding_token_id", n),
         eot_id=_read_id(gf, "eot_token_id", n), eom_id=_read_id(gf, "eom_token_id", n),
+        fim_ids=_fim_ids(gf, tokens),
         add_bos=_read_flag(gf, "add_bos_token", is_spm or pre in _IGNORE_MERGES),
         add_eos=_read_flag(gf, "add_eos_token", False),
         add_space_prefix=_read_flag(gf, "add_space_prefix", is_spm),
     )
+
+
+def _fim_ids(gf: GGUFFile, tokens: list[str]) -> tuple[int, ...]:
+    ids = {t: i for i, t in enumerate(tokens) if t in {text for texts in FIM_TEXTS.values() for text in texts}}
+    found = []
+    for role, texts in FIM_TEXTS.items():
+        token_id = _read_id(gf, f"{role}_token_id", len(tokens))
+        if token_id is None:
+            token_id = next((ids[t] for t in texts if t in ids), None)
+        if token_id is not None:
+            found.append(token_id)
+    return tuple(found)
 
 
 def _read_flag(gf: GGUFFile, key: str, default: bool) -> bool:
@@ -245,8 +267,9 @@ def spm_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
 
 
 def _eog_text_ids(vocab: GGUFVocab) -> list[int]:
-    present = set(EOG_TEXTS)
-    return [i for i, t in enumerate(vocab.tokens) if t in present]
+    anywhere, control = set(EOG_TEXTS), set(EOG_CONTROL_TEXTS)
+    return [i for i, t in enumerate(vocab.tokens)
+            if t in anywhere or (t in control and vocab.types[i] == TokenType.CONTROL)]
 
 
 def _post_processor(vocab: GGUFVocab):
@@ -410,7 +433,7 @@ class GGUFTokenizer:
         # what only parse_special reads as one id (user-defined tokens are matched in any text)
         self.control_texts: tuple[str, ...] = tuple(
             vocab.tokens[i] for i in vocab.ids_of_type(TokenType.CONTROL, TokenType.UNKNOWN) + eog_texts if vocab.tokens[i])
-        eog = set(eog_texts) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
+        eog = set(eog_texts) | set(vocab.fim_ids) | {vocab.eos_id, vocab.eot_id, vocab.eom_id}
         self.eog_ids: frozenset[int] = frozenset(i for i in eog if i is not None)
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared hf object
         self.hf.encode_special_tokens = True  # used directly, hf reads control tokens as plain text too

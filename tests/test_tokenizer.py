@@ -193,9 +193,15 @@ def test_flags_and_ids(smollm2, gemma3):
     assert smollm2.hf.get_vocab_size() == 49152 and gemma3.hf.get_vocab_size() == 262144
 
 
-def test_end_of_generation_ids(smollm2, gemma3):
-    assert smollm2.eog_ids == {smollm2.special_tokens["<|endoftext|>"], smollm2.special_tokens["<|im_end|>"]}
-    assert gemma3.eog_ids == {gemma3.eos_id, gemma3.special_tokens["<end_of_turn>"]}
+def test_end_of_generation_ids(smollm2, gemma3, qwen):
+    """The sets llama.cpp's loader logs as EOG tokens for these files, fill-in-the-middle markers included,
+    less "</s>": Gemma 3 and Qwen2.5 have it as HTML's strikethrough tag, text the model writes."""
+    by_text = {t: i for i, t in enumerate(smollm2.vocab.tokens)}
+    assert smollm2.eog_ids == {by_text["<|endoftext|>"], by_text["<|im_end|>"], by_text["<reponame>"]} == {0, 2, 4}
+    by_text = {t: i for i, t in enumerate(gemma3.vocab.tokens)}
+    assert gemma3.eog_ids == {gemma3.eos_id, by_text["<end_of_turn>"]} and by_text["</s>"] not in gemma3.eog_ids
+    assert qwen.eog_ids == {151643, 151645, 151662, 151663, 151664}  # endoftext, im_end, fim_pad, repo_name, file_sep
+    assert [qwen.vocab.tokens[i] for i in qwen.vocab.fim_ids] == ["<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 
 
 # ---- round trips -----------------------------------------------------------------------------------
