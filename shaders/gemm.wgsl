@@ -15,7 +15,10 @@ enable f16;
 // loads x / rms * norm weight; MODE_GATED needs TILE_R = 128: the tile's first 64 rows are gate rows
 // (P.w0), the next 64 the up rows (P.w1) of the same outputs, and the epilogue writes
 // act(gate) * up; MODE_ACCUMULATE adds to Y.
-// Needs P.cols % KSTEP == 0 and P.x_stride % 4 == 0.
+// With Z workgroups along z (a K-split, for matrices with few row tiles) workgroup z sums columns
+// z P.cols / Z .. and writes its (tokens, rows) partial at z n_tokens y_stride; split_sum.wgsl
+// adds the partials.
+// Needs P.cols % (Z KSTEP) == 0 and P.x_stride % 4 == 0.
 
 #include "matmul_params.wgsl"
 
@@ -113,7 +116,7 @@ fn outer(acc: mat4x4<f16>, w: vec4<f16>, x: vec4<f16>) -> mat4x4<f16> {
 
 // writes the 4 x 4 block `acc` of rows row .. row + 3 and tokens token .. token + 3 (and `up`, the
 // matching up-projection block, when gated)
-fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32) {
+fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32, base: u32) {
     for (var c = 0u; c < 4u; c++) {
         let t = token + c;
         if (t >= S.n_tokens) {
@@ -121,7 +124,7 @@ fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32) {
         }
         for (var e = 0u; e < 4u; e++) {
             if (row + e < P.rows) {
-                write_y(t * P.y_stride + P.y_off + row + e, acc[c][e], up[c][e], 1.0);
+                write_y(base + t * P.y_stride + P.y_off + row + e, acc[c][e], up[c][e], 1.0);
             }
         }
     }
@@ -150,7 +153,8 @@ fn tile_norms(lid: u32, tok0: u32) {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) groups: vec3<u32>) {
     let lid = lid3.x;
     let tr = lid / 16u;
     let tc = lid % 16u;
@@ -175,11 +179,14 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if ((P.mode & MODE_NORM) != 0u) {
         tile_norms(lid, tok0);
     }
-    var next = fetch(lid, 0u, rows, toks);
-    for (var k0 = 0u; k0 < P.cols; k0 += KSTEP) {
+    let k_len = P.cols / groups.z;  // this workgroup's columns: k_first ..
+    let k_first = wid.z * k_len;
+    let base = wid.z * S.n_tokens * P.y_stride;
+    var next = fetch(lid, k_first, rows, toks);
+    for (var k0 = k_first; k0 < k_first + k_len; k0 += KSTEP) {
         store(lid, next);
         workgroupBarrier();
-        if (k0 + KSTEP < P.cols) {
+        if (k0 + KSTEP < k_first + k_len) {
             next = fetch(lid, k0 + KSTEP, rows, toks);
         }
         var p00 = mat4x4<f16>();
@@ -211,20 +218,20 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
     let t0 = tok0 + 4u * tc;
     if ((P.mode & MODE_GATED) != 0u) {  // blocks a1* are the up projection of blocks a0*
-        write_block(a00, a10, row0 + 4u * tr, t0);
+        write_block(a00, a10, row0 + 4u * tr, t0, base);
         if (TB == 2u) {
-            write_block(a01, a11, row0 + 4u * tr, t0 + 64u);
+            write_block(a01, a11, row0 + 4u * tr, t0 + 64u, base);
         }
         return;
     }
-    write_block(a00, a00, row0 + 4u * tr, t0);
+    write_block(a00, a00, row0 + 4u * tr, t0, base);
     if (TB == 2u) {
-        write_block(a01, a01, row0 + 4u * tr, t0 + 64u);
+        write_block(a01, a01, row0 + 4u * tr, t0 + 64u, base);
     }
     if (RB == 2u) {
-        write_block(a10, a10, row0 + 64u + 4u * tr, t0);
+        write_block(a10, a10, row0 + 64u + 4u * tr, t0, base);
         if (TB == 2u) {
-            write_block(a11, a11, row0 + 64u + 4u * tr, t0 + 64u);
+            write_block(a11, a11, row0 + 64u + 4u * tr, t0 + 64u, base);
         }
     }
 }

@@ -1,6 +1,6 @@
 """What the shader tests share: a tolerance scaled to the output, random quantized weights, the
-numpy reference of candidates.wgsl, and a sampled decode checked against the full logits (also
-run on the GPU machine by dev/webgpu/check_candidates.py)."""
+numpy reference of candidates.wgsl, a sampled decode checked against the full logits (also
+run on the GPU machine by dev/webgpu/check_candidates.py), and an adapter without shader-f16."""
 
 import math
 
@@ -11,6 +11,18 @@ from airframe.gpu.pack import relayout
 from airframe.gpu.candidates import key_floor
 from airframe.quantize import quantize
 from airframe.sampling import Candidates, History, Reduction, Sampler, SamplingParams
+
+
+class WithoutF16:
+    """A context as an adapter without shader-f16 would show it: the programs' f32 forms."""
+
+    has_f16 = False
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
 
 
 def close(got, want, rtol):

@@ -133,14 +133,17 @@ def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, capl
 def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     """gemv.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end (lavapipe otherwise
     runs gemm_rows.wgsl): a 67-token prefill (a 64-token tile and a partial one), then decode.
+    The FFN is 4 times wider than the model, so ffn_down is split along K (split_sum.wgsl).
     gemm.wgsl's f16 products (3e-3 of a matmul's largest output) set the bound: 1e-2 of the largest
     logit, the decode tokens included, as they attend to the prefilled K/V."""
-    shape = "tiny256" if qtype == "Q4_K_M" else "tiny"  # K-quant rows need 256 columns
+    # K-quant rows need 256 columns
+    shape = {"preset": "tiny256", "n_ff": 1024} if qtype == "Q4_K_M" else {"preset": "tiny", "n_ff": 256}
     path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
     tokens = list(np.random.default_rng(4).integers(0, 512, 70))
     model = open_model(path)
     gpu = WebGPUBackend.load(model, RunOptions(n_ctx=80, matmul="tiled", reduce=reduce))
     assert gpu.pipes.matmul == "tiled"
+    assert [op.label for op in gpu.slot_ops[0][0].ops if op.shader == "split_sum"] == ["blk.0.ffn_down.split_sum"]
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
     want = ReferenceBackend.load(model, RunOptions(n_ctx=80)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=1e-2 * max(1.0, np.abs(want).max()))

@@ -19,7 +19,7 @@ from airframe.gpu.device import get_context
 from airframe.gpu.pack import relayout
 from airframe.quantize import quantize
 from airframe.quants import SUPPORTED, quant
-from gpu_helpers import close, quantized
+from gpu_helpers import WithoutF16, close, quantized
 
 RTOL, RTOL_FUSED, RTOL_F16 = 2e-5, 1e-4, 3e-3
 TILES = [(64, 64), (128, 64), (64, 128), (128, 128)]
@@ -212,6 +212,44 @@ def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
     assert (rows_wg, shape["GEMV_UNIT"]) == want and shape["GEMV_ROWS_WG"] == rows_wg
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemm_split_along_k(tiled, qtype, accumulate):
+    """Two workgroups along z: each sums half the columns into its own (tokens, rows) partial, and
+    split_sum.wgsl adds the partials into y (a column slice of a wider y, onto it with accumulate)."""
+    rng = np.random.default_rng(int(qtype) + accumulate)
+    rows, cols, n_tok, y_stride, y_off = 45, 1024, 77, 50, 3
+    words, dense = quantized(rng, rows, cols, qtype)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    step = pl.pack_step(0, n_tok)
+    (part,) = pl.run_once(tiled, "gemm", quant(qtype), [words, x, np.zeros((2, n_tok, rows), np.float32),
+                                                        params(rows, cols, words.shape[1]), step],
+                          (1, pl.ceil_div(n_tok, 64), 2), {"GEMM_TILE_R": 128, "GEMM_TILE_T": 64})
+    half = cols // 2
+    want = np.stack([x[:, :half].astype(np.float64) @ dense[:, :half].T.astype(np.float64),
+                     x[:, half:].astype(np.float64) @ dense[:, half:].T.astype(np.float64)])
+    close(part, want, RTOL_F16)
+    y0 = rng.standard_normal((n_tok, y_stride)).astype(np.float32)
+    sums = pl.pack_params("split_sum", rows=rows, splits=2, y_stride=y_stride, y_off=y_off, accumulate=int(accumulate))
+    (y,) = pl.run_once(tiled, "split_sum", None, [part, y0, sums, step], (1, n_tok, 1))
+    expected = y0.copy()
+    expected[:, y_off:y_off + rows] = part[0] + part[1] + (y0[:, y_off:y_off + rows] if accumulate else 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,cols,gated,half,want", [
+    (2048, 8192, False, "f16", 2),   # ffn_down: 4 times wider than tall
+    (896, 4864, False, "f16", 2),
+    (2048, 2048, False, "f16", 1),   # square
+    (8192, 2048, True, "f16", 1),    # gate/up
+    (640, 2048, False, "f16", 1),    # 3.2 times wider
+    (2048, 8192, False, "f32", 1),   # gemm_rows.wgsl's adapters
+])
+def test_gemm_split_choice(tiled, rows, cols, gated, half, want):
+    pipes = tiled if half == "f16" else pl.Pipelines(get_context(), matmul="rows")
+    assert pipes.half == half and pipes.gemm_splits(rows, cols, gated) == want
+
+
 @pytest.mark.parametrize("rows,gated,want", [(16384, False, (128, 64, 128)), (2048, False, (128, 64, 16)),
                                              (8192, True, (128, 64, 128)), (45, False, (128, 64, 1))])
 def test_gemm_tile_choice(tiled, rows, gated, want):
@@ -219,19 +257,7 @@ def test_gemm_tile_choice(tiled, rows, gated, want):
     assert tiled.gemm_tile(rows, gated) == want
 
 
-class _WithoutF16:
-    """The lavapipe context as an adapter without shader-f16 would show it."""
-
-    has_f16 = False
-
-    def __init__(self, ctx):
-        self._ctx = ctx
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
-
-
-@pytest.mark.parametrize("context,want", [(get_context, "gemm"), (lambda: _WithoutF16(get_context()), "gemm_rows")])
+@pytest.mark.parametrize("context,want", [(get_context, "gemm"), (lambda: WithoutF16(get_context()), "gemm_rows")])
 def test_chunks_need_f16_for_gemm(context, want):
     """gemm.wgsl computes in f16: an adapter without shader-f16 prefills through gemm_rows.wgsl."""
     from airframe.gpu.layer import Op

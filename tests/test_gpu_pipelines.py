@@ -34,7 +34,7 @@ def variants(program):
 
 def test_every_program_is_found():
     assert {"gemv", "gemm", "gemm_rows", "attention_decode", "attention_prefill", "attention_merge", "rope",
-            "rmsnorm", "embedding", "argmax", "stream_read", "dequant"} <= set(PROGRAMS)
+            "rmsnorm", "embedding", "argmax", "stream_read", "dequant", "split_sum"} <= set(PROGRAMS)
 
 
 # dequant.wgsl takes its decoder file as a placeholder and builds its own pipelines: tests/test_dequant.py
@@ -46,7 +46,7 @@ def test_every_variant_has_the_signature_and_compiles(program, reduce):
     pipes = pl.Pipelines(get_context(), matmul="tiled", reduce=reduce)
     for q, shape in variants(program):
         source = load_wgsl(f"{program}.wgsl", {**{k: str(v) for k, v in shape.items()}, "REDUCE": reduce,
-                                               "QUANT": q.shader if q else "f32"})
+                                               "QUANT": q.shader if q else "f32", "HALF": "f16"})
         assert pl.read_signature(source) == want, (program, q and q.name)
         pipes.pipeline(program, q, shape)  # compiles on this adapter
 

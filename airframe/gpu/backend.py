@@ -59,12 +59,14 @@ class Scratch:
     attn: object      # (tokens, n_q)
     ffn: object       # (tokens, n_ff)
     part: object      # (n_head, MAX_SPLITS, head_dim + 2): a decode token's attention partials
+    split: object     # (split_width / n_embd, tokens, n_embd): a chunk matmul's K-split partials
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
     step: object      # uniform Step of the layers
     head_step: object # uniform Step of the LM head: its own token count and first position
     part_bytes: int
     logit_rows: int
+    split_width: int  # floats per token of `split`: 2 splits of n_embd rows (pipes.gemm_splits)
 
 
 class WebGPUBackend(Backend):
@@ -171,12 +173,14 @@ class WebGPUBackend(Backend):
             attn=k.storage(t * c.n_q * 4, "attn"),
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
             part=k.storage(part_bytes, "attention_partials"),
+            split=k.storage(t * 2 * c.n_embd * 4, "k_split_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
             staging=k.readback(logit_rows * c.vocab_size * 4, "logits_readback"),
             step=k.uniform(pl.pack_step(0, 1), "step"),
             head_step=k.uniform(pl.pack_step(0, 1), "head_step"),
             part_bytes=part_bytes,
             logit_rows=logit_rows,
+            split_width=2 * c.n_embd,
         )
 
     # ---- Backend protocol -------------------------------------------------------------------

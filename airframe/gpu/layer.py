@@ -29,22 +29,26 @@ class Op:
     # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, rope.wgsl 2+ tokens
     when: Callable[[int, int], bool] | None = None
     gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
+    k_splits: int = 1                # gemm.wgsl's workgroups along K for a chunk (pipes.gemm_splits)
+    split_group: object = None       # with 2+: the chunk's bind group, writing the partials
 
     def dispatch(self, pipes: pl.Pipelines, n_tokens: int, n_splits: int) -> pl.Dispatch:
-        shape = self.shape
+        shape, group = self.shape, self.bind_group
         if self.shader != "matmul":
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
-        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > 1 and not pipes.f16_chunks):
+        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > 1 and pipes.half != "f16"):
+            # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
             shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
         elif n_tokens == 1:
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
         else:
             tile_r, tile_t, groups = pipes.gemm_tile(self.rows, self.gated)
-            shader, grid = "gemm", (groups, pl.ceil_div(n_tokens, tile_t), 1)
+            shader, grid = "gemm", (groups, pl.ceil_div(n_tokens, tile_t), self.k_splits)
             shape = {"GEMM_TILE_R": tile_r, "GEMM_TILE_T": tile_t}
+            group = self.split_group or group
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
-        return pl.Dispatch(self.label, pipes.pipeline(shader, self.quant, shape), self.bind_group, grid, out)
+        return pl.Dispatch(self.label, pipes.pipeline(shader, self.quant, shape), group, grid, out)
 
 
 @dataclass
@@ -64,8 +68,9 @@ class LayerOps:
 
 
 def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
-            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None) -> Op:
-    """y = W x with up to three row segments (or gate/up with MODE_GATED)."""
+            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None) -> list[Op]:
+    """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
+    split along K, also the split_sum.wgsl op that adds the partials into y."""
     c = be.config
     first = weights[0]
     gated = mode & pl.MODE_GATED
@@ -75,13 +80,27 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
     starts = [sum(w.rows for w in weights[:i]) for i in range(1, len(weights))] if not gated else []
     starts += [pl.NO_SEGMENT] * (2 - len(starts))
     rows = first.rows if gated else sum(w.rows for w in weights)
-    params = pl.pack_params(
-        "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=mode,
-        w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
-        norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=y_stride, y_off=y_off)
-    k = be.pipes
-    group = k.bind("gemv", [layer, x, y, k.uniform(params, label), be.scratch.step])
-    return Op(label, "matmul", first.quant, group, rows=rows, cols=first.cols, output=(y, y_stride), gated=bool(gated))
+    k, s = be.pipes, be.scratch
+
+    def bind(out, out_mode: int, out_stride: int, out_off: int):
+        params = pl.pack_params(
+            "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=out_mode,
+            w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
+            norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=out_stride, y_off=out_off)
+        return k.bind("gemv", [layer, x, out, k.uniform(params, label), s.step])
+
+    op = Op(label, "matmul", first.quant, bind(y, mode, y_stride, y_off), rows=rows, cols=first.cols,
+            output=(y, y_stride), gated=bool(gated))
+    splits = k.gemm_splits(rows, first.cols, bool(gated))
+    if splits == 1:
+        return [op]
+    assert splits * rows <= s.split_width, f"{label}: {splits} splits of {rows} rows outgrow the partials buffer"
+    op.k_splits, op.split_group = splits, bind(s.split, mode & ~pl.MODE_ACCUMULATE, rows, 0)
+    params = pl.pack_params("split_sum", rows=rows, splits=splits, y_stride=y_stride, y_off=y_off,
+                            accumulate=int(bool(mode & pl.MODE_ACCUMULATE)))
+    group = k.bind("split_sum", [s.split, y, k.uniform(params, f"{label}.split_sum"), s.step])
+    return [op, Op(f"{label}.split_sum", "split_sum", None, group, grid=lambda t, n: (pl.ceil_div(rows, 256), t, 1),
+                   output=(y, y_stride), when=lambda t, n: t > 1)]
 
 
 def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool) -> Op:
@@ -121,8 +140,8 @@ def build_layer(be, i: int) -> LayerOps:
     col = 0
     qkv = [w["attn_qkv"]] if c.fused_qkv else [w["attn_q"], w["attn_k"], w["attn_v"]]
     for group in _qkv_groups(qkv):
-        ops.append(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
-                           pl.MODE_NORM, w["attn_norm"]))
+        ops += _matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
+                       pl.MODE_NORM, w["attn_norm"])
         col += sum(t.rows for t in group)
 
     rope = pl.pack_params(
@@ -159,26 +178,26 @@ def build_layer(be, i: int) -> LayerOps:
                   grid=lambda t, n: (c.n_head, 1, 1), output=(s.attn, c.n_q), when=lambda t, n: t == 1 and n > 1))
 
     if c.post_norms:
-        ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd))
+        ops += _matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd)
         ops.append(_rmsnorm(be, f"blk.{i}.post_attention_norm", buf, w["post_attention_norm"], s.tmp, s.x,
                             c.n_embd, add=True))
     else:
-        ops.append(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
-                           mode=pl.MODE_ACCUMULATE))
+        ops += _matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
+                       mode=pl.MODE_ACCUMULATE)
 
     gate, up = _row_halves(w["ffn_up"], c.n_ff) if c.fused_gate_up else (w["ffn_gate"], w["ffn_up"])
     if gate.qtype != up.qtype:
         raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {gate.qtype.name} but ffn_up is "
                                f"{up.qtype.name}; the fused gate/up kernel expects one type")
     act = pl.MODE_GELU if c.activation == "gelu_tanh" else 0
-    ops.append(_matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
-                       mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"]))
+    ops += _matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
+                   mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"])
     if c.post_norms:
-        ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd))
+        ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd)
         ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))
     else:
-        ops.append(_matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
-                           mode=pl.MODE_ACCUMULATE))
+        ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
+                       mode=pl.MODE_ACCUMULATE)
     return LayerOps(k, ops)
 
 

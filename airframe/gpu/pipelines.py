@@ -26,7 +26,8 @@ R, RW, U = "read-only-storage", "storage", "uniform"  # binding kinds
 
 # Placeholder values that let any program be read for its signature: the bindings and Params of a
 # program do not depend on them (tests/test_gpu_pipelines.py checks every variant).
-SIGNATURE_DEFINES = {"QUANT": "f32", "GEMV_UNIT": "generic", "REDUCE": "shared", "DECODER": "quant/f32.wgsl"}
+SIGNATURE_DEFINES = {"QUANT": "f32", "GEMV_UNIT": "generic", "REDUCE": "shared", "DECODER": "quant/f32.wgsl",
+                     "HALF": "f32"}
 _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<(\w+)(?:,\s*(\w+))?>")
 _PARAMS_TYPE = re.compile(r"var<uniform>\s+P\s*:\s*(\w+)\s*;")
 _FIELD = re.compile(r"(\w+)\s*:\s*(u32|f32|i32)")
@@ -145,9 +146,10 @@ class Pipelines:
         return self.ctx.device
 
     @property
-    def f16_chunks(self) -> bool:
-        """Chunks go through gemm.wgsl, whose products are f16 (gemm_rows.wgsl's are f32)."""
-        return self.matmul == "tiled" and self.ctx.has_f16
+    def half(self) -> str:
+        """The type chunks sum their products in (gemm.wgsl, attention_prefill.wgsl): f16 for the
+        tiled programs where the adapter has shader-f16, f32 for gemm_rows.wgsl's CPU adapters."""
+        return "f16" if self.matmul == "tiled" and self.ctx.has_f16 else "f32"
 
     def layout(self, shader: str):
         kinds = signature(shader).kinds
@@ -177,12 +179,22 @@ class Pipelines:
         against 11-12 at 128 x 128 and 13.5-14.5 at 64 x 64)."""
         return 128, 64, ceil_div(rows, 64 if gated else 128)
 
+    def gemm_splits(self, rows: int, cols: int, gated: bool) -> int:
+        """gemm.wgsl's workgroups along K for a chunk's matrix (split_sum.wgsl adds the partials):
+        2 for one at least 4 times wider than tall (ffn_down), whose few row tiles leave a large
+        GPU's SMs idle, else 1. On the H200 (Llama 3.2 1B, 512 tokens) ffn_down ran at 22.4 against
+        16.6 TFLOP/s with 2, 21.1 with 4; the QKV and output matrices gained 0-10%."""
+        if self.half != "f16" or gated or cols < 4 * rows or cols % (2 * GEMM_K):
+            return 1
+        return 2
+
     def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):
         """The compute pipeline of `shader` for `quant`, with `shape` filling the program's
         placeholders (model shape, tile sizes)."""
         key = (shader, quant.shader if quant else None, tuple(sorted((shape or {}).items())))
         if key not in self._pipelines:
-            defines = {"REDUCE": self.reduce, **{name: str(value) for name, value in (shape or {}).items()}}
+            defines = {"REDUCE": self.reduce, "HALF": self.half,
+                       **{name: str(value) for name, value in (shape or {}).items()}}
             if quant:
                 defines["QUANT"] = quant.shader
             source = load_wgsl(f"{shader}.wgsl", defines)

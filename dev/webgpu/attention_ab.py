@@ -27,7 +27,8 @@ LAYERS = 16  # decode: one cache per layer, as in a token: the caches together o
 
 
 def pipeline(pipes, path: Path | None, shape: dict, program: str = "attention_decode"):
-    defines = {**{k: str(v) for k, v in shape.items()}, "REDUCE": pipes.reduce}
+    defines = {**{k: str(v) for k, v in shape.items()}, "REDUCE": pipes.reduce,
+               "HALF": "f16" if pipes.ctx.has_f16 else "f32"}
     source = load_wgsl(str(path) if path else f"{program}.wgsl", defines)
     module = pipes.device.create_shader_module(code=source)
     layout = pipes.device.create_pipeline_layout(bind_group_layouts=[pipes.layout(program)])
