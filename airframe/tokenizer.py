@@ -145,7 +145,8 @@ def read_vocab(gf: GGUFFile) -> GGUFVocab:
 
 
 def _fim_ids(gf: GGUFFile, tokens: list[str]) -> tuple[int, ...]:
-    ids = {t: i for i, t in enumerate(tokens) if t in {text for texts in FIM_TEXTS.values() for text in texts}}
+    wanted = {text for texts in FIM_TEXTS.values() for text in texts}
+    ids = {t: i for i, t in enumerate(tokens) if t in wanted}
     found = []
     for role, texts in FIM_TEXTS.items():
         token_id = _read_id(gf, f"{role}_token_id", len(tokens))

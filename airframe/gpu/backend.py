@@ -164,6 +164,7 @@ class WebGPUBackend(Backend):
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)
+        split_width = 2 * c.n_embd  # pipes.gemm_splits: 2 splits, of n_embd rows at most
         return Scratch(
             tokens=t,
             ids=k.storage(t * 4, "ids"),
@@ -173,14 +174,14 @@ class WebGPUBackend(Backend):
             attn=k.storage(t * c.n_q * 4, "attn"),
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
             part=k.storage(part_bytes, "attention_partials"),
-            split=k.storage(t * 2 * c.n_embd * 4, "k_split_partials"),
+            split=k.storage(t * split_width * 4, "k_split_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
             staging=k.readback(logit_rows * c.vocab_size * 4, "logits_readback"),
             step=k.uniform(pl.pack_step(0, 1), "step"),
             head_step=k.uniform(pl.pack_step(0, 1), "head_step"),
             part_bytes=part_bytes,
             logit_rows=logit_rows,
-            split_width=2 * c.n_embd,
+            split_width=split_width,
         )
 
     # ---- Backend protocol -------------------------------------------------------------------
