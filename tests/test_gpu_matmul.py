@@ -1,5 +1,5 @@
 """The matmul programs against numpy on lavapipe: gemv.wgsl (decode, each type's unit or the generic
-one, subgroup and workgroup-memory sums), gemm.wgsl (prefill tiles) and gemm_rows.wgsl (CPU adapters).
+one, subgroup and workgroup-memory sums), gemm.wgsl (prefill chunks) and gemm_rows.wgsl (CPU adapters).
 
 Reference: gguf's dequantized weights times float32 inputs, in float64. Tolerance: 2e-5 of the
 largest output magnitude for plain products (float32 sums in another order), 1e-4 where an RMSNorm
@@ -22,7 +22,6 @@ from airframe.quants import SUPPORTED, quant
 from gpu_helpers import WithoutF16, close, quantized
 
 RTOL, RTOL_FUSED, RTOL_F16 = 2e-5, 1e-4, 3e-3
-TILES = [(64, 64), (128, 64), (64, 128), (128, 128)]
 
 
 def rtol(program: str, fused: bool = False) -> float:
@@ -60,7 +59,7 @@ def aligned(*parts):
     return np.concatenate(out), offsets
 
 
-def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, tile=(64, 64), gated=False,
+def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
         n_tokens=None, lm_first=0):
     """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x."""
     n_tokens = n_tokens or x.shape[0]
@@ -70,8 +69,8 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, tile=(64
         shape = {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": q.shader if q.gemv_unit else "generic"}
         grid = (pl.ceil_div(rows, rows_wg), n_tokens, 1)
     elif program == "gemm":
-        shape = {"GEMM_TILE_R": tile[0], "GEMM_TILE_T": tile[1]}
-        grid = (pl.ceil_div(rows, 64 if gated else tile[0]), pl.ceil_div(n_tokens, tile[1]), 1)
+        shape = None
+        grid = (pipes.gemm_groups(rows, gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), 1)
     else:
         shape = None
         grid = (pl.ceil_div(rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
@@ -122,14 +121,13 @@ def test_gemv_every_type(request, qtype, variant, rows_wg):
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
-def test_gemm_every_type(tiled, qtype, tile):
+def test_gemm_every_type(tiled, qtype):
     rng = np.random.default_rng(int(qtype) + 100)
     cols = cols_for(qtype)[-1]
     words, dense = quantized(rng, 45, cols, qtype)
     for n_tokens in (19, 77):
         x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-        got = run(tiled, "gemm", qtype, words, x, 45, params(45, cols, words.shape[1]), tile=tile)
+        got = run(tiled, "gemm", qtype, words, x, 45, params(45, cols, words.shape[1]))
         close(got, x @ dense.T, RTOL_F16)
 
 
@@ -145,14 +143,13 @@ def test_gemm_rows_every_type(tiled, qtype):
 
 
 # ---- fusions --------------------------------------------------------------------------------------
-FUSED_CASES = [("gemv", 1, None), ("gemm", 20, (128, 64)), ("gemm", 77, (128, 128)),
-               ("gemm_rows", 9, None)]
+FUSED_CASES = [("gemv", 1), ("gemm", 20), ("gemm", 77), ("gemm_rows", 9)]
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q4_1], ids=lambda q: q.name)
-@pytest.mark.parametrize("program,n_tokens,tile", FUSED_CASES)
+@pytest.mark.parametrize("program,n_tokens", FUSED_CASES)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_norm_gated_activation(tiled, qtype, program, n_tokens, tile, activation):
+def test_norm_gated_activation(tiled, qtype, program, n_tokens, activation):
     """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), the norm weight, gate and up in one buffer."""
     rng = np.random.default_rng(1)
     rows, cols = 45, 512
@@ -163,14 +160,14 @@ def test_norm_gated_activation(tiled, qtype, program, n_tokens, tile, activation
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32) * 3
     mode = pl.MODE_NORM | pl.MODE_GATED | (pl.MODE_GELU if activation == "gelu_tanh" else 0)
     p = params(rows, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at)
-    got = run(tiled, program, qtype, buffer, x, rows, p, tile=tile or (64, 64), gated=True)
+    got = run(tiled, program, qtype, buffer, x, rows, p, gated=True)
     h = ref.rmsnorm(x, norm, 1e-5)
     close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), rtol(program, fused=True))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q5_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("program,n_tokens,tile", FUSED_CASES + [("gemm", 30, (64, 128))])
-def test_segments_norm_and_residual(shared, qtype, program, n_tokens, tile):
+@pytest.mark.parametrize("program,n_tokens", FUSED_CASES + [("gemm", 30)])
+def test_segments_norm_and_residual(shared, qtype, program, n_tokens):
     """q, k, v stacked into one output row at an offset, the input normalized, added to what Y holds."""
     rng = np.random.default_rng(2)
     cols = 256
@@ -182,7 +179,7 @@ def test_segments_norm_and_residual(shared, qtype, program, n_tokens, tile):
     y = rng.standard_normal((n_tokens, rows + 4)).astype(np.float32)
     p = params(rows, cols, parts[0][0].shape[1], pl.MODE_ACCUMULATE | pl.MODE_NORM, tuple(offsets[1:]), (36, 48),
                norm_w=offsets[0], y_stride=rows + 4, y_off=4)
-    got = run(shared, program, qtype, buffer, x, rows, p, y=y.copy(), tile=tile or (64, 64))
+    got = run(shared, program, qtype, buffer, x, rows, p, y=y.copy())
     want = y.copy()
     want[:, 4:] += ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
     close(got, want, rtol(program, fused=True))
@@ -224,7 +221,7 @@ def test_gemm_split_along_k(tiled, qtype, accumulate):
     step = pl.pack_step(0, n_tok)
     (part,) = pl.run_once(tiled, "gemm", quant(qtype), [words, x, np.zeros((2, n_tok, rows), np.float32),
                                                         params(rows, cols, words.shape[1]), step],
-                          (1, pl.ceil_div(n_tok, 64), 2), {"GEMM_TILE_R": 128, "GEMM_TILE_T": 64})
+                          (1, pl.ceil_div(n_tok, pl.GEMM_TILE_TOKENS), 2))
     half = cols // 2
     want = np.stack([x[:, :half].astype(np.float64) @ dense[:, :half].T.astype(np.float64),
                      x[:, half:].astype(np.float64) @ dense[:, half:].T.astype(np.float64)])
@@ -238,11 +235,14 @@ def test_gemm_split_along_k(tiled, qtype, accumulate):
 
 
 @pytest.mark.parametrize("rows,cols,gated,half,want", [
-    (2048, 8192, False, "f16", 2),   # ffn_down: 4 times wider than tall
-    (896, 4864, False, "f16", 2),
-    (2048, 2048, False, "f16", 1),   # square
+    (2048, 8192, False, "f16", 2),   # ffn_down
+    (2048, 2048, False, "f16", 2),   # attn_output
+    (3072, 2048, False, "f16", 2),   # QKV
+    (4096, 2048, False, "f16", 2),   # 32 row tiles
+    (4097, 2048, False, "f16", 1),   # 33
     (8192, 2048, True, "f16", 1),    # gate/up
-    (640, 2048, False, "f16", 1),    # 3.2 times wider
+    (128256, 2048, False, "f16", 1), # an LM head
+    (896, 4832, False, "f16", 1),    # columns not a multiple of 2 steps
     (2048, 8192, False, "f32", 1),   # gemm_rows.wgsl's adapters
 ])
 def test_gemm_split_choice(tiled, rows, cols, gated, half, want):
@@ -250,11 +250,10 @@ def test_gemm_split_choice(tiled, rows, cols, gated, half, want):
     assert pipes.half == half and pipes.gemm_splits(rows, cols, gated) == want
 
 
-@pytest.mark.parametrize("rows,gated,want", [(16384, False, (128, 64, 128)), (2048, False, (128, 64, 16)),
-                                             (8192, True, (128, 64, 128)), (45, False, (128, 64, 1))])
-def test_gemm_tile_choice(tiled, rows, gated, want):
-    """128 x 64 for every matrix; a gate/up tile holds 64 gate rows and their 64 up rows."""
-    assert tiled.gemm_tile(rows, gated) == want
+@pytest.mark.parametrize("rows,gated,want", [(16384, False, 128), (2048, False, 16), (8192, True, 128), (45, False, 1)])
+def test_gemm_row_tiles(tiled, rows, gated, want):
+    """Tiles of 128 rows; a gate/up tile holds 64 gate rows and their 64 up rows."""
+    assert tiled.gemm_groups(rows, gated) == want
 
 
 @pytest.mark.parametrize("context,want", [(get_context, "gemm"), (lambda: WithoutF16(get_context()), "gemm_rows")])

@@ -59,14 +59,14 @@ class Scratch:
     attn: object      # (tokens, n_q)
     ffn: object       # (tokens, n_ff)
     part: object      # (n_head, MAX_SPLITS, head_dim + 2): a decode token's attention partials
-    split: object     # (split_width / n_embd, tokens, n_embd): a chunk matmul's K-split partials
+    split: object     # (2, tokens, rows): a chunk matmul's K-split partials
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
     step: object      # uniform Step of the layers
     head_step: object # uniform Step of the LM head: its own token count and first position
     part_bytes: int
     logit_rows: int
-    split_width: int  # floats per token of `split`: 2 splits of n_embd rows (pipes.gemm_splits)
+    split_width: int  # floats per token of `split`: 2 splits of the tallest matrix split (pipes.gemm_splits)
 
 
 class WebGPUBackend(Backend):
@@ -164,7 +164,7 @@ class WebGPUBackend(Backend):
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)
-        split_width = 2 * c.n_embd  # pipes.gemm_splits: 2 splits, of n_embd rows at most
+        split_width = 2 * max(c.n_embd, c.n_q + 2 * c.n_head_kv * c.head_dim)  # 2 splits of the tallest split matrix
         return Scratch(
             tokens=t,
             ids=k.storage(t * 4, "ids"),

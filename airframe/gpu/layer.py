@@ -43,9 +43,8 @@ class Op:
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
         else:
-            tile_r, tile_t, groups = pipes.gemm_tile(self.rows, self.gated)
-            shader, grid = "gemm", (groups, pl.ceil_div(n_tokens, tile_t), self.k_splits)
-            shape = {"GEMM_TILE_R": tile_r, "GEMM_TILE_T": tile_t}
+            shader, shape = "gemm", None
+            grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)
             group = self.split_group or group
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
         return pl.Dispatch(self.label, pipes.pipeline(shader, self.quant, shape), group, grid, out)

@@ -81,6 +81,8 @@ MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = (
     for name in ("MODE_NORM", "MODE_ACCUMULATE", "MODE_GATED", "MODE_GELU", "MODE_X_STEP"))
 NO_SEGMENT = 0xFFFFFFFF
 GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
+GEMM_TILE_ROWS, GEMM_TILE_TOKENS = 128, 64  # gemm.wgsl's tile
+SPLIT_ROW_TILES = 32    # row tiles x 8 token tiles of a 512-token chunk below FULL_GPU: split along K
 WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
@@ -172,19 +174,19 @@ class Pipelines:
             rows_wg *= 2
         return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name}
 
-    def gemm_tile(self, rows: int, gated: bool) -> tuple[int, int, int]:
-        """gemm.wgsl's tile (weight rows, tokens) for a matrix of `rows` outputs, and its workgroups
-        along the rows. 128 x 64 for every chunk: on the H200 it ran every matrix of the Llama 3.2
-        1B chunk fastest (gate/up 24 TFLOP/s against 22 at 128 x 128; the 2048-row matrices 16-17
-        against 11-12 at 128 x 128 and 13.5-14.5 at 64 x 64)."""
-        return 128, 64, ceil_div(rows, 64 if gated else 128)
+    def gemm_groups(self, rows: int, gated: bool) -> int:
+        """gemm.wgsl's workgroups along the rows: tiles of 128 rows, or of 64 gate rows and their 64
+        up rows."""
+        return ceil_div(rows, GEMM_TILE_ROWS // 2 if gated else GEMM_TILE_ROWS)
 
     def gemm_splits(self, rows: int, cols: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along K for a chunk's matrix (split_sum.wgsl adds the partials):
-        2 for one at least 4 times wider than tall (ffn_down), whose few row tiles leave a large
-        GPU's SMs idle, else 1. On the H200 (Llama 3.2 1B, 512 tokens) ffn_down ran at 22.4 against
-        16.6 TFLOP/s with 2, 21.1 with 4; the QKV and output matrices gained 0-10%."""
-        if self.half != "f16" or gated or cols < 4 * rows or cols % (2 * GEMM_K):
+        2 for one of SPLIT_ROW_TILES row tiles or fewer (every matrix of a chunk but gate/up and the
+        LM head), else 1. On the H200 (Llama
+        3.2 1B, 512 tokens, 16 layers) the output projection took 3.98 ms a chunk against 4.92,
+        QKV 6.33 + 0.45 for the sums against 7.19, ffn_down 11.7 against 17 without a split; 4
+        splits lost on all three."""
+        if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % (2 * GEMM_K):
             return 1
         return 2
 

@@ -1,5 +1,5 @@
 """What a WebGPU adapter costs and reaches, measured with GPU timestamps: the streaming read, the
-per-dispatch and per-submit overheads, the prefill GEMM's tile shapes per quant type, and the decode
+per-dispatch and per-submit overheads, the prefill GEMM per quant type, and the decode
 matmuls against the streaming read. Each part prints a table; --json writes every number.
 
     python dev/webgpu/probe.py [--parts stream,overhead,gemm,gemv] [--json out.json]
@@ -194,26 +194,24 @@ def _weights(kern, qtype, rows, cols, rng):
     return buf, words.shape[1], words.size, dequantize_rows(raw, qtype).reshape(rows, cols), norm
 
 
-def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, tile, mode=0, w1=0, norm_w=0, x_stride=None,
-                  program="gemm"):
+def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, n_tokens, mode=0, w1=0, norm_w=0,
+                  x_stride=None, program="gemm"):
     quant = gpu_quant(qtype)
     out_rows = rows // 2 if mode & K.MODE_GATED else rows
     params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
                            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=norm_w, eps=1e-5,
                            x_stride=x_stride or cols, y_stride=out_rows, y_off=0)
     group = kern.bind("gemm", [buf, x, y, kern.uniform(params), step])
-    tr, tt = tile
-    n_tiles = K.ceil_div(out_rows, 64 if mode & K.MODE_GATED else tr)
-    shape = {"GEMM_TILE_R": tr, "GEMM_TILE_T": tt}
-    return K.Dispatch(program, kern.pipeline(program, quant, shape), group, (n_tiles, 0, 1)), tt
+    grid = (kern.gemm_groups(out_rows, bool(mode & K.MODE_GATED)), K.ceil_div(n_tokens, K.GEMM_TILE_TOKENS), 1)
+    return K.Dispatch(program, kern.pipeline(program, quant), group, grid)
 
 
-def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> dict:
+def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
     kern = K.Pipelines(ctx, matmul="tiled")
     rng = np.random.default_rng(0)
     results = []
     # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, norm and gating
-    for program, qtype, tile in [(p, q, t) for p in programs for q in types for t in tiles]:
+    for program, qtype in [(p, q) for p in programs for q in types]:
         rows, cols, n_tok = 200, 512, 77
         buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
         xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
@@ -223,11 +221,8 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
         step = kern.uniform(K.pack_step(0, n_tok))
         checks = {}
         for name, mode in (("plain", 0), ("norm", K.MODE_NORM), ("gated", K.MODE_GATED | K.MODE_NORM)):
-            if mode & K.MODE_GATED and tile[0] != 128:
-                continue
-            d, tt = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, tile, mode,
-                                  w1=rows * rw, norm_w=n_words, program=program)
-            d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
+            d = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, n_tok, mode,
+                              w1=rows * rw, norm_w=n_words, program=program)
             enc = ctx.device.create_command_encoder()
             K.record(enc, [d])
             ctx.device.queue.submit([enc.finish()])
@@ -242,8 +237,8 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
                 want = g / (1 + np.exp(-g)) * u
             err = float(np.abs(got - want).max() / np.abs(want).max())
             checks[name] = err
-        print(f"{program} check {qtype.name:5} tile {tile}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
-        results.append({"check": True, "program": program, "qtype": qtype.name, "tile": tile, "errors": checks})
+        print(f"{program} check {qtype.name:5}: " + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
+        results.append({"check": True, "program": program, "qtype": qtype.name, "errors": checks})
     if not speed:
         return {"rows": results}
     n_tok = 512
@@ -256,19 +251,16 @@ def gemm(ctx, timer, types, tiles, speed: bool = True, programs=("gemm",)) -> di
             ctx.device.queue.write_buffer(x, 0, rng.normal(size=(n_tok, cols)).astype(np.float32))
             y = kern.storage(n_tok * rows * 4, "y")
             step = kern.uniform(K.pack_step(0, n_tok))
-            for program, tile in [(p, t) for p in programs for t in tiles]:
-                if mode & K.MODE_GATED and tile[0] != 128:
-                    continue
-                d, tt = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, tile, mode,
-                                      w1=rows // 2 * rw, norm_w=n_words, program=program)
-                d.workgroups = (d.workgroups[0], K.ceil_div(n_tok, tt), 1)
+            for program in programs:
+                d = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, n_tok, mode,
+                                  w1=rows // 2 * rw, norm_w=n_words, program=program)
                 warm_up(ctx, timer, [d], 0.25)
                 t = statistics.median(run_passes(ctx, timer, [d], 5, 5))
                 tflops = 2 * rows * cols * n_tok / t / 1e12
-                print(f"{program:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok} tile {tile}: {t * 1e6:8.1f} us  "
+                print(f"{program:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok}: {t * 1e6:8.1f} us  "
                       f"{tflops:5.1f} TFLOP/s")
-                results.append({"program": program, "qtype": qtype.name, "shape": name, "tile": tile,
-                                "us": t * 1e6, "tflops": tflops})
+                results.append({"program": program, "qtype": qtype.name, "shape": name, "us": t * 1e6,
+                                "tflops": tflops})
     return {"rows": results}
 
 
@@ -321,14 +313,12 @@ def main() -> None:
     ap.add_argument("--parts", default="stream,gemm,gemv")
     ap.add_argument("--programs", default="gemm", help="gemm programs to compare: gemm and any shaders/gemm_*.wgsl beside it")
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
-    ap.add_argument("--tiles", default="64x64,128x64,64x128,128x128")
     ap.add_argument("--units", default="", help="gemv: other unit files of a type to compare (shaders/gemv/*.wgsl)")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
     ap.add_argument("--json")
     args = ap.parse_args()
     from gguf import GGMLQuantizationType as T
     types = [T[n] for n in args.types.split(",")]
-    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     ctx = get_context()
     print(ctx.name, sorted(ctx.features))
     if not ctx.has_timestamps:
@@ -343,7 +333,7 @@ def main() -> None:
     if "overhead" in parts:
         out["overhead"] = overhead(ctx, timer)
     if "gemm" in parts:
-        out["gemm"] = gemm(ctx, timer, types, tiles, speed=not args.check_only, programs=args.programs.split(","))
+        out["gemm"] = gemm(ctx, timer, types, speed=not args.check_only, programs=args.programs.split(","))
     if "gemv" in parts:
         out["gemv"] = gemv(ctx, timer, types, bandwidth, [u for u in args.units.split(",") if u])
     if args.json:
