@@ -39,6 +39,7 @@ from .sampled import ChainCounts
 PROBE_BYTES = 1 << 30
 PROBE_THREADS = 256 * 1024  # enough loads in flight to saturate an H200 (64K threads read half as fast)
 WARM_S = 0.5
+ROW_WARM_S = 0.2    # GPU-bound passes before each decode row: a host-bound row before lets the clocks drop
 TTFT_TOKENS = 2000  # the long prompt of the time to first token, cut to the largest context asked
 PROMPT_RUNS = 3     # timed runs of each prompt, after one that compiles its chunks' pipelines
 SLOW_S = 60.0       # a run expected to take longer is announced with its length
@@ -327,6 +328,7 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
                     ("sampled_full_ms", lambda *a: sampled_decode_ms(*a, on_gpu=False), None),
                     ("constrained_ms", lambda *a: sampled_decode_ms(*a, constrain=constrain), "constrained_tokens"))
         for name, measure, counts in measures:
+            warm_up(be.ctx, timer, be.token_dispatches(1), ROW_WARM_S)
             try:  # the other numbers must survive a failure here
                 row[name] = measure(be, context, steps)
                 if counts:
@@ -335,6 +337,7 @@ def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: 
                 row[name + "_error"] = f"{type(e).__name__}: {e}"
             bar.update(1)
         if timer.enabled:
+            warm_up(be.ctx, timer, be.token_dispatches(1), ROW_WARM_S)
             row["chained_gpu"] = chained_gpu_timeline(be, context, steps, timer)
         rows.append(row)
     return rows
