@@ -2,7 +2,7 @@
 model gives the project's own error or loads, within the time limit and the memory limit.
 
 CI runs a few cases of every mutation class on a tiny synthetic model of each family and on the
-real SmolLM2 and Gemma 3 files; `pytest tests/test_gguf_fuzz.py --fuzz-long -s` runs 10,000 of
+real SmolLM2, Gemma 3 and Qwen2.5 0.5B files; `pytest tests/test_gguf_fuzz.py --fuzz-long -s` runs 10,000 of
 each base and prints the tables docs/ROBUSTNESS.md records (`-k Gemma` picks one base).
 """
 
@@ -26,16 +26,15 @@ LONG_CASES = 10_000
 
 
 TINY = sorted(families_by_name())
-BASES = [f"tiny {family}" for family in TINY] + ["SmolLM2 135M", "Gemma 3 270M"]
+BASES = [f"tiny {family}" for family in TINY] + ["SmolLM2 135M", "Gemma 3 270M", "Qwen2.5 0.5B"]
 
 
 @pytest.fixture
-def base(request, tmp_path, smollm2_path, gemma3_path) -> fz.Base:
+def base(request, tmp_path) -> fz.Base:
     name = request.param
-    if name == "SmolLM2 135M":
-        return fz.Base(name, smollm2_path, deep=False)
-    if name == "Gemma 3 270M":
-        return fz.Base(name, gemma3_path, deep=False)
+    real = {"SmolLM2 135M": "smollm2_path", "Gemma 3 270M": "gemma3_path", "Qwen2.5 0.5B": "qwen05_path"}
+    if name in real:
+        return fz.Base(name, request.getfixturevalue(real[name]), deep=False)
     family = name.removeprefix("tiny ")
     return fz.Base(name, write_synthetic_gguf(tmp_path / f"{family}.gguf", family, "tiny", "Q8_0"), deep=True)
 
