@@ -508,3 +508,18 @@ def _add_general(writer: GGUFWriter, family: str, shape: str | dict, qtype: str,
     writer.add_quantization_version(2)
     if alignment is not None:
         writer.add_custom_alignment(alignment)
+
+
+def plant_nan(path: str | os.PathLike, tensor: str = "blk.0.attn_norm.weight") -> Path:
+    """Overwrite the first value of an F32 `tensor` of the GGUF file at `path` with NaN (a damaged
+    file for the non-finite checks: with the default tensor every logit is NaN); returns the path."""
+    gf = GGUFFile(path)
+    info = gf.tensor(tensor)
+    offset, kind = info.offset, info.qtype
+    gf.close()
+    if kind != GGMLQuantizationType.F32:
+        raise ParameterError(f"{tensor} is {kind.name}, expected an F32 tensor to plant a NaN in")
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(np.float32(np.nan).tobytes())
+    return Path(path)

@@ -61,19 +61,9 @@ def qwen15_path() -> Path:
 def nan_model_path(tmp_path_factory) -> Path:
     """A tiny synthetic llama (SmolLM2's tokenizer and chat template) with one NaN in its first
     attention norm: every logit it computes is NaN."""
-    import numpy as np
+    from airframe.synthetic import plant_nan, write_synthetic_gguf
 
-    from airframe.gguf_file import GGUFFile
-    from airframe.synthetic import write_synthetic_gguf
-
-    path = write_synthetic_gguf(tmp_path_factory.mktemp("nan") / "nan.gguf", "llama", "tiny", "F32")
-    gf = GGUFFile(path)
-    offset = gf.tensor("blk.0.attn_norm.weight").offset
-    gf.close()
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(np.float32(np.nan).tobytes())
-    return path
+    return plant_nan(write_synthetic_gguf(tmp_path_factory.mktemp("nan") / "nan.gguf", "llama", "tiny", "F32"))
 
 
 def _server_options(parser):

@@ -14,25 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from airframe.engine import Engine, GenerationParams
 from airframe.errors import NonFiniteError
-from airframe.gguf_file import GGUFFile
 from airframe.options import RunOptions
 from airframe.sampling import SamplingParams
-from airframe.synthetic import TOKENIZER_SOURCE, write_synthetic_gguf
-
-
-def poisoned_copy(path: Path, out: Path) -> Path:
-    out.write_bytes(path.read_bytes())
-    gf = GGUFFile(out)
-    offset = gf.tensor("blk.0.attn_norm.weight").offset
-    gf.close()
-    with open(out, "r+b") as f:
-        f.seek(offset)
-        f.write(np.float32(np.nan).tobytes())
-    return out
+from airframe.synthetic import TOKENIZER_SOURCE, plant_nan, write_synthetic_gguf
 
 
 def main() -> int:
@@ -42,7 +28,9 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="airframe-nan-"))
     clean = write_synthetic_gguf(folder / "l1b.gguf", "llama", "llama3.2-1b", "BF16", fast=True,
                                  tokenizer=args.tokenizer)
-    nan = poisoned_copy(clean, folder / "l1b_nan.gguf")
+    nan = folder / "l1b_nan.gguf"
+    nan.write_bytes(clean.read_bytes())
+    plant_nan(nan)
     failures = []
     greedy = GenerationParams(max_tokens=4, sampling=SamplingParams(temperature=0.0))  # the kernel's own loop
 
