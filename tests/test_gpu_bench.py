@@ -7,6 +7,7 @@ import io
 
 import pytest
 
+from airframe.errors import ParameterError
 from airframe.gpu import bench
 from airframe.synthetic import write_synthetic_gguf
 
@@ -118,3 +119,8 @@ def test_bench_flags_are_checked_before_loading(tiny, flags, message, capsys):
 
     assert main(["bench", str(tiny), *flags]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_a_context_beyond_memory_is_refused_before_loading(tiny):
+    with pytest.raises(ParameterError, match="of memory are available; expected a context of at most"):
+        bench.bench_webgpu(tiny, [1, 2_000_000_000], steps=4, prefill_tokens=64, progress=False)

@@ -25,6 +25,7 @@ import numpy as np
 import wgpu
 from tqdm import tqdm
 
+from ..backend import open_backend
 from ..constraint import Constraint, json_schema_grammar
 from ..model import open_model
 from ..options import RunOptions
@@ -386,7 +387,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     ctx = get_context()
     sizes = Sizes.asked(ctx_list, prefill_tokens)
     options = RunOptions.from_env(n_ctx=sizes.n_ctx(ctx_list, steps), progress=progress, matmul=matmul)
-    be = WebGPUBackend.load(open_model(path), options)
+    be = open_backend("webgpu", open_model(path), options)  # the context checked against memory first
     timer = GpuTimer(ctx)
     n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + 1 + 4 * len(ctx_list)
     with tqdm(total=n_steps, desc="bench", unit="step", disable=not progress) as bar:
