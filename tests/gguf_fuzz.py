@@ -456,11 +456,13 @@ def load(path: Path, base: Base, patches: list[tuple[int, bytes]]) -> str:
 
     Deep (tiny models): the engine loads it on the reference backend with --check-tensors and
     runs a chat prompt. Shallow (the real models, where a full load takes seconds): the model,
-    config, tokenizer metadata and chat template are read and rendered, and every tensor whose
-    info or bytes differ from the base file is dequantized (the others are the base's own bytes).
+    config, tokenizer metadata and chat template are read and rendered, every tensor whose info
+    differs from the base file's is dequantized, and of the others the rows whose bytes differ
+    (the rest are the base's own bytes; a whole 150K-token embedding takes seconds).
     """
     from airframe.chat_template import ChatTemplate
     from airframe.engine import Engine
+    from airframe.gguf_file import dequantize_rows
     from airframe.model import open_model
     from airframe.options import RunOptions
     from airframe.tokenizer import read_vocab
@@ -484,8 +486,13 @@ def load(path: Path, base: Base, patches: list[tuple[int, bytes]]) -> str:
         known = {(t.name, s, e) for t, (_, s, e) in zip(base.layout.tensors, base.layout.tensor_ranges)}
         for t in gf.tensors.values():
             start, end = t.offset - gf.data_offset, t.offset - gf.data_offset + t.n_bytes
-            if (t.name, start, end) not in known or any(p < end and start < p + len(q) for p, q in patches):
+            hit = [(p, p + len(q)) for p, q in patches if p < end and start < p + len(q)]
+            if (t.name, start, end) not in known:
                 gf.dequantize(t.name)
+            elif hit:
+                first = max(0, min(p for p, _ in hit) - start) // t.row_bytes
+                last = min(t.n_rows, (max(q for _, q in hit) - start - 1) // t.row_bytes + 1)
+                dequantize_rows(gf.raw(t.name)[first:last], t.qtype)
         return "loaded"
     finally:
         gf.close()
