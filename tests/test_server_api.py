@@ -873,3 +873,11 @@ def test_two_interleaved_conversations_over_two_slots_give_the_same_bytes(tiny_m
     assert [a.encode() for a in answers[True]] == [a.encode() for a in answers[False]]
     for i in range(2, len(cached)):  # every later turn keeps all of its own chat's turn before
         assert cached[i][1] >= cached[i - 2][0], (i, cached)
+
+
+def test_a_device_failure_is_a_server_error():
+    from airframe.errors import GPUError
+    from airframe.server.errors import from_airframe
+
+    error = from_airframe(GPUError("cuMemcpyHtoD failed: CUDA_ERROR_INVALID_CONTEXT"))
+    assert (error.status, error.type, error.code) == (500, "server_error", "gpu_error")

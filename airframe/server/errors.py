@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from ..errors import AirframeError, ContextOverflowError, NonFiniteError, ParameterError, UnsupportedError
+from ..errors import AirframeError, ContextOverflowError, GPUError, NonFiniteError, ParameterError, UnsupportedError
 from .queue import QueueFullError
 from . import schemas
 from .schemas import ErrorDetail, ErrorResponse
@@ -37,6 +37,8 @@ def from_airframe(error: AirframeError, param: str | None = None) -> ApiError:
         return ApiError(400, str(error), param="messages" if param is None else param, code="context_length_exceeded")
     if isinstance(error, NonFiniteError):  # the served model is damaged, not the request: a server error
         return ApiError(500, str(error), type="server_error", code="non_finite_logits")
+    if isinstance(error, GPUError):  # the device failed, not the request
+        return ApiError(500, str(error), type="server_error", code="gpu_error")
     if isinstance(error, QueueFullError):
         return overloaded(str(error))
     if isinstance(error, UnsupportedError):

@@ -121,6 +121,11 @@ class Device:
         self.shared_optin = self._attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
         self.cooperative = self._attribute("CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH")
 
+    def make_current(self) -> None:
+        """Make the context current on the calling thread, as a CUDA context is current per thread
+        (the server loads on one thread and runs requests on another)."""
+        check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
     def _attribute(self, name: str) -> int:
         attr = getattr(self.cu.CUdevice_attribute, name)
         return check(self.cu.cuDeviceGetAttribute(attr, self.handle), name)
@@ -424,9 +429,11 @@ class Runtime:
         self.device.upload(self.buffers["weights"], np.frombuffer(data, dtype=np.uint8), offset)
 
     def logits(self) -> np.ndarray:
+        self.device.make_current()
         return self.device.download(self.buffers["act"], np.float32, self.k["vocab"], 4 * self.k["act_logits"])
 
     def all_logits(self, steps: int) -> np.ndarray:
+        self.device.make_current()
         out = self.device.download(self.buffers["logits_all"], np.float32, steps * self.k["vocab"])
         return out.reshape(steps, self.k["vocab"])
 
@@ -464,6 +471,7 @@ class Runtime:
         token of the step before. With `hold_pos` every step runs at pos0, writing its K/V there
         (benchmarks: the cost of a token at one context). Raises NonFiniteError when a logit
         was not finite."""
+        self.device.make_current()
         k = self.k
         n_steps = len(tokens) if n_steps is None else n_steps
         if not 1 <= n_steps <= MAX_STEPS or len(tokens) > n_steps or not tokens:
