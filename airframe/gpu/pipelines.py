@@ -182,10 +182,9 @@ class Pipelines:
     def gemm_splits(self, rows: int, cols: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along K for a chunk's matrix (split_sum.wgsl adds the partials):
         2 for one of SPLIT_ROW_TILES row tiles or fewer (every matrix of a chunk but gate/up and the
-        LM head), else 1. On the H200 (Llama
-        3.2 1B, 512 tokens, 16 layers) the output projection took 3.98 ms a chunk against 4.92,
-        QKV 6.33 + 0.45 for the sums against 7.19, ffn_down 11.7 against 17 without a split; 4
-        splits lost on all three."""
+        LM head), else 1. On the H200 (Llama 3.2 1B, 512 tokens, 16 layers) the output projection
+        took 3.98 ms a chunk against 4.92 unsplit, QKV 6.33 + 0.45 for the sums against 7.19; 4
+        splits lost on the output projection and ffn_down."""
         if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % (2 * GEMM_K):
             return 1
         return 2
