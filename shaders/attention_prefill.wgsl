@@ -110,6 +110,28 @@ fn rescaled(o: mat4x4<f32>, c: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(o[0] * c.x, o[1] * c.y, o[2] * c.z, o[3] * c.w);
 }
 
+// acc += w x^T: column c of acc gains w * x[c]
+fn outer(acc: mat4x4<half>, w: vec4<half>, x: vec4<half>) -> mat4x4<half> {
+    return mat4x4<half>(fma(w, vec4<half>(x.x), acc[0]), fma(w, vec4<half>(x.y), acc[1]),
+                        fma(w, vec4<half>(x.z), acc[2]), fma(w, vec4<half>(x.w), acc[3]));
+}
+
+// h (column c: my key SC tc + c, lanes my rows) plus the products at dim k of the Q and K chunks
+fn scores_step(h: mat4x4<half>, k: u32, tr: u32, tc: u32) -> mat4x4<half> {
+    let q = qs[k * 16u + tr];
+    let quad = ks[k * (KEYS / 4u) + (SC * tc) / 4u];  // my SC keys: all 4, or half
+    if (SC == 4u) {
+        return outer(h, q, quad);
+    }
+    let pair = select(quad.xy, quad.zw, tc % 2u == 1u);
+    return mat4x4<half>(fma(q, vec4<half>(pair.x), h[0]), fma(q, vec4<half>(pair.y), h[1]), h[2], h[3]);
+}
+
+// h (column e: row 4 tr + e, lanes my 4 head dims) plus the products at key k of P and the V block
+fn outputs_step(h: mat4x4<half>, k: u32, tr: u32, tc: u32) -> mat4x4<half> {
+    return outer(h, vs[k * 16u + tc], ps[k * 16u + tr]);
+}
+
 // Block j of V (head dims 64 j ..) at the tile's keys into workgroup memory
 fn load_v(lid: u32, j: u32, key0: u32, kv_head: u32) {
     for (var i = lid; i < KEYS * 16u; i += 256u) {   // (key, dim quad)
@@ -173,28 +195,21 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             workgroupBarrier();
             load_chunk(lid, block, kv_head, key0, d0);
             workgroupBarrier();
-            var h0 = vec4<half>(0.0);
-            var h1 = vec4<half>(0.0);
-            var h2 = vec4<half>(0.0);
-            var h3 = vec4<half>(0.0);
-            for (var k = 0u; k < KC; k++) {
-                let q = qs[k * 16u + tr];
-                let quad = ks[k * (KEYS / 4u) + (SC * tc) / 4u];  // my SC keys: all 4, or half
-                if (SC == 4u) {
-                    h0 = fma(q, vec4<half>(quad.x), h0);
-                    h1 = fma(q, vec4<half>(quad.y), h1);
-                    h2 = fma(q, vec4<half>(quad.z), h2);
-                    h3 = fma(q, vec4<half>(quad.w), h3);
-                } else {
-                    let pair = select(quad.xy, quad.zw, tc % 2u == 1u);
-                    h0 = fma(q, vec4<half>(pair.x), h0);
-                    h1 = fma(q, vec4<half>(pair.y), h1);
-                }
+            var h = mat4x4<half>();  // column c: key SC tc + c
+            for (var k = 0u; k < KC; k += 8u) {  // unrolled by hand: Naga's loop guard keeps loops rolled
+                h = scores_step(h, k, tr, tc);
+                h = scores_step(h, k + 1u, tr, tc);
+                h = scores_step(h, k + 2u, tr, tc);
+                h = scores_step(h, k + 3u, tr, tc);
+                h = scores_step(h, k + 4u, tr, tc);
+                h = scores_step(h, k + 5u, tr, tc);
+                h = scores_step(h, k + 6u, tr, tc);
+                h = scores_step(h, k + 7u, tr, tc);
             }
-            s0 += vec4<f32>(h0);
-            s1 += vec4<f32>(h1);
-            s2 += vec4<f32>(h2);
-            s3 += vec4<f32>(h3);
+            s0 += vec4<f32>(h[0]);
+            s1 += vec4<f32>(h[1]);
+            s2 += vec4<f32>(h[2]);
+            s3 += vec4<f32>(h[3]);
         }
         let key = key0 + SC * tc;  // my first key; local index SC tc in the tile
         s0 = masked(s0, key, pos);
@@ -236,11 +251,15 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             load_v(lid, j, key0, kv_head);
             workgroupBarrier();
             var h = mat4x4<half>();
-            for (var k = 0u; k < KEYS; k++) {
-                let p = ps[k * 16u + tr];
-                let v = vs[k * 16u + tc];
-                h = mat4x4<half>(fma(v, vec4<half>(p.x), h[0]), fma(v, vec4<half>(p.y), h[1]),
-                                fma(v, vec4<half>(p.z), h[2]), fma(v, vec4<half>(p.w), h[3]));
+            for (var k = 0u; k < KEYS; k += 8u) {
+                h = outputs_step(h, k, tr, tc);
+                h = outputs_step(h, k + 1u, tr, tc);
+                h = outputs_step(h, k + 2u, tr, tc);
+                h = outputs_step(h, k + 3u, tr, tc);
+                h = outputs_step(h, k + 4u, tr, tc);
+                h = outputs_step(h, k + 5u, tr, tc);
+                h = outputs_step(h, k + 6u, tr, tc);
+                h = outputs_step(h, k + 7u, tr, tc);
             }
             acc += mat4x4<f32>(h);
             if (j == 0u) {
