@@ -6,6 +6,8 @@
 // the K/V group), so every K and V tile serves all heads of the group. Per tile of KEYS positions:
 // S = Q K^T by chunks of 16 head dims (Q and K chunks staged in workgroup memory, transposed so the
 // inner loop reads vec4), an online softmax per row, then O += P V by blocks of 64 head dims.
+// Each chunk and block is fetched into registers while the one before it is multiplied, and
+// stored to workgroup memory after the next barrier.
 // Invocation (tr, tc) owns rows 4 tr .. 4 tr + 3: their S at keys SC tc .. SC tc + SC - 1, their O
 // at dims 64 j + 4 tc .. + 3. Scores and outputs live in named vec4 and mat4x4 variables, never in
 // private arrays: the H200's compiler keeps arrays indexed in loops in local memory.
@@ -28,7 +30,7 @@ const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
 const HD: u32 = {ATTN_HEAD_DIM}u;     // head_dim, a multiple of 4, at most 256
 const KEYS: u32 = {ATTN_KEYS}u;       // keys per tile: 32 or 64
 const ROWS: u32 = 64u;                // query rows per workgroup
-const KC: u32 = 16u;                  // head dims per S chunk
+const KC: u32 = 16u;                  // head dims per S chunk: ROWS KC / 4 == 256, one Q vec4 per invocation
 const DB: u32 = (HD + 63u) / 64u;     // blocks of 64 head dims: 1 to 4
 const SC: u32 = KEYS / 16u;           // S columns per invocation: 2 or 4
 const HD4: u32 = HD / 4u;
@@ -46,33 +48,40 @@ fn row_of(block: u32, r: u32) -> vec2<u32> {
     return vec2<u32>(min(index / GROUP, S.n_tokens), index % GROUP);
 }
 
-// The Q and K chunks of head dims d0 .. d0 + KC: each invocation loads whole vec4 of dims (4 dims
-// of a row or of a key) and stores them transposed, one float into each of 4 dims' runs.
-fn load_chunk(lid: u32, block: u32, kv_head: u32, key0: u32, d0: u32) {
+// What an invocation fetches of the Q and K chunks of head dims d0 .. d0 + KC: one vec4 of dims
+// (4 dims of row lid / 4 and, for the first KEYS KC / 4 invocations, of key lid / 4)
+struct Chunk {
+    q: vec4<f32>,
+    k: vec4<f32>,
+}
+
+fn fetch_chunk(lid: u32, block: u32, kv_head: u32, key0: u32, d0: u32) -> Chunk {
     let d4 = d0 / 4u + lid % (KC / 4u);
-    for (var i = lid; i < ROWS * KC / 4u; i += 256u) {   // (row, dim quad) of Q
-        let r = i / (KC / 4u);
-        let row = row_of(block, r);
-        let t = min(row.x, S.n_tokens - 1u);
-        var v = vec4<f32>(0.0);
-        if (d4 < HD4) {
-            v = QKV[t * P.qkv_stride / 4u + (kv_head * GROUP + row.y) * HD4 + d4] * P.scale;
-        }
-        let base = (4u * (i % (KC / 4u))) * 16u + r / 4u;
-        for (var c = 0u; c < 4u; c++) {
-            qs[base + c * 16u][r % 4u] = half(v[c]);
-        }
+    var f: Chunk;
+    let row = row_of(block, lid / (KC / 4u));
+    let t = min(row.x, S.n_tokens - 1u);
+    if (d4 < HD4) {
+        f.q = QKV[t * P.qkv_stride / 4u + (kv_head * GROUP + row.y) * HD4 + d4] * P.scale;
     }
-    for (var i = lid; i < KEYS * KC / 4u; i += 256u) {   // (key, dim quad) of K
-        let j = i / (KC / 4u);
-        let key = min(key0 + j, P.n_ctx - 1u);
-        var v = vec4<f32>(0.0);
-        if (d4 < HD4) {
-            v = KV[(kv_head * P.n_ctx + key) * HD4 + d4];
-        }
-        let base = (4u * (i % (KC / 4u))) * (KEYS / 4u) + j / 4u;
+    let key = min(key0 + lid / (KC / 4u), P.n_ctx - 1u);
+    if (lid < KEYS * KC / 4u && d4 < HD4) {
+        f.k = KV[(kv_head * P.n_ctx + key) * HD4 + d4];
+    }
+    return f;
+}
+
+// a fetched chunk stored transposed, one float into each of 4 dims' runs
+fn store_chunk(lid: u32, f: Chunk) {
+    let r = lid / (KC / 4u);
+    let base = (4u * (lid % (KC / 4u))) * 16u + r / 4u;
+    for (var c = 0u; c < 4u; c++) {
+        qs[base + c * 16u][r % 4u] = half(f.q[c]);
+    }
+    if (lid < KEYS * KC / 4u) {
+        let j = lid / (KC / 4u);
+        let kbase = (4u * (lid % (KC / 4u))) * (KEYS / 4u) + j / 4u;
         for (var c = 0u; c < 4u; c++) {
-            ks[base + c * (KEYS / 4u)][j % 4u] = half(v[c]);
+            ks[kbase + c * (KEYS / 4u)][j % 4u] = half(f.k[c]);
         }
     }
 }
@@ -132,16 +141,34 @@ fn outputs_step(h: mat4x4<half>, k: u32, tr: u32, tc: u32) -> mat4x4<half> {
     return outer(h, vs[k * 16u + tc], ps[k * 16u + tr]);
 }
 
-// Block j of V (head dims 64 j ..) at the tile's keys into workgroup memory
-fn load_v(lid: u32, j: u32, key0: u32, kv_head: u32) {
-    for (var i = lid; i < KEYS * 16u; i += 256u) {   // (key, dim quad)
-        let key = min(key0 + i / 16u, P.n_ctx - 1u);
-        let dq = 16u * j + i % 16u;
-        var v = vec4<f32>(0.0);
-        if (dq < HD4) {
-            v = KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + key * HD4 + dq];
-        }
-        vs[i] = vec4<half>(v);
+// Entry i = (key, dim quad) of block j of V (head dims 64 j ..) at the tile's keys
+fn v_at(i: u32, j: u32, key0: u32, kv_head: u32) -> vec4<f32> {
+    let key = min(key0 + i / 16u, P.n_ctx - 1u);
+    let dq = 16u * j + i % 16u;
+    if (dq < HD4) {
+        return KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + key * HD4 + dq];
+    }
+    return vec4<f32>(0.0);
+}
+
+// What an invocation fetches of block j of V: entries lid + 256 e for e < KEYS / 16
+fn fetch_v(lid: u32, j: u32, key0: u32, kv_head: u32) -> mat4x4<f32> {
+    var f = mat4x4<f32>();
+    f[0] = v_at(lid, j, key0, kv_head);
+    f[1] = v_at(lid + 256u, j, key0, kv_head);
+    if (KEYS == 64u) {
+        f[2] = v_at(lid + 512u, j, key0, kv_head);
+        f[3] = v_at(lid + 768u, j, key0, kv_head);
+    }
+    return f;
+}
+
+fn store_v(lid: u32, f: mat4x4<f32>) {
+    vs[lid] = vec4<half>(f[0]);
+    vs[lid + 256u] = vec4<half>(f[1]);
+    if (KEYS == 64u) {
+        vs[lid + 512u] = vec4<half>(f[2]);
+        vs[lid + 768u] = vec4<half>(f[3]);
     }
 }
 
@@ -185,6 +212,8 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     var o1 = mat4x4<f32>();
     var o2 = mat4x4<f32>();
     var o3 = mat4x4<f32>();
+    var fc = fetch_chunk(lid, block, kv_head, lo, 0u);
+    var fv = mat4x4<f32>();
     for (var key0 = lo; key0 <= last_pos; key0 += KEYS) {
         // s_c[e]: key key0 + SC tc + c, row 4 tr + e
         var s0 = vec4<f32>(0.0);
@@ -193,8 +222,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         var s3 = vec4<f32>(0.0);
         for (var d0 = 0u; d0 < HD; d0 += KC) {
             workgroupBarrier();
-            load_chunk(lid, block, kv_head, key0, d0);
+            store_chunk(lid, fc);
             workgroupBarrier();
+            if (d0 + KC < HD) {  // in flight while this chunk is multiplied
+                fc = fetch_chunk(lid, block, kv_head, key0, d0 + KC);
+            } else {
+                fv = fetch_v(lid, 0u, key0, kv_head);
+            }
             var h = mat4x4<half>();  // column c: key SC tc + c
             for (var k = 0u; k < KC; k += 8u) {  // unrolled by hand: Naga's loop guard keeps loops rolled
                 h = scores_step(h, k, tr, tc);
@@ -248,8 +282,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             }
             acc = rescaled(acc, correction);
             workgroupBarrier();  // the probabilities are visible, the previous block of V read
-            load_v(lid, j, key0, kv_head);
+            store_v(lid, fv);
             workgroupBarrier();
+            if (j + 1u < DB) {
+                fv = fetch_v(lid, j + 1u, key0, kv_head);
+            } else if (key0 + KEYS <= last_pos) {
+                fc = fetch_chunk(lid, block, kv_head, key0 + KEYS, 0u);
+            }
             var h = mat4x4<half>();
             for (var k = 0u; k < KEYS; k += 8u) {
                 h = outputs_step(h, k, tr, tc);
