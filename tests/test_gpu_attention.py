@@ -33,7 +33,8 @@ def pipes():
 
 
 def shapes(pipes, n_head, n_kv, hd):
-    return pl.attention_shapes(n_head, n_kv, hd, int(pipes.ctx.limits["max-compute-workgroup-storage-size"]))
+    return pl.attention_shapes(n_head, n_kv, hd, int(pipes.ctx.limits["max-compute-workgroup-storage-size"]),
+                               pipes.half)
 
 
 def attn_params(n_head, n_kv, hd, n_ctx, window=0, softcap=0.0):
@@ -205,6 +206,16 @@ def prefill(pipes, q_rotated, kv, n_past, shape, window=0, softcap=0.0):
                          [qkv, kv, out, attn_params(n_head, n_kv, hd, kv.shape[2], window, softcap),
                           pl.pack_step(n_past, tokens)], (pl.ceil_div(tokens * group, 64), n_kv, 1), prefill_shape)
     return got
+
+
+def test_prefill_tile_keys_follow_the_workgroup_memory():
+    """64-key tiles where they fit in `half`: on lavapipe (32 KiB) the f16 form takes the GPUs' tile,
+    the f32 form the 32-key one, so test_prefill_chunk runs both."""
+    def keys(limit, half):
+        return pl.attention_shapes(*LLAMA, limit, half)[1]["ATTN_KEYS"]
+    assert (keys(32768, "f16"), keys(32768, "f32")) == (64, 32)
+    assert (keys(49152, "f16"), keys(49152, "f32")) == (64, 64)
+    assert keys(24575, "f16") == 32
 
 
 @pytest.mark.parametrize("shape", [SMOLLM2, QWEN, LLAMA, GEMMA, TINY], ids=lambda s: "x".join(map(str, s)))

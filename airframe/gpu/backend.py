@@ -94,7 +94,8 @@ class WebGPUBackend(Backend):
         self.globals = pack_tensors(ctx, gf, ["output_norm.weight"], "globals")
         self.rope_table, self.table_offsets = self._rope_table()
         self.attention_shapes = pl.attention_shapes(config.n_head, config.n_head_kv, config.head_dim,
-                                                    int(ctx.limits["max-compute-workgroup-storage-size"]))
+                                                    int(ctx.limits["max-compute-workgroup-storage-size"]),
+                                                    self.pipes.half)
         bar.update(1)
         self.scratch = self._scratch()
         self.layers: list[LayerPack] = []

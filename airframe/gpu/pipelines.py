@@ -298,9 +298,11 @@ def _map_callback() -> _MapCallback:
     return _MapCallback()
 
 
-def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int) -> tuple[dict, dict]:
+def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int,
+                     half: str = "f32") -> tuple[dict, dict]:
     """The placeholders of attention_decode.wgsl and attention_prefill.wgsl for a model shape: the
-    largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's."""
+    largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's;
+    `half` is the prefill tiles' type (Pipelines.half)."""
     group, hd4 = n_head // n_head_kv, head_dim // 4
     slices = 128 // hd4
     fixed = 4 * ((group + 1) * (head_dim + 1) + head_dim + 8 * head_dim + 8 * 32 + 16 * slices * hd4) + 16 * 128
@@ -308,8 +310,10 @@ def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes
     if block is None:
         raise UnsupportedError(f"{group} query heads of {head_dim} per K/V head need {fixed + 32 * 128:,} bytes of "
                                f"workgroup memory in attention_decode.wgsl; the adapter has {workgroup_bytes:,}")
-    # 64-key tiles: Q and K chunks (16 dims x 64), P (64 keys x 64 rows), V (64 x 64 dims), the row exchange
-    keys = 64 if 4 * (16 * 64 + 16 * 64 + 2 * 64 * 64 + 1024) <= workgroup_bytes else 32
+    # 64-key tiles in `half`: Q and K chunks (16 dims x 64), P (64 keys x 64 rows), V (64 x 64 dims);
+    # the f32 row exchange
+    tile = 2 if half == "f16" else 4
+    keys = 64 if tile * (16 * 64 + 16 * 64 + 2 * 64 * 64) + 4 * 1024 <= workgroup_bytes else 32
     decode = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_BLOCK": block}
     prefill = {"ATTN_GROUP": group, "ATTN_HEAD_DIM": head_dim, "ATTN_KEYS": keys}
     return decode, prefill

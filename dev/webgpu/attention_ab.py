@@ -108,7 +108,8 @@ def prefill(ctx, pipes, timer, rng, tokens: int, depths: list[int]) -> None:
     out = pipes.storage(tokens * N_HEAD * HD * 4, "out")
     attn = pipes.uniform(pl.pack_params("attention_decode", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, n_ctx=n_ctx,
                                         window=0, scale=HD ** -0.5, qkv_stride=stride, softcap=0.0))
-    _, shape = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]))
+    _, shape = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]),
+                                   pipes.half)
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention_prefill").glob("*.wgsl"))]
     grid = (pl.ceil_div(tokens * N_HEAD // N_KV, 64), N_KV, 1)
     for depth in depths:
