@@ -119,11 +119,7 @@ fn rescaled(o: mat4x4<f32>, c: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(o[0] * c.x, o[1] * c.y, o[2] * c.z, o[3] * c.w);
 }
 
-// acc += w x^T: column c of acc gains w * x[c]
-fn outer(acc: mat4x4<half>, w: vec4<half>, x: vec4<half>) -> mat4x4<half> {
-    return mat4x4<half>(fma(w, vec4<half>(x.x), acc[0]), fma(w, vec4<half>(x.y), acc[1]),
-                        fma(w, vec4<half>(x.z), acc[2]), fma(w, vec4<half>(x.w), acc[3]));
-}
+#include "outer_half.wgsl"
 
 // h (column c: my key SC tc + c, lanes my rows) plus the products at dim k of the Q and K chunks
 fn scores_step(h: mat4x4<half>, k: u32, tr: u32, tc: u32) -> mat4x4<half> {

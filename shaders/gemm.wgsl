@@ -1,4 +1,4 @@
-enable f16;
+#include "half_f16.wgsl"
 
 // Y = X W^T for a prefill chunk of 2+ tokens, in f16 arithmetic (shader-f16). A workgroup of 128
 // invocations makes a tile of 128 weight rows x 64 tokens; invocation (tr, tc) owns the four 4x4
@@ -102,11 +102,8 @@ fn store(lid: u32, f: Fetched) {
     }
 }
 
-// acc += w (rows) x x (tokens): column c of acc gains w * x[c]
-fn outer(acc: mat4x4<f16>, w: vec4<f16>, x: vec4<f16>) -> mat4x4<f16> {
-    return mat4x4<f16>(fma(w, vec4<f16>(x.x), acc[0]), fma(w, vec4<f16>(x.y), acc[1]),
-                       fma(w, vec4<f16>(x.z), acc[2]), fma(w, vec4<f16>(x.w), acc[3]));
-}
+// outer(acc, w, x): acc += w (rows) x x (tokens)
+#include "outer_half.wgsl"
 
 // writes the 4 x 4 block `acc` of rows row .. row + 3 and tokens token .. token + 3 (and `up`, the
 // matching up-projection block, when gated)

@@ -299,7 +299,7 @@ def _map_callback() -> _MapCallback:
 
 
 def attention_shapes(n_head: int, n_head_kv: int, head_dim: int, workgroup_bytes: int,
-                     half: str = "f32") -> tuple[dict, dict]:
+                     half: str) -> tuple[dict, dict]:
     """The placeholders of attention_decode.wgsl and attention_prefill.wgsl for a model shape: the
     largest blocks whose workgroup memory (the sizes of their var<workgroup>) fits the adapter's;
     `half` is the prefill tiles' type (Pipelines.half)."""
