@@ -115,6 +115,40 @@ class Backend:
         slot_past): its cache i becomes the current one."""
         raise NotImplementedError
 
+    def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
+        """One decode step of several slots: for each (slot, token), `token` at that slot's next
+        position. Returns their logits (len(entries), vocab) in order and advances each slot's
+        n_past; the selected slot stays selected. Here one forward per slot in turn; a backend may
+        run them together (WebGPU: one forward that reads each weight once for all of them)."""
+        entries = self.check_batch(entries)
+        current = self.slot
+        out = []
+        for slot, token in entries:
+            self.select_slot(slot)
+            out.append(self.forward([token]))
+        self.select_slot(current)
+        return np.stack(out)
+
+    def check_batch(self, entries: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """decode_batch's entries as (slot, token) ints, or ParameterError / ContextOverflowError
+        naming the first that cannot run: no entries, a slot outside 0..n_slots-1 or twice, a token
+        outside the vocabulary, a slot whose cache is full. Saves the selected slot's n_past."""
+        entries = [(int(slot), int(token)) for slot, token in entries]
+        if not entries:
+            raise ParameterError("a decode batch of no tokens, expected at least one (slot, token)")
+        if self.n_slots > 1:
+            self.slot_past[self.slot] = self.n_past
+        seen = set()
+        for slot, token in entries:
+            if not 0 <= slot < self.n_slots:
+                raise ParameterError(f"slot {slot} in a decode batch, expected 0..{self.n_slots - 1}")
+            if slot in seen:
+                raise ParameterError(f"slot {slot} twice in one decode batch, expected each slot at most once")
+            seen.add(slot)
+            past = self.slot_past[slot] if self.n_slots > 1 else self.n_past
+            check_tokens([token], past, self.n_ctx, self.config.vocab_size)
+        return entries
+
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions n_past.. and advance n_past.
 

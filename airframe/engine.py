@@ -354,28 +354,20 @@ class Engine:
         """Pieces until a stop (a `constraint` complete counts as one), max_tokens or the end of
         `source`, each token taken appended to `ran`; returns the finish reason, the number of tokens sampled (the one that stopped included) and
         when the first came."""
-        stop_ids = self.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
-        n_sampled, first_token_at = 0, None
-        while params.max_tokens is None or n_sampled < params.max_tokens:
+        taker = TokenTaker(self, params, pieces, ran, constraint)
+        while taker.wants_more():
             if cancel is not None and cancel():
-                return "cancelled", n_sampled, first_token_at
+                return "cancelled", taker.n_sampled, taker.first_token_at
             step = next(source, None)  # asked only now: the host path runs the next forward here
             if step is None:
                 if cancel is not None and cancel():  # the backend stopped early because of it
-                    return "cancelled", n_sampled, first_token_at
+                    return "cancelled", taker.n_sampled, taker.first_token_at
                 break
-            token, logits = step
-            ran.append(token)
-            n_sampled += 1
-            first_token_at = first_token_at or time.perf_counter()
-            if token in stop_ids:
-                return "stop", n_sampled, first_token_at
-            logprob = self._logprob(logits, token, params.logprobs) if params.logprobs is not None else None
-            if piece := pieces.add(token, logprob):
+            if piece := taker.take(*step):
                 yield piece
-            if pieces.assembler.stopped or (constraint is not None and constraint.done):
-                return "stop", n_sampled, first_token_at
-        return "length", n_sampled, first_token_at
+            if taker.reason:
+                return taker.reason, taker.n_sampled, taker.first_token_at
+        return "length", taker.n_sampled, taker.first_token_at
 
     def generate(self, prompt: str | list[dict], params: GenerationParams,
                  cancel: Callable[[], bool] | None = None) -> tuple[str, Finish, list[TokenLogprob] | None]:
@@ -436,6 +428,39 @@ def check_fits(n_prompt: int, n_ctx: int) -> None:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+class TokenTaker:
+    """What happens to each token a request generates, whoever runs the model (the engine's loop,
+    or the batch scheduler of airframe/batching.py): appended to `ran`, counted, checked against the
+    stop ids, the stop strings and the grammar, turned into pieces with their logprobs."""
+
+    def __init__(self, engine: Engine, params: GenerationParams, pieces: _PieceBuilder, ran: list[int],
+                 constraint: Constraint | None = None):
+        self.engine, self.params, self.pieces, self.ran, self.constraint = engine, params, pieces, ran, constraint
+        self.stop_ids = engine.eog_ids | set(params.stop_token_ids) | {_UNNAMED_EOG}
+        self.n_sampled = 0
+        self.first_token_at: float | None = None
+        self.reason: str | None = None  # "stop" once a token stopped generation
+
+    def wants_more(self) -> bool:
+        """No stop yet, and fewer than max_tokens tokens taken."""
+        return self.reason is None and (self.params.max_tokens is None or self.n_sampled < self.params.max_tokens)
+
+    def take(self, token: int, logits: np.ndarray | None) -> Piece | None:
+        """One generated token (with its logits where logprobs are asked): the piece it completes, if any."""
+        self.ran.append(token)
+        self.n_sampled += 1
+        self.first_token_at = self.first_token_at or time.perf_counter()
+        if token in self.stop_ids:
+            self.reason = "stop"
+            return None
+        params = self.params
+        logprob = self.engine._logprob(logits, token, params.logprobs) if params.logprobs is not None else None
+        piece = self.pieces.add(token, logprob)
+        if self.pieces.assembler.stopped or (self.constraint is not None and self.constraint.done):
+            self.reason = "stop"
+        return piece
+
+
 class _PieceBuilder:
     """Generated tokens (and their logprobs) waiting for the text they make to be released."""
 

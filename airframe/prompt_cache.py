@@ -61,17 +61,19 @@ class PromptSlots:
         self.last_used = [0] * n_slots  # the request count when each slot last ran one
         self.requests = 0
 
-    def choose(self, prompt: Sequence[int], reuse: bool = True) -> int:
+    def choose(self, prompt: Sequence[int], reuse: bool = True, busy: Sequence[int] = ()) -> int:
         """llama-server's rule: the slot whose cached ids share the longest prefix with `prompt`,
         counting only a slot whose cached ids are shared for more than SIMILARITY of their length,
         else (or not `reuse`) the least recently used one. Among equals, the least recently used:
-        another conversation kept warm is the last to be overwritten."""
+        another conversation kept warm is the last to be overwritten. Never one of the `busy` slots
+        (running another request), which must leave one free."""
         def rank(i: int) -> tuple[int, int]:
             cache = self.caches[i]
             shared = cache.reusable(prompt) if reuse else 0
             similar = shared > SIMILARITY * len(cache.tokens)
             return shared if similar else 0, -self.last_used[i]
-        return max(range(len(self.caches)), key=rank)
+        free = [i for i in range(len(self.caches)) if i not in busy]
+        return max(free, key=rank)
 
     def use(self, slot: int) -> PromptCache:
         """Mark `slot` as running the current request; returns its record."""

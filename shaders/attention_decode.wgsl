@@ -1,8 +1,11 @@
 // Grouped-query attention of one decode token over the K/V cache, split along the cache
 // (flash-decoding, https://crfm.stanford.edu/2023/10/12/flashdecoding.html). Workgroup (split,
 // kv head) serves every query head of the K/V group, so each K and V row is read once for the group,
-// over positions [split * S.split_len, (split + 1) * S.split_len) that the query sees (pos - j <
-// window on sliding-window layers), in blocks of BLOCK positions with an online softmax.
+// over positions [split * split_len, (split + 1) * split_len) that the query sees (pos - j <
+// window on sliding-window layers), in blocks of BLOCK positions with an online softmax. Workgroup
+// id z is the token's row of a decode batch (decode_rows.wgsl): its projections, its output, its
+// slot's cache and position; the grid's splits are the longest row's, the others' extra workgroups
+// return at once.
 // It first does rope.wgsl's work for what it needs: bias, QK-norm and RoPE of its query heads and
 // of the new key; the split holding the new position writes K and V to the cache and uses them from
 // workgroup memory itself, so no workgroup waits for its own write. Every load that does not depend
@@ -19,17 +22,20 @@
 
 #include "attention_params.wgsl"
 
-#include "step.wgsl"
+#include "decode_rows.wgsl"
 
 @group(0) @binding(0) var<storage, read> QKV: array<f32>;            // (n_q + 2 n_kv,) raw projections
 @group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases
 @group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table
-@group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // K then V: (n_head_kv, n_ctx, head_dim / 4)
-@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // (n_head, splits, head_dim + 2)
-@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (n_head * head_dim,), one split only
+@group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // per slot, K then V: (n_head_kv, n_ctx, head_dim / 4)
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // per row, (n_head, splits, head_dim + 2)
+@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (rows, n_head * head_dim), one split only
 @group(0) @binding(6) var<uniform> P: Params;
 @group(0) @binding(7) var<uniform> R: RopeParams;
-@group(0) @binding(8) var<uniform> S: Step;
+@group(0) @binding(8) var<storage, read> ROWS: array<DecodeRow>;
+
+var<private> kv0: u32;    // the row's cache: its first vec4 in KV
+var<private> qkv0: u32;   // the row's projections: its first float in QKV
 
 const WG: u32 = 128u;
 const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
@@ -95,7 +101,7 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     let n_q = R.n_head * HD;
     let q_src = kv_head * GROUP * HD;
     let k_src = n_q + kv_head * HD;
-    let v_src = k_src + R.n_head_kv * HD;
+    let v_src = qkv0 + k_src + R.n_head_kv * HD;
     let half = R.rope_dim / 2u;
     var angles: array<vec2<f32>, PAIRS>;   // cos, sin of my pairs, loaded with the heads
     for (var i = 0u; i < PAIRS; i++) {
@@ -108,7 +114,7 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     for (var e = lid; e < FRESH * HD; e += WG) {
         let is_k = e >= GROUP * HD;
         let d = e % HD;
-        var v = QKV[select(q_src + e, k_src + d, is_k)];
+        var v = QKV[qkv0 + select(q_src + e, k_src + d, is_k)];
         if (R.qkv_bias == 1u) {
             v += bitcast<f32>(W[select(R.q_bias + q_src + e, R.k_bias + kv_head * HD + d, is_k)]);
         }
@@ -122,7 +128,7 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
             v += vec4<f32>(bitcast<f32>(W[b]), bitcast<f32>(W[b + 1u]), bitcast<f32>(W[b + 2u]), bitcast<f32>(W[b + 3u]));
         }
         fresh_v[lid] = v;
-        KV[R.n_head_kv * R.n_ctx * HD4 + (kv_head * R.n_ctx + pos) * HD4 + lid] = v;
+        KV[kv0 + R.n_head_kv * R.n_ctx * HD4 + (kv_head * R.n_ctx + pos) * HD4 + lid] = v;
     }
     workgroupBarrier();
     if (R.qk_norm == 1u) {
@@ -154,7 +160,7 @@ fn rope_fresh(lid: u32, kv_head: u32, pos: u32, holds_pos: bool) {
     workgroupBarrier();
     if (holds_pos && lid < HD4) {
         let k = GROUP * HD + 4u * lid;
-        KV[(kv_head * R.n_ctx + pos) * HD4 + lid] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
+        KV[kv0 + (kv_head * R.n_ctx + pos) * HD4 + lid] = vec4<f32>(fresh[k], fresh[k + 1u], fresh[k + 2u], fresh[k + 3u]);
     }
     for (var i = lid; i < GROUP * HD4; i += WG) {
         queries[i] = vec4<f32>(fresh[4u * i], fresh[4u * i + 1u], fresh[4u * i + 2u], fresh[4u * i + 3u]) * P.scale;
@@ -167,14 +173,14 @@ fn key(kv_head: u32, j: u32, pos: u32, i: u32) -> vec4<f32> {
         let at = GROUP * HD + 4u * i;
         return vec4<f32>(fresh[at], fresh[at + 1u], fresh[at + 2u], fresh[at + 3u]);
     }
-    return KV[(kv_head * P.n_ctx + j) * HD4 + i];
+    return KV[kv0 + (kv_head * P.n_ctx + j) * HD4 + i];
 }
 
 fn value(kv_head: u32, j: u32, pos: u32, dq: u32) -> vec4<f32> {
     if (j == pos) {
         return fresh_v[dq];
     }
-    return KV[(P.n_head_kv + kv_head) * P.n_ctx * HD4 + j * HD4 + dq];
+    return KV[kv0 + (P.n_head_kv + kv_head) * P.n_ctx * HD4 + j * HD4 + dq];
 }
 
 @compute @workgroup_size(128)
@@ -182,14 +188,22 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let lid = lid3.x;
     let split = wid.x;
     let kv_head = wid.y;
-    let pos = S.n_past;
+    let row = ROWS[wid.z];
+    let n_splits = row_splits(row);
+    if (split >= n_splits) {
+        return;  // a shorter row of the batch: the whole workgroup leaves before any barrier
+    }
+    kv0 = row.kv;
+    qkv0 = wid.z * P.qkv_stride;
+    let pos = row.n_past;
+    let split_len = row.split_len;
     var lo = 0u;
     if (P.window > 0u && pos + 1u > P.window) {
         lo = pos + 1u - P.window;
     }
-    let begin = max(lo, split * S.split_len);
-    let end = min(pos + 1u, (split + 1u) * S.split_len);
-    rope_fresh(lid, kv_head, pos, split * S.split_len <= pos && pos < (split + 1u) * S.split_len);
+    let begin = max(lo, split * split_len);
+    let end = min(pos + 1u, (split + 1u) * split_len);
+    rope_fresh(lid, kv_head, pos, split * split_len <= pos && pos < (split + 1u) * split_len);
 
     let dq = lid % HD4;          // P V: my dim quad and slice of positions
     let slice = lid / HD4;
@@ -263,17 +277,18 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         workgroupBarrier();  // `probs` is overwritten by the next block
     }
     // add the slices, 4 heads at a time, and write
-    let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;
-    write_heads(lid, dq, slice, 0u, o0, o1, o2, o3, m.lo, l.lo, kv_head, split, n_splits);
+    let part = row.part;
+    let out = wid.z * R.n_head * HD;
+    write_heads(lid, dq, slice, 0u, o0, o1, o2, o3, m.lo, l.lo, kv_head, split, n_splits, part, out);
     if (GROUP > 4u) {
-        write_heads(lid, dq, slice, 4u, o4, o5, o6, o7, m.hi, l.hi, kv_head, split, n_splits);
+        write_heads(lid, dq, slice, 4u, o4, o5, o6, o7, m.hi, l.hi, kv_head, split, n_splits, part, out);
     }
 }
 
 // heads g0 .. g0 + 3 (those below GROUP): the slices added, the partial output written (and the
 // normalized output, with one split)
 fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>,
-               m: vec4<f32>, l: vec4<f32>, kv_head: u32, split: u32, n_splits: u32) {
+               m: vec4<f32>, l: vec4<f32>, kv_head: u32, split: u32, n_splits: u32, part: u32, row_out: u32) {
     workgroupBarrier();
     if (slice < SLICES) {
         let at = slice * HEADS_PASS * HD4 + dq;
@@ -291,12 +306,12 @@ fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32
                 o += part_o[s * HEADS_PASS * HD4 + i];
             }
             let h = kv_head * GROUP + g0 + g;
-            let out = (h * n_splits + split) * (HD + 2u);
+            let out = part + (h * n_splits + split) * (HD + 2u);
             let at = 4u * (i % HD4);
             for (var e = 0u; e < 4u; e++) {
                 PART[out + at + e] = o[e];
                 if (n_splits == 1u) {
-                    OUT[h * HD + at + e] = o[e] / l[g];
+                    OUT[row_out + h * HD + at + e] = o[e] / l[g];
                 }
             }
             if (i % HD4 == 0u) {

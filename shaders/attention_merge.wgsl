@@ -1,5 +1,7 @@
 // Combines the splits of attention_decode.wgsl: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
-// with M the largest running max, for one decode token. Workgroup per head; output (n_head * head_dim).
+// with M the largest running max, for each decode token of a batch. Workgroup (head, row of the
+// batch: decode_rows.wgsl); output (rows, n_head * head_dim). A row of one split was written by
+// attention_decode.wgsl itself and is left alone.
 // Each split's weight e^(m_s - M) / total is computed once, by one invocation per split, so the
 // output loop only streams the partial outputs (independent loads, no chain through exp).
 
@@ -8,12 +10,12 @@ struct Params {
     head_dim: u32,
 }
 
-#include "step.wgsl"
+#include "decode_rows.wgsl"
 
-@group(0) @binding(0) var<storage, read> PART: array<f32>;        // (n_head, splits, head_dim + 2)
-@group(0) @binding(1) var<storage, read_write> OUT: array<f32>;   // (n_head * head_dim,)
+@group(0) @binding(0) var<storage, read> PART: array<f32>;        // per row, (n_head, splits, head_dim + 2)
+@group(0) @binding(1) var<storage, read_write> OUT: array<f32>;   // (rows, n_head * head_dim)
 @group(0) @binding(2) var<uniform> P: Params;
-@group(0) @binding(3) var<uniform> S: Step;
+@group(0) @binding(3) var<storage, read> ROWS: array<DecodeRow>;
 
 const WG: u32 = 64u;
 const MAX_SPLITS: u32 = 256u;
@@ -28,8 +30,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) he
     let lid = lid3.x;
     let hd = P.head_dim;
     let stride = hd + 2u;
-    let n_splits = (S.n_past + 1u + S.split_len - 1u) / S.split_len;  // of the one decode token
-    let first = head.x * n_splits * stride;
+    let row = ROWS[head.y];
+    let n_splits = row_splits(row);
+    if (n_splits == 1u) {
+        return;
+    }
+    let first = row.part + head.x * n_splits * stride;
     var m = EMPTY;
     for (var s = lid; s < n_splits; s += WG) {
         m = max(m, PART[first + s * stride + hd]);
@@ -43,7 +49,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) he
         total += PART[at + hd + 1u] * w;
     }
     total = workgroup_reduce(total, lid, false);
-    let out = head.x * hd;
+    let out = (head.y * P.n_head + head.x) * hd;
     for (var d = lid; d < hd; d += WG) {
         // four partials loaded before they are used: the loop is bound by load latency, not work
         var sum = vec4<f32>(0.0);

@@ -1,11 +1,14 @@
-// y = W x for batch-1 decode (wid.y picks the token when a few tokens go through it).
+// y = W x for decode: TOKENS tokens per workgroup (wid.y picks the group of tokens), 1 for batch-1
+// decode, up to 8 for a batch of conversations, so each weight is read once for all of them.
 // W stays quantized. A workgroup of 256 invocations makes ROWS_WG output rows, 4 at a time (gated:
 // 4 gate rows and their 4 up rows): the workgroup's subgroups share the row quads, and when there
 // are more subgroups than quads (small matrices, so that the rows spread over many workgroups)
 // several subgroups take one quad and split its units between them. A subgroup's lanes stride over
 // the units (UNIT weights each, decoded by gemv/{GEMV_UNIT}.wgsl), keep 4 partial sums in a vec4
 // and add them across the subgroup (lanes_{REDUCE}.wgsl); the subgroups of a quad then meet once
-// in workgroup memory. The unit's x is loaded once for the 4 rows.
+// in workgroup memory, every token's at once between one pair of barriers. The unit's x is loaded
+// once for the 4 rows. Each token has its own sums, made by one call of add_unit per token written
+// out (TOKENS is a constant, so the calls it does not reach are removed).
 // P.mode fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
 // so the sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
 // add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
@@ -20,6 +23,7 @@
 const WG: u32 = 256u;
 const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or 32
 const QUADS: u32 = ROWS_WG / 4u;
+const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 8
 
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
@@ -27,7 +31,9 @@ const QUADS: u32 = ROWS_WG / 4u;
 // binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file
 #include "gemv/{GEMV_UNIT}.wgsl"
 
-var<workgroup> partial: array<vec4<f32>, 3u * WG>;  // (subgroup, a | b | sq) of each subgroup's sums
+const SUBS: u32 = {GEMV_SUBGROUPS}u;  // subgroups a workgroup may have: WG / the least subgroup size
+// each (token, subgroup)'s sums of its quad: a | b | sq
+var<workgroup> partial: array<vec4<f32>, 3u * SUBS * TOKENS>;
 
 // first word of each of the 4 rows from `row` on (rows past the end repeat the last one); with
 // `up`, of the up-projection rows paired with them (MODE_GATED)
@@ -51,6 +57,36 @@ fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32) {
     }
 }
 
+// one token's sums over the units of 4 rows (a) and of their up rows (b, MODE_GATED), and the
+// sum of squares of its x (MODE_NORM)
+struct Sums {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    sq: f32,
+}
+
+fn add_unit(s: ptr<function, Sums>, x: u32, a: vec4<u32>, b: vec4<u32>, u: u32, gated_mode: bool) {
+    let xu = unit_x(x, u);
+    (*s).sq += xu.sq;
+    (*s).a += unit_rows(a, u, xu);
+    if (gated_mode) {
+        (*s).b += unit_rows(b, u, xu);
+    }
+}
+
+// token t's sums added across the subgroup and put in workgroup memory for the merge
+fn share(s: Sums, t: u32, sub: u32, lane: u32, lid: u32) {
+    let total_a = lanes_sum4(s.a, lid);
+    let total_b = lanes_sum4(s.b, lid);
+    let total_sq = lanes_sum1(s.sq, lid);
+    if (lane == 0u) {
+        let at = 3u * (t * SUBS + sub);
+        partial[at] = total_a;
+        partial[at + 1u] = total_b;
+        partial[at + 2u] = vec4<f32>(total_sq);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -62,50 +98,96 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     // subgroups per quad: as many as the workgroup has to spare, but each lane with a unit
     let split = max(1u, min(n_sub / QUADS, (n_units + lanes - 1u) / lanes));
     let per_pass = max(1u, n_sub / split);   // quads made at once
-    let token = wid.y;
-    let x = x_row(token);
+    let first_token = wid.y * TOKENS;
+    let n_tokens = min(TOKENS, S.n_tokens - first_token);
+    // the input rows of the group's tokens; past the last token, the last one again (not written)
+    let x0 = x_row(first_token);
+    let x1 = x_row(first_token + min(1u, n_tokens - 1u));
+    let x2 = x_row(first_token + min(2u, n_tokens - 1u));
+    let x3 = x_row(first_token + min(3u, n_tokens - 1u));
+    let x4 = x_row(first_token + min(4u, n_tokens - 1u));
+    let x5 = x_row(first_token + min(5u, n_tokens - 1u));
+    let x6 = x_row(first_token + min(6u, n_tokens - 1u));
+    let x7 = x_row(first_token + min(7u, n_tokens - 1u));
     let gated_mode = (P.mode & MODE_GATED) != 0u;
     for (var first = 0u; first < QUADS; first += per_pass) {
         let quad = first + sub / split;
         let row = wid.x * ROWS_WG + 4u * quad;
-        var acc_a = vec4<f32>(0.0);
-        var acc_b = vec4<f32>(0.0);
-        var sq = 0.0;
+        var s0: Sums;
+        var s1: Sums;
+        var s2: Sums;
+        var s3: Sums;
+        var s4: Sums;
+        var s5: Sums;
+        var s6: Sums;
+        var s7: Sums;
         if (sub / split < per_pass && quad < QUADS && row < P.rows) {
             let a = row_words(row, false);
             let b = row_words(row, true);
             for (var u = (sub % split) * lanes + lane; u < n_units; u += split * lanes) {
-                let xu = unit_x(x, u);
-                sq += xu.sq;
-                acc_a += unit_rows(a, u, xu);
-                if (gated_mode) {
-                    acc_b += unit_rows(b, u, xu);
+                add_unit(&s0, x0, a, b, u, gated_mode);
+                if (TOKENS > 1u) {
+                    add_unit(&s1, x1, a, b, u, gated_mode);
+                }
+                if (TOKENS > 2u) {
+                    add_unit(&s2, x2, a, b, u, gated_mode);
+                }
+                if (TOKENS > 3u) {
+                    add_unit(&s3, x3, a, b, u, gated_mode);
+                }
+                if (TOKENS > 4u) {
+                    add_unit(&s4, x4, a, b, u, gated_mode);
+                }
+                if (TOKENS > 5u) {
+                    add_unit(&s5, x5, a, b, u, gated_mode);
+                }
+                if (TOKENS > 6u) {
+                    add_unit(&s6, x6, a, b, u, gated_mode);
+                }
+                if (TOKENS > 7u) {
+                    add_unit(&s7, x7, a, b, u, gated_mode);
                 }
             }
         }
-        let total_a = lanes_sum4(acc_a, lid);
-        let total_b = lanes_sum4(acc_b, lid);
-        let total_sq = lanes_sum1(sq, lid);
-        workgroupBarrier();
-        if (lane == 0u) {
-            partial[3u * sub] = total_a;
-            partial[3u * sub + 1u] = total_b;
-            partial[3u * sub + 2u] = vec4<f32>(total_sq);
+        workgroupBarrier();  // the previous pass's merge has read `partial`
+        share(s0, 0u, sub, lane, lid);
+        if (TOKENS > 1u) {
+            share(s1, 1u, sub, lane, lid);
+        }
+        if (TOKENS > 2u) {
+            share(s2, 2u, sub, lane, lid);
+        }
+        if (TOKENS > 3u) {
+            share(s3, 3u, sub, lane, lid);
+        }
+        if (TOKENS > 4u) {
+            share(s4, 4u, sub, lane, lid);
+        }
+        if (TOKENS > 5u) {
+            share(s5, 5u, sub, lane, lid);
+        }
+        if (TOKENS > 6u) {
+            share(s6, 6u, sub, lane, lid);
+        }
+        if (TOKENS > 7u) {
+            share(s7, 7u, sub, lane, lid);
         }
         workgroupBarrier();
-        // invocation i < per_pass adds the sums of quad first + i over its subgroups and writes it
-        let q = first + lid;
-        if (lid < per_pass && q < QUADS && wid.x * ROWS_WG + 4u * q < P.rows) {
+        // invocation i < per_pass * n_tokens adds the sums of quad first + i % per_pass of token
+        // i / per_pass over its subgroups and writes them
+        let t = lid / per_pass;
+        let q = first + lid % per_pass;
+        if (t < n_tokens && q < QUADS && wid.x * ROWS_WG + 4u * q < P.rows) {
             var a = vec4<f32>(0.0);
             var b = vec4<f32>(0.0);
             var s = 0.0;
             for (var k = 0u; k < split; k++) {
-                let at = 3u * (lid * split + k);
+                let at = 3u * (t * SUBS + (q - first) * split + k);
                 a += partial[at];
                 b += partial[at + 1u];
                 s += partial[at + 2u].x;
             }
-            write_rows(wid.x * ROWS_WG + 4u * q, token, a, b, s);
+            write_rows(wid.x * ROWS_WG + 4u * q, first_token + t, a, b, s);
         }
     }
 }

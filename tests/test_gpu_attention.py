@@ -2,7 +2,8 @@
 
 - attention_decode.wgsl: one token, its bias, QK-norm, RoPE and K/V write done inside, split along
   the cache and merged by attention_merge.wgsl (or written directly with one split); at 1, 63, 64,
-  65, 300, 4096 and 8192 positions, splits of one or several blocks, sliding windows, soft-caps.
+  65, 300, 4096 and 8192 positions, splits of one or several blocks, sliding windows, soft-caps;
+  a batch of tokens in several slots at different lengths, each as it runs alone.
 - attention_prefill.wgsl: a chunk's queries over the cache (flash attention, causal), tokens not a
   multiple of a row block, after cached positions, with windows and soft-caps.
 
@@ -76,21 +77,30 @@ class Rope:
 
 def decode(pipes, qkv, kv, n_past, split_len, rope, window=0, softcap=0.0):
     """(output, cache) of one decode token at n_past: attention_decode, then the merge when split."""
+    out, cache = decode_rows(pipes, qkv, kv[None], [(0, n_past)], split_len, rope, window, softcap)
+    return out[0], cache[0]
+
+
+def decode_rows(pipes, qkv, kv, rows, split_len, rope, window=0, softcap=0.0):
+    """(outputs, caches) of a decode batch: token r (qkv[r]) at position n_past of cache `slot` for
+    each (slot, n_past) of `rows`, the caches (slots, 2, n_kv, n_ctx, hd) in one buffer."""
     n_head, n_kv, hd = rope.n_head, rope.n_kv, rope.hd
-    n_ctx = kv.shape[2]
-    n_splits = pl.ceil_div(n_past + 1, split_len)
-    step = pl.pack_step(n_past, 1, 0, split_len)
-    part = np.zeros(n_head * n_splits * (hd + 2), np.float32)
-    out = np.full(n_head * hd, 7.0, np.float32)
+    n_ctx = kv.shape[3]
+    splits = [pl.ceil_div(n_past + 1, split_len) for _, n_past in rows]
+    part_floats = n_head * max(splits) * (hd + 2)
+    table = np.frombuffer(pl.pack_rows([(slot * kv[0].size // 4, n_past, split_len, r * part_floats)
+                                        for r, (slot, n_past) in enumerate(rows)]), np.uint32)
+    part = np.zeros(len(rows) * part_floats, np.float32)
+    out = np.full((len(rows), n_head * hd), 7.0, np.float32)
     decode_shape, _ = shapes(pipes, n_head, n_kv, hd)
     cache, part, direct = pl.run_once(
         pipes, "attention_decode", None,
         [qkv, rope.words, rope.table, kv, part, out, attn_params(n_head, n_kv, hd, n_ctx, window, softcap),
-         rope.params, step], (n_splits, n_kv, 1), decode_shape)
-    if n_splits == 1:
+         rope.params, table], (max(splits), n_kv, len(rows)), decode_shape)
+    if max(splits) == 1:
         return direct, cache
     merge = pl.pack_params("attention_merge", n_head=n_head, head_dim=hd)
-    (merged,) = pl.run_once(pipes, "attention_merge", None, [part, np.zeros_like(out), merge, step], (n_head, 1, 1))
+    (merged,) = pl.run_once(pipes, "attention_merge", None, [part, direct, merge, table], (n_head, len(rows), 1))
     return merged, cache
 
 
@@ -179,6 +189,31 @@ def test_decode_fixed_small_case(pipes):
     w /= w.sum()
     np.testing.assert_allclose(got, w[0] * kv[1, 0, 0] + w[1] * np.array([1, 2, 3, 4]), rtol=1e-6)
     np.testing.assert_array_equal(cache.reshape(2, 1, 3, 4)[:, 0, 1], [[2, 0, 0, 0], [1, 2, 3, 4]])
+
+
+@pytest.mark.parametrize("shape", [SMOLLM2, LLAMA, GEMMA], ids=lambda s: "x".join(map(str, s)))
+def test_decode_batch_rows_at_different_lengths(pipes, shape):
+    """A batch of three tokens in slots 2, 0 and 3 of one buffer at positions 300, 0 and 70 (5, 1
+    and 2 splits): each row's output and cache are what it gets alone, bit for bit, and match
+    numpy; slot 1, in no row, is left as it was."""
+    n_head, n_kv, hd = shape
+    rng = np.random.default_rng(7)
+    rows = [(2, 300), (0, 0), (3, 70)]
+    n_ctx = 303
+    rope = Rope(rng, n_head, n_kv, hd, n_ctx)
+    qkv = rng.standard_normal((len(rows), (n_head + 2 * n_kv) * hd)).astype(np.float32)
+    kv = rng.standard_normal((4, 2, n_kv, n_ctx, hd)).astype(np.float32)
+    for slot, n_past in rows:
+        kv[slot, :, :, n_past] = 0.0
+    got, cache = decode_rows(pipes, qkv, kv, rows, 64, rope)
+    np.testing.assert_array_equal(cache[1], kv[1])
+    for r, (slot, n_past) in enumerate(rows):
+        alone, alone_cache = decode(pipes, qkv[r:r + 1], kv[slot], n_past, 64, rope)
+        np.testing.assert_array_equal(got[r], alone)
+        np.testing.assert_array_equal(cache[slot], alone_cache)
+        want, want_kv = decode_reference(rope, qkv[r:r + 1], kv[slot], n_past)
+        np.testing.assert_allclose(cache[slot], want_kv, atol=1e-5)
+        np.testing.assert_allclose(got[r], want, atol=TOL * np.abs(want).max())
 
 
 # ---- prefill ----------------------------------------------------------------------------------

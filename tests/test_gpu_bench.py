@@ -4,6 +4,7 @@ the others."""
 
 import contextlib
 import io
+import json
 
 import pytest
 
@@ -113,12 +114,30 @@ def test_every_phase_shows_progress_and_a_slow_run_says_how_long(run):
     (["--steps", "0"], "--steps = 0, expected an integer >= 1"),
     (["--ctx-list", "1,x"], "--ctx-list = '1,x', expected comma-separated positive integers"),
     (["--backend", "cuda", "--prefill", "64"], "expected no --prefill: the CUDA bench times decode launches only"),
+    (["--concurrency", "4,0"], "--concurrency = '4,0', expected comma-separated positive integers"),
+    (["--backend", "cuda", "--concurrency", "4"], "expected --backend webgpu"),
 ])
 def test_bench_flags_are_checked_before_loading(tiny, flags, message, capsys):
     from airframe.cli import main
 
     assert main(["bench", str(tiny), *flags]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_concurrency_reports_each_level(tiny, capsys):
+    """`airframe bench --concurrency`: per level the step time, aggregate tokens/s and the ratio to
+    one stream, and the chained batch-1 figure beside them."""
+    from airframe.cli import main
+
+    assert main(["bench", str(tiny), "--concurrency", "1,3", "--steps", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert [row["streams"] for row in r["levels"]] == [1, 3] and r["chained_batch1_ms"] > 0
+    for row in r["levels"]:
+        assert row["step_ms"] > 0 and row["tokens_per_s"] == pytest.approx(1000 * row["streams"] / row["step_ms"])
+        assert ("gpu_ms" in row) == bench.get_context().has_timestamps and row.get("gpu_ms", 1) > 0
+    assert r["levels"][0]["speedup"] == pytest.approx(1.0)
+    text = bench.format_concurrency(r)
+    assert "aggregate tokens/s" in text and "greedy chained on the GPU" in text
 
 
 def test_a_context_beyond_memory_is_refused_before_loading(tiny):

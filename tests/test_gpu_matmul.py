@@ -66,8 +66,10 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=Fa
     q = quant(qtype)
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
-        shape = {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": q.shader if q.gemv_unit else "generic"}
-        grid = (pl.ceil_div(rows, rows_wg), n_tokens, 1)
+        tokens = min(n_tokens, pipes.gemv_tokens)
+        shape = {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": q.shader if q.gemv_unit else "generic", "GEMV_TOKENS": tokens,
+                 "GEMV_SUBGROUPS": pipes.gemv_subgroups}
+        grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None
         grid = (pipes.gemm_groups(rows, gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), 1)
@@ -121,6 +123,36 @@ def test_gemv_every_type(request, qtype, variant, rows_wg):
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_gemv_batch_every_type(tiled, qtype):
+    """Up to pipes.gemv_tokens tokens per workgroup (a decode batch): each token's outputs are the ones it
+    gets alone, bit for bit, and those match numpy; 11 tokens take two workgroups along y."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    cols = cols_for(qtype)[-1]
+    words, dense = quantized(rng, 37, cols, qtype)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
+    p = params(37, cols, words.shape[1])
+    alone = np.concatenate([run(tiled, "gemv", qtype, words, x[i:i + 1], 37, p) for i in range(len(x))])
+    close(alone, x @ dense.T, RTOL)
+    for n_tokens in (2, 3, 8, 11):
+        np.testing.assert_array_equal(run(tiled, "gemv", qtype, words, x[:n_tokens], 37, p), alone[:n_tokens])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.BF16], ids=lambda q: q.name)
+def test_gemv_batch_without_subgroups(shared, qtype):
+    """The same through lanes_shared.wgsl (adapters without subgroups): 5 tokens of a gated matrix
+    with its input normalized, each as it is alone."""
+    rng = np.random.default_rng(int(qtype) + 400)
+    rows, cols = 37, cols_for(qtype)[-1]
+    (gate_w, _), (up_w, _) = quantized(rng, rows, cols, qtype), quantized(rng, rows, cols, qtype)
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer, (n_at, g_at, u_at) = aligned(norm, gate_w, up_w)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    p = params(rows, cols, gate_w.shape[1], pl.MODE_NORM | pl.MODE_GATED, (g_at, u_at, 0), norm_w=n_at)
+    alone = np.concatenate([run(shared, "gemv", qtype, buffer, x[i:i + 1], rows, p, gated=True) for i in range(5)])
+    np.testing.assert_array_equal(run(shared, "gemv", qtype, buffer, x, rows, p, gated=True), alone)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
 def test_gemm_every_type(tiled, qtype):
     rng = np.random.default_rng(int(qtype) + 100)
     cols = cols_for(qtype)[-1]
@@ -143,7 +175,7 @@ def test_gemm_rows_every_type(tiled, qtype):
 
 
 # ---- fusions --------------------------------------------------------------------------------------
-FUSED_CASES = [("gemv", 1), ("gemm", 20), ("gemm", 77), ("gemm_rows", 9)]
+FUSED_CASES = [("gemv", 1), ("gemv", 5), ("gemm", 20), ("gemm", 77), ("gemm_rows", 9)]
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q4_1], ids=lambda q: q.name)
@@ -185,7 +217,7 @@ def test_segments_norm_and_residual(shared, qtype, program, n_tokens):
     close(got, want, rtol(program, fused=True))
 
 
-@pytest.mark.parametrize("program,n_tokens", [("gemv", 1), ("gemm", 3), ("gemm_rows", 3)])
+@pytest.mark.parametrize("program,n_tokens", [("gemv", 1), ("gemv", 3), ("gemm", 3), ("gemm_rows", 3)])
 def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
     """MODE_X_STEP: the LM head reads input rows S.lm_first.. (the last position of a chunk)."""
     rng = np.random.default_rng(5)
@@ -258,9 +290,13 @@ def test_gemm_row_tiles(tiled, rows, gated, want):
 
 @pytest.mark.parametrize("context,want", [(get_context, "gemm"), (lambda: WithoutF16(get_context()), "gemm_rows")])
 def test_chunks_need_f16_for_gemm(context, want):
-    """gemm.wgsl computes in f16: an adapter without shader-f16 prefills through gemm_rows.wgsl."""
+    """gemm.wgsl computes in f16: an adapter without shader-f16 prefills through gemm_rows.wgsl; up to
+    gemv_tokens tokens take gemv.wgsl on either."""
     from airframe.gpu.layer import Op
 
     pipes = pl.Pipelines(context(), matmul="tiled")
-    Op("m", "matmul", quant(Q.Q8_0), None, rows=64, cols=256).dispatch(pipes, 7, 1)
-    assert [key[0] for key in pipes._pipelines] == [want]
+    op = Op("m", "matmul", quant(Q.Q8_0), None, rows=64, cols=256)
+    assert pipes.gemv_tokens == pl.GEMV_TOKENS
+    op.dispatch(pipes, pipes.gemv_tokens + 1, 1)
+    op.dispatch(pipes, pipes.gemv_tokens, 1)
+    assert [key[0] for key in pipes._pipelines] == [want, "gemv"]

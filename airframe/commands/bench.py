@@ -16,17 +16,20 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per context (median)")
     p.add_argument("--prefill", type=int, default=None, metavar="N",
                    help=f"prompt tokens of the prefill measurements (webgpu; default {DEFAULT_PREFILL})")
+    p.add_argument("--concurrency", default=None, metavar="LIST",
+                   help="instead, decode of N conversations at once for each N, comma-separated (e.g. 1,4,8): "
+                        "aggregate tokens/s and each stream's ms/token (webgpu)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     add_load_arguments(p)
 
 
-def _contexts(text: str) -> list[int]:
+def _contexts(text: str, option: str = "--ctx-list") -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ParameterError(f"--ctx-list = {text!r}, expected comma-separated positive integers") from None
+        raise ParameterError(f"{option} = {text!r}, expected comma-separated positive integers") from None
     if not values or min(values) < 1:
-        raise ParameterError(f"--ctx-list = {text!r}, expected comma-separated positive integers")
+        raise ParameterError(f"{option} = {text!r}, expected comma-separated positive integers")
     return values
 
 
@@ -36,6 +39,10 @@ def run(args) -> int:
     if args.prefill is not None and args.prefill < 1:
         raise ParameterError(f"--prefill = {args.prefill}, expected an integer >= 1")
     contexts = _contexts(args.ctx_list)
+    levels = _contexts(args.concurrency, "--concurrency") if args.concurrency is not None else None
+    if levels is not None and args.backend != "webgpu":
+        raise ParameterError(f"--concurrency with --backend {args.backend}, expected --backend webgpu: the "
+                             f"CUDA megakernel decodes one conversation")
     path = resolve_model(args.model)
     if args.check_tensors:
         from ..gguf_file import GGUFFile
@@ -50,6 +57,12 @@ def run(args) -> int:
         from ..megakernel.cuda.bench import run as bench_cuda
 
         return bench_cuda(path, contexts)
+    if levels is not None:
+        from ..gpu.bench import bench_concurrency, format_concurrency
+
+        result = bench_concurrency(path, levels, steps=args.steps, progress=True)
+        print(json.dumps(result, indent=2) if args.json else format_concurrency(result))
+        return 0
     from ..gpu.bench import bench_webgpu, format_result
 
     result = bench_webgpu(path, contexts, steps=args.steps, prefill_tokens=args.prefill or DEFAULT_PREFILL)

@@ -58,13 +58,14 @@ class Scratch:
     qkv: object       # (tokens, n_q + 2 n_kv)
     attn: object      # (tokens, n_q)
     ffn: object       # (tokens, n_ff)
-    part: object      # (n_head, MAX_SPLITS, head_dim + 2): a decode token's attention partials
+    part: object      # (rows, n_head, MAX_SPLITS, head_dim + 2): decode tokens' attention partials
+    rows: object      # (rows,) DecodeRow (decode_rows.wgsl): each decode token's slot, position and splits
     split: object     # (2, tokens, rows): a chunk matmul's K-split partials
     logits: object    # (logit_rows, vocab)
     staging: object   # MAP_READ copy of logits
     step: object      # uniform Step of the layers
     head_step: object # uniform Step of the LM head: its own token count and first position
-    part_bytes: int
+    part_bytes: int   # of one decode row
     logit_rows: int
     split_width: int  # floats per token of `split`: 2 splits of the tallest matrix split (pipes.gemm_splits)
 
@@ -97,6 +98,7 @@ class WebGPUBackend(Backend):
                                                     int(ctx.limits["max-compute-workgroup-storage-size"]),
                                                     self.pipes.half)
         bar.update(1)
+        self.n_slots = n_slots
         self.scratch = self._scratch()
         self.layers: list[LayerPack] = []
         for i in range(config.n_layers):
@@ -104,13 +106,19 @@ class WebGPUBackend(Backend):
             self.layers.append(pack_tensors(ctx, gf, names, f"blk.{i}"))
             bar.update(1)
         # one K/V cache per slot, and the layers' bind groups built once for each: select_slot
-        # only changes which list the next forward records
-        self.n_slots = n_slots
+        # only changes which list the next forward records. A layer's caches share one buffer
+        # (`kv_group`) as far as one binding holds them, so one dispatch serves a batch's slots.
+        self.slot_bytes = pl.ceil_div(2 * config.n_head_kv * n_ctx * config.head_dim * 4, 256) * 256
+        self.group_slots = max(1, min(n_slots, ctx.max_binding // self.slot_bytes))  # slots per K/V buffer
+        groups = [[self.pipes.storage(min(self.group_slots, n_slots - first) * self.slot_bytes,
+                                      f"slots{first}+.blk.{i}.kv") for i in range(config.n_layers)]
+                  for first in range(0, n_slots, self.group_slots)]
         self.slot_kv: list[list] = []
         self.slot_ops: list[list[LayerOps]] = []
-        kv_bytes = 2 * config.n_head_kv * n_ctx * config.head_dim * 4
         for slot in range(n_slots):
-            self.kv = [self.pipes.storage(kv_bytes, f"slot{slot}.blk.{i}.kv") for i in range(config.n_layers)]
+            self.kv_group = groups[slot // self.group_slots]
+            at = self.kv_offset(slot) * 16
+            self.kv = [(buffer, at, self.slot_bytes) for buffer in self.kv_group]
             self.slot_kv.append(self.kv)
             self.slot_ops.append([build_layer(self, i) for i in range(config.n_layers)])
         self.slot_past = [0] * n_slots  # each slot's n_past while another is selected
@@ -129,6 +137,8 @@ class WebGPUBackend(Backend):
         self._next_decode: tuple[tuple[int, bool], object] | None = None
         self._next_reduce = None  # the next reduction's command buffer, recorded while a forward runs
         self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
+        self._batch_lists: dict = {}  # _batch_work's key: its dispatches
+        self._next_batch: tuple[tuple, object] | None = None  # a batch step recorded ahead, by key
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
@@ -174,7 +184,8 @@ class WebGPUBackend(Backend):
             qkv=k.storage(t * (c.n_q + 2 * c.n_kv) * 4, "qkv"),
             attn=k.storage(t * c.n_q * 4, "attn"),
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
-            part=k.storage(part_bytes, "attention_partials"),
+            part=k.storage(self.n_slots * part_bytes, "attention_partials"),
+            rows=k.storage(self.n_slots * pl.ROW_BYTES, "decode_rows"),
             split=k.storage(t * split_width * 4, "k_split_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),
             staging=k.readback(logit_rows * c.vocab_size * 4, "logits_readback"),
@@ -190,8 +201,8 @@ class WebGPUBackend(Backend):
         """Forget every position; the cache is cleared so stale K/V can never be read."""
         self.n_past = 0
         encoder = self.ctx.device.create_command_encoder()
-        for kv in self.kv:
-            encoder.clear_buffer(kv)
+        for buffer, offset, size in self.kv:
+            encoder.clear_buffer(buffer, offset, size)
         self.ctx.device.queue.submit([encoder.finish()])
 
     def keep_prefix(self, n: int) -> None:
@@ -291,10 +302,15 @@ class WebGPUBackend(Backend):
                         self.n_past, ids.size, 1000 * (time.perf_counter() - started))
         return out
 
-    def split_len(self, n_tokens: int) -> int:
-        """K/V positions per attention split of a decode token: enough splits to keep SPLIT_WORKGROUPS
-        workgroups busy, each of at least MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
-        kv_total = self.n_past + n_tokens
+    def kv_offset(self, slot: int) -> int:
+        """First vec4 of slot's K/V cache in its layer's K/V buffer (kv_group)."""
+        return (slot % self.group_slots) * self.slot_bytes // 16
+
+    def split_len(self, n_tokens: int, n_past: int | None = None) -> int:
+        """K/V positions per attention split of a decode token at n_past (the current slot's by
+        default): enough splits to keep SPLIT_WORKGROUPS workgroups busy, each of at least
+        MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
+        kv_total = (self.n_past if n_past is None else n_past) + n_tokens
         wanted = pl.ceil_div(SPLIT_WORKGROUPS, self.config.n_head_kv)
         per_split = max(pl.ceil_div(kv_total, wanted), pl.ceil_div(kv_total, MAX_SPLITS), MIN_SPLIT_LEN)
         return pl.ceil_div(per_split, 64) * 64
@@ -321,9 +337,12 @@ class WebGPUBackend(Backend):
         return len(self.token_dispatches(n_tokens))
 
     def write_step(self, n_tokens: int) -> None:
-        """The layers' Step uniform for n_tokens positions from n_past."""
-        step = pl.pack_step(self.n_past, n_tokens, 0, self.split_len(n_tokens))
-        self.ctx.device.queue.write_buffer(self.scratch.step, 0, step)
+        """The layers' Step uniform for n_tokens positions from n_past, and decode row 0: the
+        current slot's token at n_past."""
+        split_len = self.split_len(n_tokens)
+        queue = self.ctx.device.queue
+        queue.write_buffer(self.scratch.step, 0, pl.pack_step(self.n_past, n_tokens, 0, split_len))
+        queue.write_buffer(self.scratch.rows, 0, pl.pack_rows([(self.kv_offset(self.slot), self.n_past, split_len, 0)]))
 
     def write_head_step(self, n_tokens: int, first: int) -> None:
         """The LM head runs n_tokens positions from position `first` of the chunk."""
@@ -364,6 +383,75 @@ class WebGPUBackend(Backend):
         if self.n_past < self.n_ctx:
             self._next_decode = ((self.n_splits(1), read), self._record_decode(read))
         return self._read_logits(1) if read else None
+
+    def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Backend.decode_batch: the slots that share a K/V buffer (kv_group) run as one forward, each
+        weight read once for all their tokens (gemv.wgsl with up to GEMV_TOKENS tokens per workgroup)."""
+        entries = self.check_batch(entries)
+        self.drop_prerecorded()
+        self.slot_past[self.slot] = self.n_past  # with one slot, check_batch leaves it behind
+        out = np.empty((len(entries), self.config.vocab_size), np.float32)
+        rows_at_once = min(self.scratch.tokens, self.scratch.logit_rows)
+        by_group: dict[int, list[int]] = {}
+        for r, (slot, _) in enumerate(entries):
+            by_group.setdefault(slot // self.group_slots, []).append(r)
+        for rows in by_group.values():
+            for first in range(0, len(rows), rows_at_once):
+                part = rows[first:first + rows_at_once]
+                out[part] = self._batch_step([entries[r] for r in part])
+        self.n_past = self.slot_past[self.slot]
+        return out
+
+    def _batch_step(self, entries: list[tuple[int, int]]) -> np.ndarray:
+        """One forward of decode tokens of slots in one K/V buffer: their logits (rows, vocab). The
+        command buffer of the same slots' next step is recorded while the GPU runs this one."""
+        key, work = self.batch_dispatches(entries)
+        ready = self._next_batch
+        commands = ready[1] if ready is not None and ready[0] == key else self._record_batch(work, len(entries))
+        self._next_batch = None
+        self.ctx.device.queue.submit([commands])
+        for slot, _ in entries:
+            self.slot_past[slot] += 1
+        if all(self.slot_past[slot] < self.n_ctx for slot, _ in entries):
+            key, work = self._batch_work(entries)
+            self._next_batch = (key, self._record_batch(work, len(entries)))
+        return self._read_logits(len(entries))
+
+    def _record_batch(self, work: list[pl.Dispatch], n: int):
+        encoder = self.ctx.device.create_command_encoder()
+        pl.record(encoder, work)
+        self._copy_logits(encoder, n)
+        return encoder.finish()
+
+    def batch_dispatches(self, entries: list[tuple[int, int]]) -> tuple[tuple, list[pl.Dispatch]]:
+        """The uniforms of one forward of (slot, token) decode tokens written: slots of one K/V
+        buffer, each token at its slot's position (which this does not advance). Returns
+        _batch_work's key and dispatches."""
+        n, s, queue = len(entries), self.scratch, self.ctx.device.queue
+        queue.write_buffer(s.ids, 0, np.array([token for _, token in entries], np.uint32))
+        queue.write_buffer(s.step, 0, pl.pack_step(0, n))
+        queue.write_buffer(s.head_step, 0, pl.pack_step(0, n, 0))
+        rows = []
+        for r, (slot, _) in enumerate(entries):
+            past = self.slot_past[slot]
+            rows.append((self.kv_offset(slot), past, self.split_len(1, past), r * s.part_bytes // 4))
+        queue.write_buffer(s.rows, 0, pl.pack_rows(rows))
+        return self._batch_work(entries)
+
+    def _batch_work(self, entries: list[tuple[int, int]]) -> tuple[tuple, list[pl.Dispatch]]:
+        """(key, dispatches) of a forward of these slots' decode tokens at their positions: what the
+        dispatches depend on is the key (the buffer's slots, the tokens, the most attention splits)."""
+        n_splits = max(pl.ceil_div(self.slot_past[slot] + 1, self.split_len(1, self.slot_past[slot]))
+                       for slot, _ in entries)
+        key = (entries[0][0] // self.group_slots, len(entries), n_splits)
+        if key not in self._batch_lists:
+            n = len(entries)
+            # any slot of the buffer: its decode attention binds the whole buffer, each row finds its cache
+            work = self.globals_ops.embed(n)
+            for ops in self.slot_ops[entries[0][0]]:
+                work += ops.dispatches(n, n_splits, decode=True)
+            self._batch_lists[key] = work + self.globals_ops.final_norm(n) + self.globals_ops.lm_head(n)
+        return key, self._batch_lists[key]
 
     def _chunk(self, ids: np.ndarray, all_logits: bool, last: bool, read: bool = True) -> np.ndarray | None:
         n = ids.size

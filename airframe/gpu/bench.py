@@ -423,6 +423,84 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     return result
 
 
+def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: int = 128, matmul: str = "auto",
+                      progress: bool = True) -> dict:
+    """Decode of N conversations at once for each N of `levels` (airframe/batching.py's decode step):
+    each of N slots holds a prompt of `prompt_tokens` random ids, then `steps` batched greedy steps
+    run, each one Backend.decode_batch with the logits of every row read back and their argmax
+    taken on the host (what the scheduler does). Per level: the median wall ms of a step (each
+    stream's ms/token), the aggregate tokens/s, and the GPU ms of the step's dispatches with the
+    share of each op class (timestamps, where the adapter has them); beside them, batch-1 greedy
+    chained on the GPU at the same context, the fastest single stream."""
+    top = max(levels)
+    options = RunOptions.from_env(n_ctx=prompt_tokens + steps + 8, progress=progress, matmul=matmul, slots=top)
+    be = open_backend("webgpu", open_model(path), options)
+    timer = GpuTimer(be.ctx)
+    rng = np.random.default_rng(0)
+    vocab = be.config.vocab_size
+    rows = []
+    with tqdm(total=len(levels) * (steps + 2) + 1, desc="bench: concurrency", unit="step",
+              disable=not progress) as bar:
+        chained = chained_decode_ms(be, prompt_tokens + 1, steps, runs=3)  # the first run compiles
+        bar.update(1)
+        for n in levels:
+            tokens = []
+            for slot in range(n):
+                be.select_slot(slot)
+                be.reset()
+                be.forward(rng.integers(0, vocab, prompt_tokens).tolist())
+                tokens.append(int(rng.integers(0, vocab)))
+            be.select_slot(0)
+            times = []
+            for step in range(steps + 2):  # the first two compile the batch's pipelines and warm the GPU
+                started = time.perf_counter()
+                logits = be.decode_batch(list(enumerate(tokens)))
+                tokens = [int(t) for t in np.argmax(logits, axis=1)]
+                if step >= 2:
+                    times.append(time.perf_counter() - started)
+                bar.update(1)
+            ms = 1000 * statistics.median(times)
+            row = {"streams": n, "step_ms": ms, "tokens_per_s": 1000 * n / ms}
+            if timer.enabled:
+                row.update(_batch_gpu_ms(be, timer, list(enumerate(tokens))))
+            rows.append(row)
+    base = rows[0]["tokens_per_s"] / rows[0]["streams"] if rows else 0.0
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base
+    return {"adapter": get_context().name, "model": str(path), "prompt_tokens": prompt_tokens, "steps": steps,
+            "chained_batch1_ms": chained, "levels": rows}
+
+
+def _batch_gpu_ms(be: WebGPUBackend, timer: GpuTimer, entries: list[tuple[int, int]]) -> dict:
+    """GPU ms of one decode_batch forward of `entries`, and per op class as it runs in the pass
+    where the adapter times dispatches inside a pass."""
+    work = be.batch_dispatches(entries)[1]
+    out = {"gpu_ms": 1000 * time_passes(be.ctx, timer, work, repeats=5)}
+    if "timestamp-query-inside-passes" in be.ctx.features:
+        ops: dict[str, float] = {}
+        for d, seconds in zip(work, dispatch_times(be.ctx, work)):
+            ops[_op_class(d.label)] = ops.get(_op_class(d.label), 0.0) + 1000 * seconds
+        out["ops_ms"] = ops
+    return out
+
+
+def format_concurrency(r: dict) -> str:
+    lines = [f"webgpu on {r['adapter']}: decode of N conversations at once, each after a {r['prompt_tokens']}-token "
+             f"prompt, {r['steps']} steps (median)",
+             f"model: {r['model']}",
+             "  streams   ms/step (each stream's ms/token)   GPU ms/step   aggregate tokens/s   x one stream"]
+    for row in r["levels"]:
+        gpu = f"{row['gpu_ms']:>11.3f}" if "gpu_ms" in row else f"{'-':>11}"
+        lines.append(f"  {row['streams']:>7}   {row['step_ms']:>33.3f}   {gpu}   {row['tokens_per_s']:>18.1f}   "
+                     f"{row['speedup']:>12.2f}")
+    lines.append(f"  one stream, greedy chained on the GPU: {r['chained_batch1_ms']:.3f} ms/token")
+    for row in r["levels"]:
+        if row.get("ops_ms"):
+            ops = ", ".join(f"{name} {ms:.3f}" for name, ms in sorted(row["ops_ms"].items(), key=lambda kv: -kv[1]))
+            lines.append(f"  GPU ms by op, {row['streams']} streams: {ops}")
+    return "\n".join(lines)
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
 

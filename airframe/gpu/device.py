@@ -52,6 +52,13 @@ class GPUContext:
         return "subgroup" in self.features
 
     @property
+    def min_subgroup_size(self) -> int:
+        """The fewest lanes a subgroup of this adapter may have (wgpu-py 0.32 spells the key
+        "stackgroup_min_size"); 4, WebGPU's least, where the adapter does not say."""
+        info = self.adapter.info
+        return int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 4)
+
+    @property
     def has_timestamps(self) -> bool:
         return "timestamp-query" in self.features
 

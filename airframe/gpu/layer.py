@@ -1,8 +1,10 @@
 """The dispatches of one layer and of the model's ends, built once at load.
 
+A forward is a prefill chunk (n_tokens positions of one slot) or decode (n_tokens tokens, each the next
+position of its own slot: one, or a batch of conversations); the ops of one phase only run in it.
 Each Op holds its bind group and parameter buffer; `dispatch(n_tokens, n_splits)` only picks the
-program (gemv.wgsl for one token, gemm.wgsl for a chunk, gemm_rows.wgsl on CPU adapters) and the
-workgroup counts.
+program (gemv.wgsl for up to pipes.gemv_tokens tokens, gemm.wgsl for a longer chunk, gemm_rows.wgsl on CPU
+adapters) and the workgroup counts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class Op:
     cols: int = 0
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
     shape: dict | None = None        # the program's model-shape placeholders (pl.attention_shapes)
-    # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, rope.wgsl 2+ tokens
+    phase: str | None = None         # "decode" or "prefill": runs only in that phase
+    # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, split_sum gemm.wgsl's partials
     when: Callable[[int, int], bool] | None = None
     gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
     k_splits: int = 1                # gemm.wgsl's workgroups along K for a chunk (pipes.gemm_splits)
@@ -36,11 +39,11 @@ class Op:
         shape, group = self.shape, self.bind_group
         if self.shader != "matmul":
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
-        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > 1 and pipes.half != "f16"):
+        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > pipes.gemv_tokens and pipes.half != "f16"):
             # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
             shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
-        elif n_tokens == 1:
-            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant)
+        elif n_tokens <= pipes.gemv_tokens:  # a decode token, a batch of them, or a short chunk
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
         else:
             shader, shape = "gemm", None
@@ -56,13 +59,15 @@ class LayerOps:
     ops: list[Op]
     _cache: dict = field(default_factory=dict)
 
-    def dispatches(self, n_tokens: int, n_splits: int) -> list[pl.Dispatch]:
-        key = (n_tokens, n_splits)
+    def dispatches(self, n_tokens: int, n_splits: int, decode: bool | None = None) -> list[pl.Dispatch]:
+        """The layer's dispatches for n_tokens, decode by default for one token only."""
+        phase = "decode" if (n_tokens == 1 if decode is None else decode) else "prefill"
+        key = (n_tokens, n_splits, phase)
         if key not in self._cache:
             if len(self._cache) > 64:
                 self._cache.clear()
             self._cache[key] = [op.dispatch(self.pipes, n_tokens, n_splits) for op in self.ops
-                                if op.when is None or op.when(n_tokens, n_splits)]
+                                if op.phase in (None, phase) and (op.when is None or op.when(n_tokens, n_splits))]
         return list(self._cache[key])
 
 
@@ -99,7 +104,7 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
                             accumulate=int(bool(mode & pl.MODE_ACCUMULATE)))
     group = k.bind("split_sum", [s.split, y, k.uniform(params, f"{label}.split_sum"), s.step])
     return [op, Op(f"{label}.split_sum", "split_sum", None, group, grid=lambda t, n: (pl.ceil_div(rows, 256), t, 1),
-                   output=(y, y_stride), when=lambda t, n: t > 1)]
+                   output=(y, y_stride), when=lambda t, n: t > k.gemv_tokens)]
 
 
 def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool) -> Op:
@@ -154,27 +159,29 @@ def build_layer(be, i: int) -> LayerOps:
     group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], rope_params, s.step])
     # a decode token's attention does this work itself
     ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
-                  output=(s.qkv, n_qkv), when=lambda t, n: t > 1))
+                  output=(s.qkv, n_qkv), phase="prefill"))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
     attn = k.uniform(pl.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
                                     n_ctx=be.n_ctx, window=window, scale=c.attention_scale(), qkv_stride=n_qkv,
                                     softcap=c.attn_logit_softcap))
     decode_shape, prefill_shape = be.attention_shapes
-    # a decode token: QK-norm, RoPE and the K/V write inside its attention, split along the cache
-    group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv[i], s.part, s.attn, attn, rope_params, s.step])
-    ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, 1),
-                  shape=decode_shape, when=lambda t, n: t == 1))
+    # decode tokens: QK-norm, RoPE and the K/V write inside their attention, split along the cache;
+    # each token's row (s.rows) says where its slot's cache lies in the layer's K/V buffer
+    group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv_group[i], s.part, s.attn, attn, rope_params,
+                                        s.rows])
+    ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, t),
+                  shape=decode_shape, phase="decode"))
     group = k.bind("attention_prefill", [s.qkv, be.kv[i], s.attn, attn, s.step])
     rows = c.n_head // c.n_head_kv  # query rows per token and K/V head
     ops.append(Op(f"blk.{i}.attention", "attention_prefill", None, group,
                   grid=lambda t, n: (pl.ceil_div(t * rows, 64), c.n_head_kv, 1), shape=prefill_shape,
-                  output=(s.attn, c.n_q), when=lambda t, n: t > 1))
+                  output=(s.attn, c.n_q), phase="prefill"))
     merge = pl.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
-    group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.step])
-    # with one split attention_decode.wgsl writes its output itself
-    ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group,
-                  grid=lambda t, n: (c.n_head, 1, 1), output=(s.attn, c.n_q), when=lambda t, n: t == 1 and n > 1))
+    group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.rows])
+    # with one split attention_decode.wgsl writes its output itself (n: the longest row's splits)
+    ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group, grid=lambda t, n: (c.n_head, t, 1),
+                  output=(s.attn, c.n_q), phase="decode", when=lambda t, n: n > 1))
 
     if c.post_norms:
         ops += _matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd)

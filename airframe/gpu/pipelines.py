@@ -86,8 +86,11 @@ SPLIT_ROW_TILES = 32    # row tiles x 8 token tiles of a 512-token chunk below F
 WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
+GEMV_TOKENS = 8         # gemv.wgsl's tokens per workgroup at most: a decode batch reads each weight once
+GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation
 STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
+ROW_BYTES = 16          # struct DecodeRow (decode_rows.wgsl): kv, n_past, split_len, part
 
 
 def pack_params(shader: str, **values) -> bytes:
@@ -102,6 +105,12 @@ def pack_params(shader: str, **values) -> bytes:
 
 def pack_step(n_past: int, n_tokens: int, lm_first: int = 0, split_len: int = 256) -> bytes:
     return struct.pack("<4I", n_past, n_tokens, lm_first, split_len)
+
+
+def pack_rows(rows: list[tuple[int, int, int, int]]) -> bytes:
+    """DecodeRow entries (decode_rows.wgsl): (first vec4 of the slot's cache, n_past, split_len,
+    first float of the row's partials) per decode token."""
+    return np.asarray(rows, np.uint32).reshape(-1, ROW_BYTES // 4).tobytes()
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -161,9 +170,9 @@ class Pipelines:
             self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[kinds]
 
-    def decode_matmul(self, rows: int, cols: int, quant: QuantType) -> tuple[int, dict]:
-        """gemv.wgsl for a (rows, cols) matrix in `quant`: (output rows per workgroup, its
-        placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one; the most
+    def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1) -> tuple[int, dict]:
+        """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens:
+        (output rows per workgroup, its placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one; the most
         rows per workgroup that still make FULL_GPU workgroups (the subgroups then split each row's
         units between them), more where a row has too few units to keep them all busy."""
         name = quant.shader if quant.gemv_unit else "generic"
@@ -172,7 +181,22 @@ class Pipelines:
         rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
         while rows_wg < 32 and 4 * SUBGROUPS // rows_wg > lanes_per_row:
             rows_wg *= 2
-        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name}
+        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name, "GEMV_TOKENS": n_tokens,
+                         "GEMV_SUBGROUPS": self.gemv_subgroups}
+
+    @property
+    def gemv_subgroups(self) -> int:
+        """Subgroups a gemv.wgsl workgroup may have: lanes_shared.wgsl's runs of 32, or as many as
+        the adapter's smallest subgroups make."""
+        lanes = LANES if self.reduce == "shared" else max(1, min(LANES, self.ctx.min_subgroup_size))
+        return GEMV_WG // lanes
+
+    @property
+    def gemv_tokens(self) -> int:
+        """Tokens per gemv.wgsl workgroup: GEMV_TOKENS, or fewer where their merge space (3 vec4 per
+        token and subgroup, and lanes_shared.wgsl's WG vec4) exceeds the adapter's workgroup memory."""
+        room = int(self.ctx.limits["max-compute-workgroup-storage-size"]) - (16 * GEMV_WG if self.reduce == "shared" else 0)
+        return max(1, min(GEMV_TOKENS, room // (48 * self.gemv_subgroups)))
 
     def gemm_groups(self, rows: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along the rows: tiles of 128 rows, or of 64 gate rows and their 64

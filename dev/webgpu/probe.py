@@ -8,6 +8,7 @@ matmuls against the streaming read. Each part prints a table; --json writes ever
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -265,36 +266,36 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
 
 
 # ---- decode matmuls --------------------------------------------------------------------------
-def gemv(ctx, timer, types, bandwidth, units=()) -> dict:
+def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
     kern = K.Pipelines(ctx, matmul="tiled")
     shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
               "lm_head": (128256, 2048)}
     rows_out = []
-    for qtype in types:
-        for name, (rows, cols) in shapes.items():
-            quant = gpu_quant(qtype)
-            row_words = quant.gpu_row_words(cols)
-            buf = kern.storage(rows * row_words * 4, "w")  # values do not change the speed
-            x = kern.storage(cols * 4, "x")
-            y = kern.storage(rows * 4, "y")
-            step = kern.uniform(K.pack_step(0, 1))
-            params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
-                                   seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
-                                   y_stride=rows, y_off=0)
-            rows_wg, shape = kern.decode_matmul(rows, cols, quant)
-            group = kern.bind("gemv", [buf, x, y, kern.uniform(params), step])
-            others = [u for u in units if u.startswith(quant.shader) and u != shape["GEMV_UNIT"]]
-            for unit in [shape["GEMV_UNIT"]] + others:
-                shader = "gemv/" + unit
-                wg = rows_wg if unit == shape["GEMV_UNIT"] else _unit_rows_wg(kern, rows, cols, unit)
-                d = K.Dispatch(name, kern.pipeline("gemv", quant, {"GEMV_ROWS_WG": wg, "GEMV_UNIT": unit}), group,
-                               (K.ceil_div(rows, wg), 1, 1))
-                warm_up(ctx, timer, [d], 0.1)
-                t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
-                share = rows * row_words * 4 / t / bandwidth
-                print(f"gemv {qtype.name:5} {name:8} {rows}x{cols}: {t * 1e6:7.1f} us  {100 * share:5.1f}% of stream "
-                      f"({shader}, {wg} rows)")
-                rows_out.append({"qtype": qtype.name, "shape": name, "us": t * 1e6, "share": share, "shader": shader})
+    for qtype, n_tok, (name, (rows, cols)) in itertools.product(types, token_counts, shapes.items()):
+        quant = gpu_quant(qtype)
+        row_words = quant.gpu_row_words(cols)
+        buf = kern.storage(rows * row_words * 4, "w")  # values do not change the speed
+        x = kern.storage(n_tok * cols * 4, "x")
+        y = kern.storage(n_tok * rows * 4, "y")
+        step = kern.uniform(K.pack_step(0, n_tok))
+        params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
+                               seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
+                               y_stride=rows, y_off=0)
+        rows_wg, shape = kern.decode_matmul(rows, cols, quant, n_tok)
+        group = kern.bind("gemv", [buf, x, y, kern.uniform(params), step])
+        others = [u for u in units if u.startswith(quant.shader) and u != shape["GEMV_UNIT"]]
+        for unit in [shape["GEMV_UNIT"]] + others:
+            shader = "gemv/" + unit
+            wg = rows_wg if unit == shape["GEMV_UNIT"] else _unit_rows_wg(kern, rows, cols, unit)
+            d = K.Dispatch(name, kern.pipeline("gemv", quant, {**shape, "GEMV_ROWS_WG": wg, "GEMV_UNIT": unit}), group,
+                           (K.ceil_div(rows, wg), 1, 1))
+            warm_up(ctx, timer, [d], 0.1)
+            t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
+            share = rows * row_words * 4 / t / bandwidth
+            print(f"gemv {qtype.name:5} {name:8} {rows}x{cols} {n_tok} tokens: {t * 1e6:7.1f} us  "
+                  f"{100 * share:5.1f}% of stream ({shader}, {wg} rows)")
+            rows_out.append({"qtype": qtype.name, "shape": name, "tokens": n_tok, "us": t * 1e6, "share": share,
+                             "shader": shader})
     return {"rows": rows_out}
 
 
@@ -314,6 +315,7 @@ def main() -> None:
     ap.add_argument("--programs", default="gemm", help="gemm programs to compare: gemm and any shaders/gemm_*.wgsl beside it")
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--units", default="", help="gemv: other unit files of a type to compare (shaders/gemv/*.wgsl)")
+    ap.add_argument("--tokens", default="1", help="gemv: tokens per dispatch to time, e.g. 1,8 (a batch of conversations)")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -335,7 +337,8 @@ def main() -> None:
     if "gemm" in parts:
         out["gemm"] = gemm(ctx, timer, types, speed=not args.check_only, programs=args.programs.split(","))
     if "gemv" in parts:
-        out["gemv"] = gemv(ctx, timer, types, bandwidth, [u for u in args.units.split(",") if u])
+        out["gemv"] = gemv(ctx, timer, types, bandwidth, [u for u in args.units.split(",") if u],
+                           [int(n) for n in args.tokens.split(",")])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -8,16 +8,8 @@
 set -u
 types=${1:-"BF16 Q8_0 Q4_K_M"}
 source .device/enter.sh
-kit=.device/peers/llamacpp
-mkdir -p /tmp/lc/root && tar xzf $kit/llama.cpp-*-src.tgz -C /tmp/lc && mv /tmp/lc/lcsrc /tmp/lc/src
-for f in $kit/debs/*.deb; do dpkg -x "$f" /tmp/lc/root; done
-R=/tmp/lc/root/usr
-( cd /tmp/lc/src && export LD_LIBRARY_PATH=$R/lib/x86_64-linux-gnu && \
-  cmake -B bvk -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -G Ninja -DGGML_VULKAN=ON \
-    -DCMAKE_PREFIX_PATH=$R -DVulkan_INCLUDE_DIR=$R/include -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1 \
-    -DVulkan_GLSLC_EXECUTABLE=$R/bin/glslc > /tmp/lc/vk.log 2>&1 && cmake --build bvk -j 14 --target llama-bench >> /tmp/lc/vk.log 2>&1; \
-  echo "vk rc $?" >> /tmp/lc/vk.log ) &
+source dev/webgpu/llamacpp_vulkan.sh
+build_llamacpp_vulkan &
 build=$!
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 makes=()

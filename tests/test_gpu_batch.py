@@ -1,0 +1,128 @@
+"""Decode batches on lavapipe (WebGPUBackend.decode_batch): the tokens of several slots in one forward,
+each weight read once for all of them, give each slot the logits it gets alone, bit for bit, with
+slots at different lengths, joining and leaving between steps, a slot left out untouched; on tiny
+synthetic models of three types through gemv.wgsl (tiled) and gemm_rows.wgsl (CPU adapters), and
+the base Backend's slot-by-slot loop on the reference backend. The kernels themselves are checked
+against numpy in test_gpu_matmul.py and test_gpu_attention.py."""
+
+import numpy as np
+import pytest
+
+from airframe.errors import ContextOverflowError, ParameterError
+from airframe.gpu.backend import WebGPUBackend
+from airframe.model import open_model
+from airframe.options import RunOptions
+from airframe.reference import ReferenceBackend
+from airframe.synthetic import write_synthetic_gguf
+
+PROMPTS = {2: [7, 300, 2900, 12, 9, 2048, 77, 5, 1, 999, 3, 1321, 18], 0: [5, 6], 3: [42, 43, 44, 45, 46, 47, 48, 49, 50]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    return {q: write_synthetic_gguf(folder / f"tiny-{q}.gguf", "llama", "tiny", q, vocab=3000)
+            for q in ("Q8_0", "Q4_K", "BF16")}
+
+
+def alone(be, slot: int, prompt: list[int], steps: int) -> list[np.ndarray]:
+    """Logits of `prompt`'s last token and of `steps` greedy tokens after it, slot by itself."""
+    be.select_slot(slot)
+    be.reset()
+    be.forward(prompt[:-1])
+    out = [be.forward(prompt[-1:])]
+    for _ in range(steps):
+        out.append(be.forward([int(np.argmax(out[-1]))]))
+    return out
+
+
+def batched(be, steps: int, leaves: dict[int, int]) -> dict[int, list[np.ndarray]]:
+    """The same, every slot of PROMPTS in one decode batch per step; slot s leaves after step leaves[s]."""
+    for slot, prompt in PROMPTS.items():
+        be.select_slot(slot)
+        be.reset()
+        be.forward(prompt[:-1])
+    be.select_slot(1)
+    out = {slot: [] for slot in PROMPTS}
+    nxt = {slot: prompt[-1] for slot, prompt in PROMPTS.items()}
+    for step in range(steps + 1):
+        entries = [(slot, nxt[slot]) for slot in PROMPTS if step <= leaves.get(slot, steps)]
+        logits = be.decode_batch(entries)
+        for (slot, _), row in zip(entries, logits):
+            out[slot].append(row)
+            nxt[slot] = int(np.argmax(row))
+    return out
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "BF16"])
+@pytest.mark.parametrize("matmul", ["tiled", "rows"])
+def test_a_batch_gives_each_slot_its_own_logits(models, qtype, matmul):
+    be = WebGPUBackend.load(open_model(models[qtype]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul=matmul))
+    steps, leaves = 5, {0: 2}
+    want = {slot: alone(be, slot, prompt, steps if slot not in leaves else leaves[slot]) for slot, prompt in PROMPTS.items()}
+    be.select_slot(1)
+    be.reset()
+    be.forward([11, 12, 13])
+    got = batched(be, steps, leaves)
+    assert be.slot == 1 and be.n_past == 3  # the selected slot, left out of every batch
+    for slot in PROMPTS:
+        assert len(got[slot]) == len(want[slot])
+        for a, b in zip(got[slot], want[slot]):
+            np.testing.assert_array_equal(a, b)
+        be.select_slot(slot)
+        assert be.n_past == len(PROMPTS[slot]) + len(want[slot]) - 1
+    be.select_slot(1)
+    np.testing.assert_array_equal(be.forward([14]), alone(be, 1, [11, 12, 13, 14], 0)[0])
+
+
+def test_one_forward_serves_a_batch(models, monkeypatch):
+    """The slots of one K/V buffer run as one forward: one command buffer for three tokens."""
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=32, slots=3, matmul="tiled"))
+    assert be.group_slots == 3
+    steps = []
+    step = be._batch_step
+    monkeypatch.setattr(be, "_batch_step", lambda entries: steps.append(len(entries)) or step(entries))
+    assert be.decode_batch([(0, 1), (1, 2), (2, 3)]).shape == (3, 3000)
+    assert steps == [3]
+
+
+def test_a_batch_of_one_slot_is_a_decode_step(models):
+    """With a single K/V cache, decode_batch continues the selected slot as forward does."""
+    be = WebGPUBackend.load(open_model(models["Q4_K"]), RunOptions(n_ctx=16, slots=1, matmul="tiled"))
+    want = alone(be, 0, [5, 6, 7], 2)
+    be.reset()
+    be.forward([5, 6])
+    got = [be.decode_batch([(0, 7)])[0]]
+    for _ in range(2):
+        got.append(be.decode_batch([(0, int(np.argmax(got[-1])))])[0])
+    assert be.n_past == 5
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_batches_are_refused(models):
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=4, slots=2, matmul="tiled"))
+    for entries, error in [([], "no tokens"), ([(2, 1)], "slot 2"), ([(0, 1), (0, 2)], "twice"),
+                           ([(0, 3000)], "outside the vocabulary")]:
+        with pytest.raises(ParameterError, match=error):
+            be.decode_batch(entries)
+    be.forward([1, 2, 3, 4])
+    with pytest.raises(ContextOverflowError):
+        be.decode_batch([(1, 5), (0, 5)])
+    assert be.slot_past[1] == 0 and be.n_past == 4  # nothing ran
+
+
+def test_the_reference_backend_runs_a_batch_slot_by_slot(models):
+    be = ReferenceBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=32, slots=2))
+    be.select_slot(1)
+    want = [be.forward([5, 6])]
+    be.reset()
+    be.forward([5])
+    be.select_slot(0)
+    be.forward([9])
+    got = be.decode_batch([(1, 6), (0, 10)])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    be.select_slot(0)
+    be.reset()
+    np.testing.assert_allclose(got[1], be.forward([9, 10]), rtol=1e-5, atol=1e-5)
+    assert be.slot == 0
