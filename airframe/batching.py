@@ -76,12 +76,12 @@ class Scheduler:
     """Requests of one engine, run together (see the module docstring). One thread drives it: the
     caller of submit() and step() owns the engine's backend while any request is unfinished."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, on_batch: Callable[[int], None] | None = None):
         self.engine = engine
         self.backend = engine.backend
         self.waiting: deque[Stream] = deque()
         self.running: list[_Running] = []
-        self.batch_sizes: list[int] = []  # tokens of each decode step, for metrics and benchmarks
+        self.on_batch = on_batch or (lambda n: None)  # gets each decode step's token count
 
     def submit(self, prompt_ids: list[int], params: GenerationParams,
                cancel: Callable[[], bool] | None = None) -> Stream:
@@ -160,7 +160,7 @@ class Scheduler:
             for run in ready:
                 self._fail(run, e)
             return
-        self.batch_sizes.append(len(ready))
+        self.on_batch(len(ready))
         for run, logits in zip(ready, rows):
             self._take(run, logits)
 

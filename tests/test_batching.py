@@ -46,13 +46,14 @@ def test_a_batch_of_eight_gives_what_each_gives_alone(model):
         engine.forget_prompt_cache()
         alone.append(engine.generate(prompt, params))
     engine.forget_prompt_cache()
-    scheduler = Scheduler(engine)
+    batches = []
+    scheduler = Scheduler(engine, on_batch=batches.append)
     streams = []
     for prompt, params in requests:
         cancel = (lambda: len(streams[-1].items) >= 2) if len(streams) == len(requests) - 1 else None
         streams.append(scheduler.submit(engine.prepare(prompt, params), params, cancel))
     scheduler.run()
-    assert max(scheduler.batch_sizes) == 8
+    assert max(batches) == 8
     for stream, (text, finish, logprobs) in zip(streams[:-1], alone[:-1]):
         got = stream.finish()
         assert stream.text() == text
@@ -83,7 +84,8 @@ def test_more_requests_than_slots_wait_and_a_long_prompt_is_read_a_chunk_a_step(
     for p in prompts:
         tiny.forget_prompt_cache()
         alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
-    scheduler = Scheduler(tiny)
+    batches = []
+    scheduler = Scheduler(tiny, on_batch=batches.append)
     streams = [scheduler.submit(p, params) for p in prompts]
     sizes = []
     while scheduler.step():
@@ -91,7 +93,7 @@ def test_more_requests_than_slots_wait_and_a_long_prompt_is_read_a_chunk_a_step(
     assert sizes[0] == (3, 2)  # three slots: two requests wait
     # the 30-token prompt takes steps 2-5 (3 chunks of 8, then 6 with logits) while the first
     # request decodes a token each step; at step 5 both decode
-    assert scheduler.batch_sizes[:5] == [1, 1, 1, 1, 2]
+    assert batches[:5] == [1, 1, 1, 1, 2]
     for stream, want in zip(streams, alone):
         got = [t for item in stream.items[:-1] for t in item.token_ids]
         assert got == want and stream.finish().completion_tokens == len(want) == 6
@@ -135,3 +137,46 @@ def test_a_request_with_damaged_logits_fails_alone(tiny, nan_model_path, monkeyp
     scheduler.run()
     assert isinstance(bad.error, NonFiniteError) and bad.done and bad.finish() is None
     assert good.error is None and good.finish().reason in ("length", "stop")
+
+
+def test_the_batching_queue_bounds_its_line_and_serves_each_job_as_alone(tiny):
+    import asyncio
+
+    from airframe.server.queue import END, BatchingQueue, Job, QueueFullError
+
+    params = GenerationParams(max_tokens=5, sampling=GREEDY, stop_token_ids=[], cache_prompt=False)
+    prompts = [ids(3, 1), ids(12, 2), ids(5, 3), ids(4, 4)]
+    alone = []
+    for p in prompts:
+        tiny.forget_prompt_cache()
+        alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
+    loop = asyncio.new_event_loop()
+    finished, batches = [], []
+    queue = BatchingQueue(tiny, max_waiting=1, on_finish=finished.append, on_step=batches.append)
+    queue._cond.acquire()  # hold the worker back while the line fills
+    try:
+        jobs = [Job(p, params, loop) for p in prompts]
+        for job in jobs:
+            queue.submit(job)
+        assert (queue.running, queue.depth) == (3, 1)  # three slots run, one waits
+        with pytest.raises(QueueFullError, match="3 running"):
+            queue.submit(Job(ids(2, 9), params, loop))
+    finally:
+        queue._cond.release()
+
+    async def events(job):
+        out = []
+        while (item := await job.events.get()) is not END:
+            out.append(item)
+        return out
+
+    async def all_events():
+        return await asyncio.wait_for(asyncio.gather(*(events(j) for j in jobs)), 120)
+
+    got = loop.run_until_complete(all_events())
+    queue.close()
+    loop.close()
+    for items, want in zip(got, alone):
+        assert [t for item in items[:-1] for t in item.token_ids] == want
+        assert isinstance(items[-1], Finish) and items[-1].completion_tokens == 5
+    assert len(finished) == 4 and max(batches) == 3 and sum(batches) == 4 * 4  # the first token of each comes from its prefill

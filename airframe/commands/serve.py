@@ -27,10 +27,12 @@ def add_arguments(p):
                         "request before, as llama-server's cache_prompt)")
     p.add_argument("--slots", type=int, default=None, metavar="N",
                    help="K/V caches allocated at load, each keeping one conversation's prompt warm; a request "
-                        "goes to the slot sharing the longest prefix with it, else the least recently used "
-                        f"(default {DEFAULT_SLOTS} where they fit in memory, else 1; 1 with --backend cuda)")
+                        "goes to the slot sharing the longest prefix with it, else the least recently used. "
+                        "Given N > 1, up to N requests generate at once, decoded in one batch per step "
+                        f"(default {DEFAULT_SLOTS} where they fit in memory, one request at a time; "
+                        "1 with --backend cuda)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
-                   help="requests that may wait behind the running one; more get 503 (default 64)")
+                   help="requests that may wait behind the running ones; more get 503 (default 64)")
     p.add_argument("--alias", action="extend", nargs="+", default=[], metavar="NAME",
                    help="more names the model answers to in /v1/models and `model`")
     p.add_argument("--strict-model", action="store_true",
@@ -87,6 +89,7 @@ def run(args) -> int:
         return Engine.load(opened, backend=args.backend, options=run_options)
 
     options = ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
+                            batching=args.slots is not None and args.slots > 1,
                             aliases=tuple(args.alias), strict_model=args.strict_model,
                             cors_origins=tuple(args.cors_origin), bind_host=args.host,
                             allowed_hosts=tuple(args.allowed_host))

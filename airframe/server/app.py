@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import ApiError, from_validation, overloaded
 from .metrics import Metrics
-from .queue import RequestQueue
+from .queue import BatchingQueue, RequestQueue
 from .routes import ENDPOINTS, health_router, router
 
 
@@ -32,7 +32,10 @@ WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
 @dataclass
 class ServerOptions:
     api_key: str | None = None  # when set, every endpoint but /health needs "Authorization: Bearer KEY"
-    max_queue: int = 64  # requests that may wait behind the running one; more get 503
+    max_queue: int = 64  # requests that may wait behind the running ones; more get 503
+    # Run as many requests at once as the backend has K/V slots, decoded in one batch per step
+    # (BatchingQueue); off: one at a time, each on the backend's fastest single-stream path.
+    batching: bool = False
     aliases: tuple[str, ...] = ()  # more names for the model in /v1/models and `model`
     strict_model: bool = False  # refuse (404) a `model` that is neither the id nor an alias
     model_id: str | None = None  # the id to serve under; default: the engine's model_id
@@ -48,7 +51,7 @@ class ServerOptions:
 class ServerState:
     options: ServerOptions
     engine: Any = None
-    queue: RequestQueue | None = None
+    queue: RequestQueue | BatchingQueue | None = None
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)  # set on success or failure
     started: int = field(default_factory=lambda: int(time.time()))
@@ -58,6 +61,7 @@ class ServerState:
         self.metrics = Metrics(
             queue_depth=lambda: self.queue.depth if self.queue else 0,
             running=lambda: self.queue.running if self.queue else 0,
+            slots=lambda: self.queue.slots if self.queue else 0,
         )
 
     @property
@@ -71,11 +75,11 @@ class ServerState:
 
     def open_queue(self, engine) -> None:
         if engine is not None and self.queue is None:
-            self.queue = RequestQueue(
-                engine, self.options.max_queue,
-                on_finish=self.metrics.observe_finish,
-                on_skip=lambda job: self.metrics.cancelled.inc(),
-            )
+            common = dict(on_finish=self.metrics.observe_finish, on_skip=lambda job: self.metrics.cancelled.inc())
+            if self.options.batching and engine.backend.n_slots > 1:
+                self.queue = BatchingQueue(engine, self.options.max_queue, on_step=self.metrics.observe_step, **common)
+            else:
+                self.queue = RequestQueue(engine, self.options.max_queue, **common)
 
     def fail(self, error: BaseException) -> None:
         self.load_error = f"loading the model failed: {error}"

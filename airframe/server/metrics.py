@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
+from collections import deque
 from typing import Callable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -16,6 +18,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Prefill and decode of one request, in seconds: from a few milliseconds on a GPU to minutes on
 # a CPU Vulkan driver.
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # tokens in one decode step of a batching server
+RATE_WINDOW_SECONDS = 10.0  # the aggregate tokens/s gauge counts the decode steps of this last span
 
 
 def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
@@ -86,10 +90,34 @@ class Histogram:
         return lines
 
 
+class Rate:
+    """Events per second over the last `window` seconds, read at scrape time."""
+
+    def __init__(self, name: str, help: str, window: float = RATE_WINDOW_SECONDS):
+        self.name, self.help, self.window = name, help, window
+        self._events: deque[tuple[float, float]] = deque()  # (when, amount)
+        self._lock = threading.Lock()
+
+    def add(self, amount: float, now: float | None = None) -> None:
+        with self._lock:
+            self._events.append((time.monotonic() if now is None else now, amount))
+
+    def value(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._events and self._events[0][0] < now - self.window:
+                self._events.popleft()
+            return sum(amount for _, amount in self._events) / self.window
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge", f"{self.name} {self.value():g}"]
+
+
 class Metrics:
     """Everything /metrics reports."""
 
-    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float]):
+    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float],
+                 slots: Callable[[], float] = lambda: 1):
         self.requests = Counter(
             "airframe_requests_total", "HTTP requests answered, by endpoint and status code.",
             ("endpoint", "status"),
@@ -107,7 +135,18 @@ class Metrics:
         self.prefill_seconds = Histogram("airframe_prefill_seconds", "Prefill time of one request.")
         self.decode_seconds = Histogram("airframe_decode_seconds", "Decode time of one request.")
         self.queue_depth = Gauge("airframe_queue_depth", "Requests waiting behind the running one.", queue_depth)
-        self.running = Gauge("airframe_requests_running", "Requests generating now (0 or 1).", running)
+        self.running = Gauge("airframe_requests_running", "Requests generating now (at most one per slot).", running)
+        self.slots = Gauge("airframe_slots", "Requests the server generates at once (K/V slots it batches).", slots)
+        self.batch_size = Histogram("airframe_decode_batch_size", "Tokens decoded together in one step.",
+                                    BATCH_BUCKETS)
+        self.decode_rate = Rate("airframe_decode_tokens_per_second",
+                                f"Tokens decoded per second, all requests together, over the last "
+                                f"{RATE_WINDOW_SECONDS:g} s.")
+
+    def observe_step(self, batch: int) -> None:
+        """Record one decode step of `batch` tokens (called from a batching worker thread)."""
+        self.batch_size.observe(batch)
+        self.decode_rate.add(batch)
 
     def observe_finish(self, finish) -> None:
         """Record one engine Finish (called from the worker thread)."""
@@ -125,5 +164,6 @@ class Metrics:
             self.requests, self.prompt_tokens, self.prompt_tokens_cached, self.prompt_tokens_computed,
             self.completion_tokens, self.cancelled,
             self.prefill_seconds, self.decode_seconds, self.queue_depth, self.running,
+            self.slots, self.batch_size, self.decode_rate,
         )
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

@@ -1,10 +1,11 @@
-"""One model, one GPU: a bounded FIFO of requests served one at a time by a worker thread.
+"""One model, one GPU: a bounded FIFO of requests and a worker thread that serves them.
 
 The HTTP side puts a `Job` (the prompt's token ids, from `engine.prepare`) in the queue and reads
-its events from an asyncio queue; the worker thread runs `engine.stream_ids` for the job at the
-head and hands every Piece and the Finish back to the event loop. Cancelling a job that is still
-waiting takes it out of the line at once; cancelling the running job makes the engine stop before
-its next token or prefill chunk (the engine polls `job.cancelled`).
+its events from an asyncio queue; the worker thread hands every Piece and the Finish back to the
+event loop. RequestQueue runs one job at a time through `engine.stream_ids`; BatchingQueue runs up
+to one job per K/V slot together through the continuous-batching Scheduler. Cancelling a job that
+is still waiting takes it out of the line at once; cancelling a running one makes the engine stop
+before its next token or prefill chunk (the engine polls `job.cancelled`).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ class Job:
             pass  # the event loop is closed: the server is shutting down and nobody listens
 
 
-class RequestQueue:
-    """A FIFO of at most `max_waiting` jobs behind the one that runs."""
+class _Queue:
+    """A FIFO of at most `max_waiting` jobs behind the `slots` that run; `_work` serves them."""
+
+    slots = 1
 
     def __init__(self, engine, max_waiting: int, on_finish: Callable[[Any], None] | None = None,
                  on_skip: Callable[[Job], None] | None = None):
@@ -64,7 +67,7 @@ class RequestQueue:
         self._on_finish = on_finish or (lambda finish: None)
         self._on_skip = on_skip or (lambda job: None)
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._active: list[Job] = []
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="airframe-generate", daemon=True)
@@ -72,25 +75,26 @@ class RequestQueue:
 
     @property
     def depth(self) -> int:
-        """Jobs waiting for their turn (not counting the one that runs)."""
+        """Jobs waiting for their turn (not counting the ones that run)."""
         return len(self._waiting)
 
     @property
     def running(self) -> int:
-        return 0 if self._running is None else 1
+        return len(self._active)
 
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._closed:
                 raise QueueFullError("the server is shutting down and takes no new requests")
-            if self._running is not None and len(self._waiting) >= self.max_waiting:
+            if len(self._active) >= self.slots and len(self._waiting) >= self.max_waiting:
+                running = f"{len(self._active)} running" if self.slots > 1 else "the running one"
                 raise QueueFullError(
-                    f"the request queue is full: {len(self._waiting)} requests wait behind the "
-                    f"running one and --max-queue is {self.max_waiting}; retry later"
+                    f"the request queue is full: {len(self._waiting)} requests wait behind {running} "
+                    f"and --max-queue is {self.max_waiting}; retry later"
                 )
             job._queue = self
-            if self._running is None:  # an idle worker: the job is the running one from now on
-                self._running = job
+            if len(self._active) < self.slots:  # a free place: the job runs from now on
+                self._active.append(job)
             else:
                 self._waiting.append(job)
             self._cond.notify()
@@ -111,33 +115,47 @@ class RequestQueue:
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
-            if self._running is not None:
-                self._running._cancelled.set()
+            for job in self._active:
+                job._cancelled.set()
             self._cond.notify_all()
         for job in waiting:
             job._cancelled.set()
             job.emit(END)
         self._thread.join(timeout=5)
 
-    def _next(self, finished: Job | None) -> Job | None:
-        """The job to run after `finished`: the head of the line takes its place in the same lock
-        hold, so a job counts as waiting or as running at every moment and the bound is exact."""
+    def _done(self, job: Job) -> None:
+        """`job` has ended: the head of the line takes its place in the same lock hold, so a job
+        counts as waiting or as running at every moment and the bound is exact."""
         with self._cond:
-            if finished is not None:
-                finished.emit(END)
-                self._running = self._waiting.popleft() if self._waiting else None
-            while self._running is None and not self._closed:
+            job.emit(END)
+            self._active.remove(job)
+            if self._waiting:
+                self._active.append(self._waiting.popleft())
+
+    def _wait_for_work(self) -> list[Job] | None:
+        """The running jobs once there is one; None when the queue is closed (each job not
+        finished gets its END)."""
+        with self._cond:
+            while not self._active and not self._closed:
                 self._cond.wait()
             if self._closed:
-                if self._running is not None:  # handed over but never started
-                    self._running.emit(END)
+                for job in self._active:
+                    job.emit(END)
                 return None
-            return self._running
+            return list(self._active)
 
     def _work(self) -> None:
-        job = None
-        while (job := self._next(job)) is not None:
-            self._run(job)
+        raise NotImplementedError
+
+
+class RequestQueue(_Queue):
+    """One job at a time, each through `engine.stream_ids` (the backend's fastest path for one
+    stream: greedy decode chained on the GPU)."""
+
+    def _work(self) -> None:
+        while (jobs := self._wait_for_work()) is not None:
+            self._run(jobs[0])
+            self._done(jobs[0])
 
     def _run(self, job: Job) -> None:
         if job.cancelled():
@@ -150,3 +168,59 @@ class RequestQueue:
                 job.emit(event)
         except Exception as e:  # noqa: BLE001 - the HTTP side turns it into an error response
             job.emit(e)
+
+
+class BatchingQueue(_Queue):
+    """Up to one job per K/V slot at once, stepped together by the Scheduler: a job that joins
+    has its prompt read one chunk per step while the others decode (airframe/batching.py).
+    `on_step(batch)` gets each decode step's token count."""
+
+    def __init__(self, engine, max_waiting: int, on_finish: Callable[[Any], None] | None = None,
+                 on_skip: Callable[[Job], None] | None = None,
+                 on_step: Callable[[int], None] | None = None):
+        from ..batching import Scheduler
+
+        self.slots = engine.backend.n_slots
+        self._batch = 0
+        self._scheduler = Scheduler(engine, on_batch=self._count_batch)
+        self._on_step = on_step or (lambda batch: None)
+        super().__init__(engine, max_waiting, on_finish, on_skip)
+
+    def _count_batch(self, n: int) -> None:
+        self._batch = n
+
+    def _work(self) -> None:
+        streams: dict[Job, tuple[Any, int]] = {}  # job -> (its Stream, items already emitted)
+        while (jobs := self._wait_for_work()) is not None:
+            for job in jobs:
+                if job not in streams and not self._join(job, streams):
+                    self._done(job)
+            if not streams:
+                continue
+            self._batch = 0
+            self._scheduler.step()
+            if self._batch:
+                self._on_step(self._batch)
+            for job, (stream, sent) in list(streams.items()):
+                for item in stream.items[sent:]:
+                    if isinstance(item, Finish):
+                        self._on_finish(item)
+                    job.emit(item)
+                streams[job] = (stream, len(stream.items))
+                if stream.done:
+                    if stream.error is not None:
+                        job.emit(stream.error)
+                    del streams[job]
+                    self._done(job)
+
+    def _join(self, job: Job, streams: dict) -> bool:
+        """Hand a job that has just got its place to the scheduler; False if it never starts."""
+        if job.cancelled():
+            self._on_skip(job)
+            return False
+        try:
+            streams[job] = (self._scheduler.submit(job.prompt, job.params, cancel=job.cancelled), 0)
+        except Exception as e:  # noqa: BLE001 - the HTTP side turns it into an error response
+            job.emit(e)
+            return False
+        return True
