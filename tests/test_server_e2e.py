@@ -9,6 +9,7 @@ requests do not disturb each other, and that a client who leaves stops its gener
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import socket
@@ -60,13 +61,14 @@ def _wait_until_ready(base: str, proc: subprocess.Popen, log) -> list[int]:
     pytest.fail(f"the server was not ready after {STARTUP_SECONDS} s")
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def serve(*args: str):
+    """`airframe serve MODEL ARGS` on the WebGPU backend and a free port, ready; yields its base URL."""
     resolve_model(MODEL)  # the model must be there: `airframe pull smollm2-135m`
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "airframe", "serve", MODEL, "--port", str(port), "--ctx", str(CTX),
-               "--backend", BACKEND, "--alias", "smol", "--log-level", "warning"]
+    command = [sys.executable, "-m", "airframe", "serve", MODEL, "--port", str(port), "--backend", BACKEND,
+               "--log-level", "warning", *args]
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -77,6 +79,12 @@ def server():
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve("--ctx", str(CTX), "--alias", "smol") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -98,12 +98,12 @@ class Rate:
         self._events: deque[tuple[float, float]] = deque()  # (when, amount)
         self._lock = threading.Lock()
 
-    def add(self, amount: float, now: float | None = None) -> None:
+    def add(self, amount: float) -> None:
         with self._lock:
-            self._events.append((time.monotonic() if now is None else now, amount))
+            self._events.append((time.monotonic(), amount))
 
-    def value(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
+    def value(self) -> float:
+        now = time.monotonic()
         with self._lock:
             while self._events and self._events[0][0] < now - self.window:
                 self._events.popleft()
@@ -117,7 +117,7 @@ class Metrics:
     """Everything /metrics reports."""
 
     def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float],
-                 slots: Callable[[], float] = lambda: 1):
+                 slots: Callable[[], float]):
         self.requests = Counter(
             "airframe_requests_total", "HTTP requests answered, by endpoint and status code.",
             ("endpoint", "status"),
@@ -134,7 +134,7 @@ class Metrics:
         )
         self.prefill_seconds = Histogram("airframe_prefill_seconds", "Prefill time of one request.")
         self.decode_seconds = Histogram("airframe_decode_seconds", "Decode time of one request.")
-        self.queue_depth = Gauge("airframe_queue_depth", "Requests waiting behind the running one.", queue_depth)
+        self.queue_depth = Gauge("airframe_queue_depth", "Requests waiting behind the running ones.", queue_depth)
         self.running = Gauge("airframe_requests_running", "Requests generating now (at most one per slot).", running)
         self.slots = Gauge("airframe_slots", "Requests the server generates at once (K/V slots it batches).", slots)
         self.batch_size = Histogram("airframe_decode_batch_size", "Tokens decoded together in one step.",

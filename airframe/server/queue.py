@@ -181,13 +181,8 @@ class BatchingQueue(_Queue):
         from ..batching import Scheduler
 
         self.slots = engine.backend.n_slots
-        self._batch = 0
-        self._scheduler = Scheduler(engine, on_batch=self._count_batch)
-        self._on_step = on_step or (lambda batch: None)
+        self._scheduler = Scheduler(engine, on_batch=on_step)
         super().__init__(engine, max_waiting, on_finish, on_skip)
-
-    def _count_batch(self, n: int) -> None:
-        self._batch = n
 
     def _work(self) -> None:
         streams: dict[Job, tuple[Any, int]] = {}  # job -> (its Stream, items already emitted)
@@ -197,10 +192,7 @@ class BatchingQueue(_Queue):
                     self._done(job)
             if not streams:
                 continue
-            self._batch = 0
             self._scheduler.step()
-            if self._batch:
-                self._on_step(self._batch)
             for job, (stream, sent) in list(streams.items()):
                 for item in stream.items[sent:]:
                     if isinstance(item, Finish):
