@@ -15,7 +15,7 @@
 #include "activation.wgsl"
 
 const WG: u32 = 64u;
-const TOKENS: u32 = 8u;
+const TOKENS: u32 = {ROWS_TOKENS}u;  // 1 to 8: a decode batch of 3 costs 3 tokens, a chunk tiles of 8
 const ROWS: u32 = 4u;
 
 var<workgroup> inv_rms: array<f32, TOKENS>;
@@ -88,25 +88,13 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
     var acc_a: array<vec4<f32>, TOKENS>;  // (token) x 4 rows
     var acc_b: array<vec4<f32>, TOKENS>;
-    if (n_tokens == 1u) {
-        // decode: one input row
-        for (var i = 0u; i < P.cols / 4u; i++) {
-            let xv = load_x(x_rows[0], i);
-            let w = weights(base_a, base_b, i, use_norm, is_gated);
-            acc_a[0] += vec4<f32>(dot(w[0], xv), dot(w[1], xv), dot(w[2], xv), dot(w[3], xv));
+    for (var i = 0u; i < P.cols / 4u; i++) {
+        let w = weights(base_a, base_b, i, use_norm, is_gated);
+        for (var t = 0u; t < TOKENS; t++) {  // a constant trip count keeps the sums in registers
+            let xv = load_x(x_rows[t], i);
+            acc_a[t] += vec4<f32>(dot(w[0], xv), dot(w[1], xv), dot(w[2], xv), dot(w[3], xv));
             if (is_gated) {
-                acc_b[0] += vec4<f32>(dot(w[4], xv), dot(w[5], xv), dot(w[6], xv), dot(w[7], xv));
-            }
-        }
-    } else {
-        for (var i = 0u; i < P.cols / 4u; i++) {
-            let w = weights(base_a, base_b, i, use_norm, is_gated);
-            for (var t = 0u; t < TOKENS; t++) {  // a constant trip count keeps the sums in registers
-                let xv = load_x(x_rows[t], i);
-                acc_a[t] += vec4<f32>(dot(w[0], xv), dot(w[1], xv), dot(w[2], xv), dot(w[3], xv));
-                if (is_gated) {
-                    acc_b[t] += vec4<f32>(dot(w[4], xv), dot(w[5], xv), dot(w[6], xv), dot(w[7], xv));
-                }
+                acc_b[t] += vec4<f32>(dot(w[4], xv), dot(w[5], xv), dot(w[6], xv), dot(w[7], xv));
             }
         }
     }

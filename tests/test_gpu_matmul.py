@@ -74,8 +74,9 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=Fa
         shape = None
         grid = (pipes.gemm_groups(rows, gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), 1)
     else:
-        shape = None
-        grid = (pl.ceil_div(rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
+        tokens = pl.rows_tokens(n_tokens)
+        shape = {"ROWS_TOKENS": tokens}
+        grid = (pl.ceil_div(rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
     step = pl.pack_step(0, n_tokens, lm_first)
     (out,) = pl.run_once(pipes, program, q, [words, x, y, p, step], grid, shape)
     return out

@@ -1,7 +1,7 @@
 """`airframe serve --slots 4` for real: SmolLM2-135M on the WebGPU backend (lavapipe in CI) serving
 four requests at once through the continuous-batching scheduler, spoken to with the `openai` client.
 
-Four greedy requests sent together return the bytes they return one by one, in under 0.85 of the
+Four greedy requests sent together return the bytes they return one by one, in under 0.6 of the
 serial wall time (each step decodes all of them in one forward); /metrics shows the slots, the
 batch sizes and the aggregate rate; a client that leaves frees its slot while the others go on.
 """
@@ -22,10 +22,9 @@ from test_server_e2e import MODEL, _metric, serve
 SLOTS = 4
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def add(a, b):"]
 TOKENS = 16
-# Four together against four one by one. On lavapipe a decode step of 4 slots costs ~2.6 steps of
-# one (each slot's attention, and gemv decoding a weight unit once per token), so 0.76 is what is
-# reached on a busy two-core machine; the bound leaves room for its noise.
-WALL_RATIO = 0.85
+# Four together against four one by one, the issue's bar. On lavapipe a decode step of 4 slots costs
+# ~1.8 steps of one, so four requests take 0.50-0.53 of the serial time on two idle cores.
+WALL_RATIO = 0.6
 
 
 @pytest.fixture(scope="module")

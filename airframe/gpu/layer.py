@@ -41,7 +41,9 @@ class Op:
             shader, grid = self.shader, self.grid(n_tokens, n_splits)
         elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > pipes.gemv_tokens and pipes.half != "f16"):
             # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
-            shader, grid = "gemm_rows", (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, pl.ROWS_TOKENS), 1)
+            tokens = pl.rows_tokens(n_tokens)
+            shader, shape = "gemm_rows", {"ROWS_TOKENS": tokens}
+            grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
         elif n_tokens <= pipes.gemv_tokens:  # a decode token, a batch of them, or a short chunk
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens)
             shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)

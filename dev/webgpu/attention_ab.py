@@ -78,10 +78,11 @@ def main() -> None:
         lens = [int(n) for n in args.split_lens.split(",")] if args.split_lens else [-(-per_split // 64) * 64]
         for split_len in lens:
             n_splits = -(-(position + 1) // split_len)
-            step = pipes.uniform(pl.pack_step(position, 1, 0, split_len))
-            groups = [pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, step]) for kv in kvs]
+            rows = pipes.storage(pl.ROW_BYTES, "rows")  # one decode row: the cache at 0, its partials at 0
+            ctx.device.queue.write_buffer(rows, 0, pl.pack_rows([(0, position, split_len, 0)]))
+            groups = [pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, rows]) for kv in kvs]
             merged = pl.Dispatch("merge", pipes.pipeline("attention_merge"),
-                                 pipes.bind("attention_merge", [part, out, merge, step]), (N_HEAD, 1, 1))
+                                 pipes.bind("attention_merge", [part, out, merge, rows]), (N_HEAD, 1, 1))
             reference = None
             for name, path in variants:
                 program = pipeline(pipes, path, decode_shape)

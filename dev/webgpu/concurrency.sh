@@ -2,6 +2,8 @@
 # One device call: llama.cpp's Vulkan llama-bench builds in the background while the synthetic
 # Llama 3.2 1B files are written and TESTS (if set) run on the GPU, then the probe (PROBE_ARGS, if
 # set); then `airframe bench --concurrency` and llama-bench's batch-1 decode (tg128) on each file.
+# BASE=DIR runs the probe first from another checkout too (e.g. `git archive` of main into
+# .device/base), so that a kernel change is compared in the same lease.
 #   TESTS="tests/test_gpu_batch.py" PROBE_ARGS="--parts gemv --tokens 1,8" \
 #     bash dev/webgpu/concurrency.sh "Q4_K_M BF16" "1,2,4,8"
 set -u
@@ -21,6 +23,11 @@ done
 if [ -n "${TESTS:-}" ]; then
   python3 -m pytest -q -x -p no:cacheprovider $TESTS > $OUT/tests.txt 2>&1
   tail -3 $OUT/tests.txt
+fi
+if [ -n "${PROBE_ARGS:-}" ] && [ -n "${BASE:-}" ]; then
+  ( cd "$BASE" && PYTHONPATH="/tmp/site:$PWD" python3 dev/webgpu/probe.py $PROBE_ARGS --json $OUT/probe_base.json \
+      > $OUT/probe_base.txt 2>&1 )
+  grep -E "^gemv|^stream" $OUT/probe_base.txt | sed 's/^/base: /' | tail -40
 fi
 if [ -n "${PROBE_ARGS:-}" ]; then
   python3 dev/webgpu/probe.py $PROBE_ARGS --json $OUT/probe.json > $OUT/probe.txt 2>&1
