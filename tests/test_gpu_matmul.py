@@ -175,6 +175,21 @@ def test_gemm_rows_every_type(tiled, qtype):
         close(got, x @ dense.T, RTOL)
 
 
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_gemm_rows_batch_every_type(tiled, qtype):
+    """gemm_rows.wgsl takes the forward's token count per invocation (up to 8, a program each): every
+    token's outputs are the ones it gets alone, bit for bit; 11 tokens take two workgroups along y."""
+    rng = np.random.default_rng(int(qtype) + 500)
+    cols = cols_for(qtype)[-1]
+    words, dense = quantized(rng, 37, cols, qtype)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
+    p = params(37, cols, words.shape[1])
+    alone = np.concatenate([run(tiled, "gemm_rows", qtype, words, x[i:i + 1], 37, p) for i in range(len(x))])
+    close(alone, x @ dense.T, RTOL)
+    for n_tokens in (2, 3, 8, 11):
+        np.testing.assert_array_equal(run(tiled, "gemm_rows", qtype, words, x[:n_tokens], 37, p), alone[:n_tokens])
+
+
 # ---- fusions --------------------------------------------------------------------------------------
 FUSED_CASES = [("gemv", 1), ("gemv", 5), ("gemm", 20), ("gemm", 77), ("gemm_rows", 9)]
 

@@ -3,7 +3,8 @@ four requests at once through the continuous-batching scheduler, spoken to with 
 
 Four greedy requests sent together return the bytes they return one by one, in under 0.6 of the
 serial wall time (each step decodes all of them in one forward); /metrics shows the slots, the
-batch sizes and the aggregate rate; a client that leaves frees its slot while the others go on.
+batch sizes and the aggregate rate; a client that leaves frees its slot while the others go on;
+a prompt longer than the context and a malformed body get 4xx and the next request runs as before.
 """
 
 from __future__ import annotations
@@ -82,3 +83,13 @@ def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(server, api):
            or _metric(server, "airframe_requests_running") != 0):
         assert time.monotonic() < deadline, "the stream's generation went on after its client left"
         time.sleep(0.2)
+
+
+def test_bad_requests_get_4xx_and_the_slots_go_on(server, api):
+    alone = _complete(api, PROMPTS[1])
+    too_long = httpx.post(f"{server}/v1/completions", timeout=60,
+                          json={"model": MODEL, "prompt": "one two three " * 200, "max_tokens": 4})
+    assert too_long.status_code == 400 and "context" in too_long.json()["error"]["message"]
+    malformed = httpx.post(f"{server}/v1/completions", timeout=60, json={"model": MODEL, "prompt": 5, "max_tokens": "x"})
+    assert 400 <= malformed.status_code < 500
+    assert _complete(api, PROMPTS[1]) == alone
