@@ -89,14 +89,14 @@ LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgrou
 GEMV_TOKENS = 8         # gemv.wgsl's tokens per workgroup at most: a decode batch reads each weight once
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation at most
+STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
+ROW_BYTES = 16          # struct DecodeRow (decode_rows.wgsl): kv, n_past, split_len, part
 
 
 def rows_tokens(n_tokens: int) -> int:
     """gemm_rows.wgsl's tokens per invocation for a forward of n_tokens: a decode batch of fewer than
     ROWS_TOKENS costs its own tokens, not a whole tile's."""
     return min(n_tokens, ROWS_TOKENS)
-STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
-ROW_BYTES = 16          # struct DecodeRow (decode_rows.wgsl): kv, n_past, split_len, part
 
 
 def pack_params(shader: str, **values) -> bytes:
