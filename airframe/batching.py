@@ -2,11 +2,12 @@
 
 Requests wait in a queue until a slot is free; the prompt cache's rule picks the slot (PromptSlots,
 the busy ones left out), so a conversation that comes back keeps its prefix. Each `step()` then
-does two things: one prefill chunk of the oldest request still reading its prompt (its last chunk
-gives its first token), and one decode step of every request with a token to run, all of them in
-one Backend.decode_batch (WebGPU: one forward that reads each weight once for the whole batch). A
-request that joins thus delays the running ones by at most one chunk per step, and each of them
-still gets a token every step.
+does two things: at most one prefill chunk's worth of prompt tokens (one chunk of the oldest request
+still reading its prompt, or as many whole short prompts as fit, in the order they came; a prompt's
+last chunk gives its first token), and one decode step of every request with a token to run, all of
+them in one Backend.decode_batch (WebGPU: one forward that reads each weight once for the whole
+batch). Requests that join thus delay the running ones by at most one chunk per step, and each of
+them still gets a token every step.
 
 Every token goes through the engine's TokenTaker, so stop ids, stop strings, max_tokens, grammars,
 logprobs and cancellation behave as for a request alone. Tokens are drawn by the host's Sampler
@@ -102,9 +103,9 @@ class Scheduler:
             pass
 
     def step(self) -> bool:
-        """Admit what fits, one prefill chunk, one decode step; True while requests remain."""
+        """Admit what fits, at most one prefill chunk's tokens, one decode step; True while requests remain."""
         self._admit()
-        self._prefill_one()
+        self._prefill()
         self._decode_all()
         return bool(self.waiting or self.running)
 
@@ -131,24 +132,30 @@ class Scheduler:
             if not taker.wants_more():  # max_tokens = 0
                 self._finish(run, "length")
 
-    def _prefill_one(self) -> None:
-        run = next((r for r in self.running if r.todo), None)
-        if run is None or self._cancelled(run):
-            return
+    def _prefill(self) -> None:
+        """Prompts in the order they came, one chunk's worth of tokens in all: whole short prompts
+        while they fit (a burst of requests gets its first tokens in one step), else one chunk of
+        the first."""
         backend = self.backend
-        backend.select_slot(run.slot)
-        chunk = backend.prefill_chunk
-        if len(run.todo) > chunk:  # as Engine._prefill: every chunk but the last without logits
-            backend.prefill_part(run.todo[:chunk], wait=False)
-            run.todo = run.todo[chunk:]
-            return
-        tokens, run.todo = run.todo, []
-        try:
-            logits = backend.forward(tokens)
-        except Exception as e:
-            self._fail(run, e)
-            return
-        self._take(run, logits)
+        budget = chunk = backend.prefill_chunk
+        for run in [r for r in self.running if r.todo]:
+            if self._cancelled(run):
+                continue
+            if len(run.todo) > budget:
+                if budget == chunk:  # as Engine._prefill: every chunk but the last without logits
+                    backend.select_slot(run.slot)
+                    backend.prefill_part(run.todo[:chunk], wait=False)
+                    run.todo = run.todo[chunk:]
+                return
+            backend.select_slot(run.slot)
+            tokens, run.todo = run.todo, []
+            budget -= len(tokens)
+            try:
+                logits = backend.forward(tokens)
+            except Exception as e:
+                self._fail(run, e)
+                continue
+            self._take(run, logits)
 
     def _decode_all(self) -> None:
         ready = [r for r in list(self.running) if r.next_token is not None and not self._cancelled(r)]

@@ -4,8 +4,8 @@ On both real models on lavapipe (WebGPU), eight mixed requests in one batch (pro
 lengths, greedy and seeded sampling, a stop string, logprobs, one cancelled midway) give the same
 text, finish and logprobs as each run alone through Engine.generate. On the reference backend with
 a tiny model: more requests than slots wait their turn, a long prompt is read one chunk per step
-while the others decode, max_tokens = 0, the prompt cache kept across batches, and a request whose
-logits are not finite fails alone."""
+while the others decode, short prompts that come together are read in one step, max_tokens = 0,
+the prompt cache kept across batches, and a request whose logits are not finite fails alone."""
 
 import numpy as np
 import pytest
@@ -97,6 +97,23 @@ def test_more_requests_than_slots_wait_and_a_long_prompt_is_read_a_chunk_a_step(
     for stream, want in zip(streams, alone):
         got = [t for item in stream.items[:-1] for t in item.token_ids]
         assert got == want and stream.finish().completion_tokens == len(want) == 6
+
+
+def test_short_prompts_that_come_together_share_a_step(tiny):
+    """A step reads at most a chunk's worth (8) of prompt tokens: 3 and 4 tokens in the first step,
+    so both decode in it; the 5-token prompt no longer fits and joins in the second."""
+    params = GenerationParams(max_tokens=4, sampling=GREEDY, stop_token_ids=[], cache_prompt=False)
+    prompts = [ids(3, 11), ids(4, 12), ids(5, 13)]
+    alone = []
+    for p in prompts:
+        tiny.forget_prompt_cache()
+        alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
+    batches = []
+    scheduler = Scheduler(tiny, on_batch=batches.append)
+    streams = [scheduler.submit(p, params) for p in prompts]
+    scheduler.run()
+    assert batches[:2] == [2, 3]
+    assert [[t for item in s.items[:-1] for t in item.token_ids] for s in streams] == alone
 
 
 def test_no_tokens_asked_and_the_prompt_cache_across_batches(tiny):
