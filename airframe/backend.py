@@ -129,6 +129,17 @@ class Backend:
         self.select_slot(current)
         return np.stack(out)
 
+    def decode_batch_greedy(self, entries: Sequence[tuple[int, int]],
+                            full: Sequence[bool]) -> list[tuple[int, np.ndarray | None]]:
+        """decode_batch for callers that need only some rows' logits: per entry (the argmax of its
+        logits, its logits or None). A row gets its logits where `full` asks for them, and also where
+        they are not all finite, so that the caller's check_finite names the damage. Here every row
+        is read and its argmax taken on the host; a backend may pick the ids on the device and read
+        only the rows asked for (WebGPU)."""
+        logits = self.decode_batch(entries)
+        return [(int(np.argmax(row)), row if want or not np.isfinite(row).all() else None)
+                for row, want in zip(logits, full)]
+
     def check_batch(self, entries: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """decode_batch's entries as (slot, token) ints, or ParameterError / ContextOverflowError
         naming the first that cannot run: no entries, a slot outside 0..n_slots-1 or twice, a token

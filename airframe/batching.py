@@ -10,9 +10,11 @@ batch). Requests that join thus delay the running ones by at most one chunk per 
 them still gets a token every step.
 
 Every token goes through the engine's TokenTaker, so stop ids, stop strings, max_tokens, grammars,
-logprobs and cancellation behave as for a request alone. Tokens are drawn by the host's Sampler
-from each row's full logits, the tokens every backend's own sampling path keeps to, and a slot's
-logits in a batch are the ones it gets alone: a request gives the same tokens either way.
+logprobs and cancellation behave as for a request alone. A plain greedy request (no penalties,
+bias, logprobs or grammar) takes the argmax the backend picks for its row (WebGPU: on the GPU, its
+logits not read back); every other is drawn by the host's Sampler from its row's full logits, the
+tokens every backend's own sampling path keeps to. A slot's logits in a batch are the ones it gets
+alone: a request gives the same tokens either way.
 
     scheduler = Scheduler(engine)
     streams = [scheduler.submit(engine.prepare(p, params), params) for p in prompts]
@@ -34,7 +36,7 @@ from .constraint import Constraint
 from .engine import Engine, Finish, GenerationParams, Piece, TokenTaker, _PieceBuilder, _check_params
 from .errors import ParameterError
 from .prompt_cache import PromptCache
-from .sampling import History, Sampler
+from .sampling import History, Sampler, greedy_blockers
 from .streaming import TextAssembler
 
 
@@ -70,6 +72,7 @@ class _Running:
     sampler: Sampler
     history: History
     taker: TokenTaker
+    greedy: bool                # the argmax of the raw logits is its token: the backend may pick it
     next_token: int | None = None
 
 
@@ -125,9 +128,10 @@ class Scheduler:
             constraint = Constraint(params.grammar, engine.tokenizer) if params.grammar is not None else None
             pieces = _PieceBuilder(TextAssembler(engine.tokenizer.token_bytes, params.stop), params.logprobs is not None)
             taker = TokenTaker(engine, params, pieces, list(stream.prompt_ids), constraint)
+            greedy = params.logprobs is None and constraint is None and not greedy_blockers(params.sampling)
             run = _Running(stream, slot, cache, keep, stream.prompt_ids[keep:],
                            Sampler(params.sampling, engine.config.vocab_size, constraint),
-                           History(list(stream.prompt_ids), n_prompt=len(stream.prompt_ids)), taker)
+                           History(list(stream.prompt_ids), n_prompt=len(stream.prompt_ids)), taker, greedy)
             self.running.append(run)
             if not taker.wants_more():  # max_tokens = 0
                 self._finish(run, "length")
@@ -162,14 +166,18 @@ class Scheduler:
         if not ready:
             return
         try:
-            rows = self.backend.decode_batch([(r.slot, r.next_token) for r in ready])
+            rows = self.backend.decode_batch_greedy([(r.slot, r.next_token) for r in ready],
+                                                    [not r.greedy for r in ready])
         except Exception as e:
             for run in ready:
                 self._fail(run, e)
             return
         self.on_batch(len(ready))
-        for run, logits in zip(ready, rows):
-            self._take(run, logits)
+        for run, (token, logits) in zip(ready, rows):
+            if logits is None:
+                self._take_token(run, token)
+            else:
+                self._take(run, logits)
 
     # ---- one request --------------------------------------------------------------------------
     def _past(self, slot: int) -> int:
@@ -179,13 +187,18 @@ class Scheduler:
     def _take(self, run: _Running, logits: np.ndarray) -> None:
         """The token sampled from the logits of the request's last position, through its TokenTaker."""
         run.next_token = None
-        taker = run.taker
         try:
-            check_finite(logits, self._past(run.slot) - 1, f" (for generated token {taker.n_sampled + 1})")
+            check_finite(logits, self._past(run.slot) - 1, f" (for generated token {run.taker.n_sampled + 1})")
             token = run.sampler.sample(run.history, logits)
         except Exception as e:
             self._fail(run, e)
             return
+        self._take_token(run, token, logits)
+
+    def _take_token(self, run: _Running, token: int, logits: np.ndarray | None = None) -> None:
+        """A token of the request (drawn from its logits, or its greedy token picked by the backend)."""
+        run.next_token = None
+        taker = run.taker
         run.sampler.accept(run.history, token)
         if piece := taker.take(token, logits):
             run.stream.items.append(piece)

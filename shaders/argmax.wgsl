@@ -1,24 +1,26 @@
-// Greedy decoding on the GPU: the id of the largest logit, in two dispatches of this program.
-// Stage 1 ({ARGMAX_STAGE} = 1): workgroup g reduces logits [g * PER, (g + 1) * PER) to one candidate.
-// Stage 2 ({ARGMAX_STAGE} = 2): one workgroup reduces the candidates and writes the id into TOKENS[0],
-// the input of the next token's embedding, and into RING[n_past], the ids the host reads back.
+// Greedy decoding on the GPU: the id of the largest logit of each logits row (wid.y: one row for a
+// chained token, one per conversation of a decode batch), in two dispatches of this program.
+// Stage 1 ({ARGMAX_STAGE} = 1): workgroup g reduces logits [g * PER, (g + 1) * PER) of its row to
+// one candidate. Stage 2 ({ARGMAX_STAGE} = 2): one workgroup per row reduces its candidates and
+// writes the id into TOKENS[row], the input of the next forward's embedding, and into
+// RING[n_past + row], the ids the host reads back.
 // Same answer as numpy's argmax: ties go to the lowest id, a NaN counts as larger than anything
 // (so the first NaN wins), -0.0 equals +0.0, -inf is a value like any other. The ring's id has its
 // top bit set (NON_FINITE) when any logit was NaN or infinite: the host then reports damage.
 
 struct Params {
     n: u32,          // logits (the vocabulary size)
-    n_groups: u32,   // stage-1 workgroups: ceil(n / PER)
-    ring_len: u32,   // positions RING holds (the context size)
+    n_groups: u32,   // stage-1 workgroups per row: ceil(n / PER)
+    ring_len: u32,   // ids RING holds (a chain: the context size; a decode batch: its rows)
 }
 
 #include "step.wgsl"
 #include "order_key.wgsl"
 
-@group(0) @binding(0) var<storage, read> LOGITS: array<f32>;                 // (n,)
-@group(0) @binding(1) var<storage, read_write> CAND: array<vec4<u32>>;       // (n_groups,) key, id, non-finite seen
+@group(0) @binding(0) var<storage, read> LOGITS: array<f32>;                 // (rows, n)
+@group(0) @binding(1) var<storage, read_write> CAND: array<vec4<u32>>;       // (rows, n_groups) key, id, non-finite seen
 @group(0) @binding(2) var<storage, read_write> TOKENS: array<u32>;          // the token ids buffer
-@group(0) @binding(3) var<storage, read_write> RING: array<u32>;            // (ring_len,) chosen id by position
+@group(0) @binding(3) var<storage, read_write> RING: array<u32>;            // (ring_len,) chosen id by position or row
 @group(0) @binding(4) var<uniform> P: Params;
 @group(0) @binding(5) var<uniform> S: Step;
 
@@ -60,13 +62,14 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         atomicStore(&group_bad, 0u);
     }
     workgroupBarrier();
+    let row = wid.y;
     if (STAGE == 1u) {
         // ids visited in increasing order, so a strict comparison keeps the lowest id among ties
         let first = wid.x * PER;
         for (var k = 0u; k < ITEMS; k++) {
             let i = first + k * WG + lid;
             if (i < P.n) {
-                let x = LOGITS[i];
+                let x = LOGITS[row * P.n + i];
                 mine = better(mine, vec2<u32>(order_key(x), i));
                 if ((bitcast<u32>(x) & 0x7F800000u) == 0x7F800000u) {
                     atomicOr(&group_bad, 1u);
@@ -75,12 +78,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         let winner = reduce(lid, mine);  // its barriers also publish group_bad
         if (lid == 0u) {
-            CAND[wid.x] = vec4<u32>(winner, atomicLoad(&group_bad), 0u);
+            CAND[row * P.n_groups + wid.x] = vec4<u32>(winner, atomicLoad(&group_bad), 0u);
         }
         return;
     }
     for (var g = lid; g < P.n_groups; g += WG) {
-        let c = CAND[g];
+        let c = CAND[row * P.n_groups + g];
         mine = better(mine, c.xy);
         if (c.z != 0u) {
             atomicOr(&group_bad, 1u);
@@ -88,9 +91,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
     let winner = reduce(lid, mine);
     if (lid == 0u) {
-        TOKENS[0] = winner.y;
-        if (S.n_past < P.ring_len) {
-            RING[S.n_past] = winner.y | select(0u, NON_FINITE, atomicLoad(&group_bad) != 0u);
+        TOKENS[row] = winner.y;
+        if (S.n_past + row < P.ring_len) {
+            RING[S.n_past + row] = winner.y | select(0u, NON_FINITE, atomicLoad(&group_bad) != 0u);
         }
     }
 }

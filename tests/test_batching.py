@@ -77,13 +77,15 @@ def ids(n: int, first: int) -> list[int]:
     return [(first + 7 * i) % 500 + 10 for i in range(n)]
 
 
+def tokens_alone(engine: Engine, prompt: list[int], params: GenerationParams) -> list[int]:
+    engine.forget_prompt_cache()
+    return [t for item in engine.stream_ids(prompt, params) if not isinstance(item, Finish) for t in item.token_ids]
+
+
 def test_more_requests_than_slots_wait_and_a_long_prompt_is_read_a_chunk_a_step(tiny):
     params = GenerationParams(max_tokens=6, sampling=GREEDY, stop_token_ids=[], cache_prompt=False)
     prompts = [ids(3, 1), ids(30, 2), ids(5, 3), ids(4, 4), ids(2, 5)]
-    alone = []
-    for p in prompts:
-        tiny.forget_prompt_cache()
-        alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
+    alone = [tokens_alone(tiny, p, params) for p in prompts]
     batches = []
     scheduler = Scheduler(tiny, on_batch=batches.append)
     streams = [scheduler.submit(p, params) for p in prompts]
@@ -104,10 +106,7 @@ def test_short_prompts_that_come_together_share_a_step(tiny):
     so both decode in it; the 5-token prompt no longer fits and joins in the second."""
     params = GenerationParams(max_tokens=4, sampling=GREEDY, stop_token_ids=[], cache_prompt=False)
     prompts = [ids(3, 11), ids(4, 12), ids(5, 13)]
-    alone = []
-    for p in prompts:
-        tiny.forget_prompt_cache()
-        alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
+    alone = [tokens_alone(tiny, p, params) for p in prompts]
     batches = []
     scheduler = Scheduler(tiny, on_batch=batches.append)
     streams = [scheduler.submit(p, params) for p in prompts]

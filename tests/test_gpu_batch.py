@@ -81,9 +81,43 @@ def test_one_forward_serves_a_batch(models, monkeypatch):
     assert be.group_slots == 3
     steps = []
     step = be._batch_step
-    monkeypatch.setattr(be, "_batch_step", lambda entries: steps.append(len(entries)) or step(entries))
+    monkeypatch.setattr(be, "_batch_step", lambda entries, full: steps.append(len(entries)) or step(entries, full))
     assert be.decode_batch([(0, 1), (1, 2), (2, 3)]).shape == (3, 3000)
     assert steps == [3]
+
+
+@pytest.mark.parametrize("matmul", ["tiled", "rows"])
+def test_greedy_rows_get_their_argmax_from_the_gpu(models, matmul):
+    """decode_batch_greedy: every row's id is the argmax of the logits decode_batch gives it (the
+    batch argmax on the GPU), and only the row that asks for its logits reads them back."""
+    be = WebGPUBackend.load(open_model(models["Q4_K"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul=matmul))
+    want = batched(be, 3, {})
+    for slot, prompt in PROMPTS.items():
+        be.select_slot(slot)
+        be.reset()
+        be.forward(prompt[:-1])
+    nxt = {slot: prompt[-1] for slot, prompt in PROMPTS.items()}
+    for step in range(4):
+        entries = list(nxt.items())
+        rows = be.decode_batch_greedy(entries, [slot == 3 for slot, _ in entries])
+        for (slot, _), (token, logits) in zip(entries, rows):
+            assert token == int(np.argmax(want[slot][step]))
+            if slot == 3:
+                np.testing.assert_array_equal(logits, want[slot][step])
+            else:
+                assert logits is None
+            nxt[slot] = token
+
+
+def test_a_greedy_row_with_damaged_logits_gets_them_back(nan_model_path):
+    """argmax.wgsl flags a row whose logits are not finite; that row's logits come back, so the
+    caller's check names the damage."""
+    be = WebGPUBackend.load(open_model(nan_model_path), RunOptions(n_ctx=16, slots=2, matmul="tiled"))
+    for slot in (0, 1):
+        be.select_slot(slot)
+        be.forward([5, 6])
+    rows = be.decode_batch_greedy([(0, 7), (1, 8)], [False, False])
+    assert all(logits is not None and np.isnan(logits).all() for _, logits in rows)
 
 
 def test_a_batch_of_one_slot_is_a_decode_step(models):

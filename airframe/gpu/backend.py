@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..backend import Backend, check_tokens, default_context, kv_cache_bytes, slot_count
-from ..errors import UnsupportedError
+from ..errors import ParameterError, UnsupportedError
 from ..family import ModelConfig
 from ..gguf_file import GGUFFile
 from ..model import Model
@@ -35,7 +35,7 @@ from ..sampling import Candidates, History, Reduction, Sampler
 from . import candidates as cand
 from . import pipelines as pl
 from .device import get_context
-from .greedy import build_argmax, greedy_stream
+from .greedy import NON_FINITE, build_argmax, build_batch_argmax, greedy_stream
 from .sampled import ChainCounts, sample_stream
 from .pack import LayerPack, pack_rows, pack_tensors
 from .layer import LayerOps, build_globals, build_layer
@@ -125,6 +125,7 @@ class WebGPUBackend(Backend):
         self.kv, self.layer_ops = self.slot_kv[0], self.slot_ops[0]
         self.globals_ops = build_globals(self)
         self.argmax = build_argmax(self)
+        self.batch_argmax = build_batch_argmax(self)
         self.candidates = cand.build_candidates(self)
         self.reduces_on_device = not config.final_logit_softcap  # soft-capping runs on the host, at read-back
         self._reduced: cand.Found | None = None  # the last forward's, for last_logits
@@ -387,10 +388,24 @@ class WebGPUBackend(Backend):
     def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
         """Backend.decode_batch: the slots that share a K/V buffer (kv_group) run as one forward, each
         weight read once for all their tokens (gemv.wgsl with up to GEMV_TOKENS tokens per workgroup)."""
+        return np.stack([row for _, row in self._decode_batch(entries, None)])
+
+    def decode_batch_greedy(self, entries: Sequence[tuple[int, int]],
+                            full: Sequence[bool]) -> list[tuple[int, np.ndarray | None]]:
+        """Backend.decode_batch_greedy: argmax.wgsl picks every row's id after the forward, and only
+        the rows asked for (or holding a logit that is not finite) are read back."""
+        if not self.reduces_on_device:  # soft-capped logits: the host caps, then picks
+            return super().decode_batch_greedy(entries, full)
+        return self._decode_batch(entries, [bool(f) for f in full])
+
+    def _decode_batch(self, entries, full: list[bool] | None) -> list[tuple[int, np.ndarray | None]]:
+        """decode_batch_greedy's rows, or with `full` None every row's (argmax, logits)."""
         entries = self.check_batch(entries)
+        if full is not None and len(full) != len(entries):
+            raise ParameterError(f"{len(full)} flags for a decode batch of {len(entries)} tokens, expected one each")
         self.drop_prerecorded()
         self.slot_past[self.slot] = self.n_past  # with one slot, check_batch leaves it behind
-        out = np.empty((len(entries), self.config.vocab_size), np.float32)
+        out: list = [None] * len(entries)
         rows_at_once = min(self.scratch.tokens, self.scratch.logit_rows)
         by_group: dict[int, list[int]] = {}
         for r, (slot, _) in enumerate(entries):
@@ -398,30 +413,62 @@ class WebGPUBackend(Backend):
         for rows in by_group.values():
             for first in range(0, len(rows), rows_at_once):
                 part = rows[first:first + rows_at_once]
-                out[part] = self._batch_step([entries[r] for r in part])
+                wants = None if full is None else tuple(full[r] for r in part)
+                for r, row in zip(part, self._batch_step([entries[r] for r in part], wants)):
+                    out[r] = row
         self.n_past = self.slot_past[self.slot]
         return out
 
-    def _batch_step(self, entries: list[tuple[int, int]]) -> np.ndarray:
-        """One forward of decode tokens of slots in one K/V buffer: their logits (rows, vocab). The
-        command buffer of the same slots' next step is recorded while the GPU runs this one."""
+    def _batch_step(self, entries: list[tuple[int, int]], full: tuple[bool, ...] | None) -> list:
+        """One forward of decode tokens of slots in one K/V buffer: per row (argmax, logits or None),
+        every row's logits with `full` None. The command buffer of the same slots' next step is
+        recorded while the GPU runs this one."""
         key, work = self.batch_dispatches(entries)
         ready = self._next_batch
-        commands = ready[1] if ready is not None and ready[0] == key else self._record_batch(work, len(entries))
+        commands = ready[1] if ready is not None and ready[0] == (key, full) else self._record_batch(work, len(entries), full)
         self._next_batch = None
         self.ctx.device.queue.submit([commands])
         for slot, _ in entries:
             self.slot_past[slot] += 1
         if all(self.slot_past[slot] < self.n_ctx for slot, _ in entries):
             key, work = self._batch_work(entries)
-            self._next_batch = (key, self._record_batch(work, len(entries)))
-        return self._read_logits(len(entries))
+            self._next_batch = ((key, full), self._record_batch(work, len(entries), full))
+        n = len(entries)
+        if full is None:
+            logits = self._read_logits(n)
+            return [(int(np.argmax(row)), row) for row in logits]
+        raw = pl.read_mapped(self.batch_argmax.staging, n * 4, np.uint32)
+        bad = (raw & NON_FINITE) != 0
+        ids = (raw & ~np.uint32(NON_FINITE)).astype(np.int64)
+        wanted = [r for r in range(n) if full[r]]
+        logits = dict(zip(wanted, self._read_logits(len(wanted)))) if wanted else {}
+        damaged = [r for r in range(n) if bad[r] and r not in logits]
+        if damaged:  # rare: the forward's logits are still on the GPU
+            encoder = self.ctx.device.create_command_encoder()
+            self._copy_rows(encoder, damaged)
+            self.ctx.device.queue.submit([encoder.finish()])
+            logits.update(zip(damaged, self._read_logits(len(damaged))))
+        return [(int(ids[r]), logits.get(r)) for r in range(n)]
 
-    def _record_batch(self, work: list[pl.Dispatch], n: int):
+    def _record_batch(self, work: list[pl.Dispatch], n: int, full: tuple[bool, ...] | None):
+        """A batch step's command buffer: the forward, then every row's logits copied for the host
+        (full None), or the batch argmax with the ids and the rows `full` asks for."""
         encoder = self.ctx.device.create_command_encoder()
-        pl.record(encoder, work)
-        self._copy_logits(encoder, n)
+        if full is None:
+            pl.record(encoder, work)
+            self._copy_logits(encoder, n)
+        else:
+            ops = self.batch_argmax
+            pl.record(encoder, work + ops.dispatches[n])
+            encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging, 0, n * 4)
+            self._copy_rows(encoder, [r for r in range(n) if full[r]])
         return encoder.finish()
+
+    def _copy_rows(self, encoder, rows: list[int]) -> None:
+        """Logits rows `rows` packed one after another into the read-back buffer."""
+        size = self.config.vocab_size * 4
+        for at, r in enumerate(rows):
+            encoder.copy_buffer_to_buffer(self.scratch.logits, r * size, self.scratch.staging, at * size, size)
 
     def batch_dispatches(self, entries: list[tuple[int, int]]) -> tuple[tuple, list[pl.Dispatch]]:
         """The uniforms of one forward of (slot, token) decode tokens written: slots of one K/V

@@ -427,8 +427,8 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
                       progress: bool = True) -> dict:
     """Decode of N conversations at once for each N of `levels` (airframe/batching.py's decode step):
     each of N slots holds a prompt of `prompt_tokens` random ids, then `steps` batched greedy steps
-    run, each one Backend.decode_batch with the logits of every row read back and their argmax
-    taken on the host (what the scheduler does). Per level: the median wall ms of a step (each
+    run, each one Backend.decode_batch_greedy with every row's id picked on the GPU (what the
+    scheduler does for greedy requests). Per level: the median wall ms of a step (each
     stream's ms/token), the aggregate tokens/s, and the GPU ms of the step's dispatches with the
     share of each op class (timestamps, where the adapter has them); beside them, batch-1 greedy
     chained on the GPU at the same context, the fastest single stream."""
@@ -454,8 +454,8 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
             times = []
             for step in range(steps + 2):  # the first two compile the batch's pipelines and warm the GPU
                 started = time.perf_counter()
-                logits = be.decode_batch(list(enumerate(tokens)))
-                tokens = [int(t) for t in np.argmax(logits, axis=1)]
+                picked = be.decode_batch_greedy(list(enumerate(tokens)), [False] * n)
+                tokens = [token for token, _ in picked]
                 if step >= 2:
                     times.append(time.perf_counter() - started)
                 bar.update(1)

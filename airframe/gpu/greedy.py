@@ -58,6 +58,33 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
     return ArgmaxOps(dispatches, ring, staging, batch)
 
 
+@dataclass
+class BatchArgmax:
+    """argmax.wgsl over every logits row of a decode batch: each row's id (with NON_FINITE where a
+    logit was not finite) in `ids`, copied to `staging` for the host."""
+
+    dispatches: dict  # rows: the two dispatches
+    ids: object
+    staging: object
+
+
+def build_batch_argmax(be) -> BatchArgmax:
+    """argmax.wgsl over logits rows 0.. of a decode batch (the step uniform's n_past is 0 there, so row
+    r's id goes to ids[r]); made once at load, dispatches per batch size."""
+    k = be.pipes
+    vocab, rows = be.config.vocab_size, be.scratch.logit_rows
+    n_groups = pl.ceil_div(vocab, ARGMAX_PER_GROUP)
+    ids = k.storage(rows * 4, "batch_argmax_ids")
+    params = k.uniform(pl.pack_params("argmax", n=vocab, n_groups=n_groups, ring_len=rows), "batch_argmax")
+    candidates = k.storage(rows * n_groups * 16, "batch_argmax_candidates")
+    group = k.bind("argmax", [(be.scratch.logits, 0, rows * vocab * 4), candidates, be.scratch.ids, ids, params,
+                              be.scratch.step])
+    stages = [k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}) for stage in (1, 2)]
+    dispatches = {n: [pl.Dispatch("argmax#1", stages[0], group, (n_groups, n, 1)),
+                      pl.Dispatch("argmax#2", stages[1], group, (1, n, 1))] for n in range(1, rows + 1)}
+    return BatchArgmax(dispatches, ids, k.readback(rows * 4, "batch_argmax_readback"))
+
+
 def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
     """Token steps [lo, hi) read back together: the first token alone, then `batch` at a time."""
     bounds = [(0, min(1, total))] if total else []
