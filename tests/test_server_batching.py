@@ -24,7 +24,7 @@ SLOTS = 4
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def add(a, b):"]
 TOKENS = 16
 # Four together against four one by one, the bar. On lavapipe a decode step of 4 slots costs
-# ~1.8 steps of one, so four requests take 0.50-0.53 of the serial time on two idle cores.
+# ~1.8 steps of one, so four requests take 0.50-0.54 of the serial time on two idle cores.
 WALL_RATIO = 0.6
 
 
