@@ -124,18 +124,20 @@ def test_gemv_every_type(request, qtype, variant, rows_wg):
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-def test_gemv_batch_every_type(tiled, qtype):
-    """Up to pipes.gemv_tokens tokens per workgroup (a decode batch): each token's outputs are the ones it
-    gets alone, bit for bit, and those match numpy; 11 tokens take two workgroups along y."""
+@pytest.mark.parametrize("program", ["gemv", "gemm_rows"])
+def test_batch_every_type(tiled, qtype, program):
+    """A decode batch: up to pipes.gemv_tokens tokens per gemv.wgsl workgroup, and gemm_rows.wgsl with
+    the forward's token count per invocation (up to 8, a program each); every token's outputs are the
+    ones it gets alone, bit for bit, and those match numpy; 11 tokens take two workgroups along y."""
     rng = np.random.default_rng(int(qtype) + 300)
     cols = cols_for(qtype)[-1]
     words, dense = quantized(rng, 37, cols, qtype)
     x = rng.standard_normal((11, cols)).astype(np.float32)
     p = params(37, cols, words.shape[1])
-    alone = np.concatenate([run(tiled, "gemv", qtype, words, x[i:i + 1], 37, p) for i in range(len(x))])
+    alone = np.concatenate([run(tiled, program, qtype, words, x[i:i + 1], 37, p) for i in range(len(x))])
     close(alone, x @ dense.T, RTOL)
     for n_tokens in (2, 3, 8, 11):
-        np.testing.assert_array_equal(run(tiled, "gemv", qtype, words, x[:n_tokens], 37, p), alone[:n_tokens])
+        np.testing.assert_array_equal(run(tiled, program, qtype, words, x[:n_tokens], 37, p), alone[:n_tokens])
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.BF16], ids=lambda q: q.name)
@@ -173,21 +175,6 @@ def test_gemm_rows_every_type(tiled, qtype):
         x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
         got = run(tiled, "gemm_rows", qtype, words, x, 37, params(37, cols, words.shape[1]))
         close(got, x @ dense.T, RTOL)
-
-
-@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-def test_gemm_rows_batch_every_type(tiled, qtype):
-    """gemm_rows.wgsl takes the forward's token count per invocation (up to 8, a program each): every
-    token's outputs are the ones it gets alone, bit for bit; 11 tokens take two workgroups along y."""
-    rng = np.random.default_rng(int(qtype) + 500)
-    cols = cols_for(qtype)[-1]
-    words, dense = quantized(rng, 37, cols, qtype)
-    x = rng.standard_normal((11, cols)).astype(np.float32)
-    p = params(37, cols, words.shape[1])
-    alone = np.concatenate([run(tiled, "gemm_rows", qtype, words, x[i:i + 1], 37, p) for i in range(len(x))])
-    close(alone, x @ dense.T, RTOL)
-    for n_tokens in (2, 3, 8, 11):
-        np.testing.assert_array_equal(run(tiled, "gemm_rows", qtype, words, x[:n_tokens], 37, p), alone[:n_tokens])
 
 
 # ---- fusions --------------------------------------------------------------------------------------
