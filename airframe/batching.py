@@ -33,10 +33,10 @@ import numpy as np
 
 from .backend import check_finite
 from .constraint import Constraint
-from .engine import Engine, Finish, GenerationParams, Piece, TokenTaker, _PieceBuilder, _check_params
+from .engine import Engine, Finish, GenerationParams, Piece, TokenTaker, _PieceBuilder, _check_params, plain_greedy
 from .errors import ParameterError
 from .prompt_cache import PromptCache
-from .sampling import History, Sampler, greedy_blockers
+from .sampling import History, Sampler
 from .streaming import TextAssembler
 
 
@@ -128,10 +128,10 @@ class Scheduler:
             constraint = Constraint(params.grammar, engine.tokenizer) if params.grammar is not None else None
             pieces = _PieceBuilder(TextAssembler(engine.tokenizer.token_bytes, params.stop), params.logprobs is not None)
             taker = TokenTaker(engine, params, pieces, list(stream.prompt_ids), constraint)
-            greedy = params.logprobs is None and constraint is None and not greedy_blockers(params.sampling)
             run = _Running(stream, slot, cache, keep, stream.prompt_ids[keep:],
                            Sampler(params.sampling, engine.config.vocab_size, constraint),
-                           History(list(stream.prompt_ids), n_prompt=len(stream.prompt_ids)), taker, greedy)
+                           History(list(stream.prompt_ids), n_prompt=len(stream.prompt_ids)), taker,
+                           plain_greedy(params))
             self.running.append(run)
             if not taker.wants_more():  # max_tokens = 0
                 self._finish(run, "length")
@@ -186,7 +186,6 @@ class Scheduler:
 
     def _take(self, run: _Running, logits: np.ndarray) -> None:
         """The token sampled from the logits of the request's last position, through its TokenTaker."""
-        run.next_token = None
         try:
             check_finite(logits, self._past(run.slot) - 1, f" (for generated token {run.taker.n_sampled + 1})")
             token = run.sampler.sample(run.history, logits)

@@ -261,9 +261,8 @@ class Engine:
 
     def _greedy_on_device(self, params: GenerationParams) -> bool:
         """A backend that picks greedy tokens itself (the CUDA megakernel, WebGPU's argmax chain)
-        does so when asking it changes nothing: greedy, no penalties or bias, no logprobs, no grammar."""
-        return (self.backend.greedy_on_device and params.logprobs is None and params.grammar is None
-                and not greedy_blockers(params.sampling))
+        does so when asking it changes nothing (plain_greedy)."""
+        return self.backend.greedy_on_device and plain_greedy(params)
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
                      cancel: Callable[[], bool] | None, keep: int) -> _TokenSource:
@@ -397,6 +396,12 @@ class Engine:
 
 
 # ---- prompts before a backend ---------------------------------------------------------------------
+def plain_greedy(params: GenerationParams) -> bool:
+    """Whether a request's tokens are the argmax of the raw logits, which a backend may then pick
+    itself: greedy, no penalties or bias, no logprobs, no grammar."""
+    return params.logprobs is None and params.grammar is None and not greedy_blockers(params.sampling)
+
+
 def prompt_parts(opened: Model) -> tuple[GGUFTokenizer, ChatTemplate]:
     """The tokenizer and chat template of an opened model: all a prompt needs, without the weights."""
     tokenizer = load_tokenizer(opened.gguf)

@@ -388,7 +388,7 @@ class WebGPUBackend(Backend):
     def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
         """Backend.decode_batch: the slots that share a K/V buffer (kv_group) run as one forward, each
         weight read once for all their tokens (gemv.wgsl with up to GEMV_TOKENS tokens per workgroup)."""
-        return np.stack([row for _, row in self._decode_batch(entries, None)])
+        return np.stack([row for _, row in self._decode_batch(entries, None)])  # ids not picked: None
 
     def decode_batch_greedy(self, entries: Sequence[tuple[int, int]],
                             full: Sequence[bool]) -> list[tuple[int, np.ndarray | None]]:
@@ -398,8 +398,8 @@ class WebGPUBackend(Backend):
             return super().decode_batch_greedy(entries, full)
         return self._decode_batch(entries, [bool(f) for f in full])
 
-    def _decode_batch(self, entries, full: list[bool] | None) -> list[tuple[int, np.ndarray | None]]:
-        """decode_batch_greedy's rows, or with `full` None every row's (argmax, logits)."""
+    def _decode_batch(self, entries, full: list[bool] | None) -> list[tuple[int | None, np.ndarray | None]]:
+        """decode_batch_greedy's rows, or with `full` None every row's (None, logits)."""
         entries = self.check_batch(entries)
         if full is not None and len(full) != len(entries):
             raise ParameterError(f"{len(full)} flags for a decode batch of {len(entries)} tokens, expected one each")
@@ -421,22 +421,24 @@ class WebGPUBackend(Backend):
 
     def _batch_step(self, entries: list[tuple[int, int]], full: tuple[bool, ...] | None) -> list:
         """One forward of decode tokens of slots in one K/V buffer: per row (argmax, logits or None),
-        every row's logits with `full` None. The command buffer of the same slots' next step is
-        recorded while the GPU runs this one."""
+        or with `full` None (None, logits) of every row. The command buffer of the same slots' next
+        step is recorded while the GPU runs this one."""
+        n = len(entries)
         key, work = self.batch_dispatches(entries)
         ready = self._next_batch
-        commands = ready[1] if ready is not None and ready[0] == (key, full) else self._record_batch(work, len(entries), full)
+        if ready is not None and ready[0] == (key, full):
+            commands = ready[1]
+        else:
+            commands = self._record_batch(work, n, full)
         self._next_batch = None
         self.ctx.device.queue.submit([commands])
         for slot, _ in entries:
             self.slot_past[slot] += 1
         if all(self.slot_past[slot] < self.n_ctx for slot, _ in entries):
             key, work = self._batch_work(entries)
-            self._next_batch = ((key, full), self._record_batch(work, len(entries), full))
-        n = len(entries)
+            self._next_batch = ((key, full), self._record_batch(work, n, full))
         if full is None:
-            logits = self._read_logits(n)
-            return [(int(np.argmax(row)), row) for row in logits]
+            return [(None, row) for row in self._read_logits(n)]
         raw = pl.read_mapped(self.batch_argmax.staging, n * 4, np.uint32)
         bad = (raw & NON_FINITE) != 0
         ids = (raw & ~np.uint32(NON_FINITE)).astype(np.int64)

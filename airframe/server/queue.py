@@ -172,7 +172,8 @@ class RequestQueue(_Queue):
 
 class BatchingQueue(_Queue):
     """Up to one job per K/V slot at once, stepped together by the Scheduler: a job that joins
-    has its prompt read one chunk per step while the others decode (airframe/batching.py).
+    has its prompt read (at most a chunk's worth of prompts per step) while the others decode
+    (airframe/batching.py).
     `on_step(batch)` gets each decode step's token count."""
 
     def __init__(self, engine, max_waiting: int, on_finish: Callable[[Any], None] | None = None,
