@@ -129,16 +129,18 @@ class Backend:
         self.select_slot(current)
         return np.stack(out)
 
-    def decode_batch_greedy(self, entries: Sequence[tuple[int, int]],
-                            full: Sequence[bool]) -> list[tuple[int, np.ndarray | None]]:
-        """decode_batch for callers that need only some rows' logits: per entry (the argmax of its
-        logits, its logits or None). A row gets its logits where `full` asks for them, and also where
-        they are not all finite, so that the caller's check_finite names the damage. Here every row
-        is read and its argmax taken on the host; a backend may pick the ids on the device and read
-        only the rows asked for (WebGPU)."""
+    def decode_batch_pick(self, entries: Sequence[tuple[int, int]], picks: Sequence[Pick]) -> list[Picked]:
+        """decode_batch, and each row's next token chosen as its Pick says (the sampler is asked, not
+        advanced: the caller accepts the token). Here every row's logits are read and sampled on the
+        host; a backend may pick greedy ids and reduce sampled rows to candidates on the device and
+        read only those (WebGPU), keeping to the tokens the host gives from the full logits."""
+        picks = list(picks)
         logits = self.decode_batch(entries)
-        return [(int(np.argmax(row)), row if want or not np.isfinite(row).all() else None)
-                for row, want in zip(logits, full)]
+        return [pick_row(row, pick, self.slot_n_past(slot) - 1) for (slot, _), row, pick in zip(entries, logits, picks)]
+
+    def slot_n_past(self, slot: int) -> int:
+        """n_past of K/V cache `slot`, selected or not."""
+        return self.n_past if slot == self.slot or self.n_slots == 1 else self.slot_past[slot]
 
     def check_batch(self, entries: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """decode_batch's entries as (slot, token) ints, or ParameterError / ContextOverflowError
@@ -273,6 +275,37 @@ def check_finite(logits: np.ndarray, position: int, step: str = "") -> None:
     raise NonFiniteError(f"the logits at position {position + row}{step} hold {n_nan} NaN and {n_inf} infinite "
                          f"values of {bad.size}, expected finite values: the model's weights or an activation "
                          f"are damaged")
+
+
+@dataclasses.dataclass
+class Pick:
+    """How decode_batch_pick chooses a row's token: `sampler` on `history`'s logits, or with
+    `greedy` (a plain greedy request: engine.plain_greedy) the argmax of the raw logits, which the
+    device may pick itself."""
+
+    sampler: Sampler
+    history: History
+    greedy: bool = False
+    with_logits: bool = False  # the row's logits come back too (logprobs)
+
+
+@dataclasses.dataclass
+class Picked:
+    """A decode batch row's next token, or the error that stopped it (logits not finite)."""
+
+    token: int | None
+    logits: np.ndarray | None = None  # where Pick.with_logits asked for them
+    error: Exception | None = None
+
+
+def pick_row(logits: np.ndarray, pick: Pick, position: int) -> Picked:
+    """The token `pick` chooses from the full logits of the token run at `position`."""
+    try:
+        check_finite(logits, position, f" (for generated token {len(pick.history.generated) + 1})")
+    except NonFiniteError as e:
+        return Picked(None, error=e)
+    token = int(np.argmax(logits)) if pick.greedy else pick.sampler.sample(pick.history, logits)
+    return Picked(token, logits if pick.with_logits else None)
 
 
 def default_context(config: ModelConfig, options: RunOptions) -> int:

@@ -11,9 +11,10 @@ them still gets a token every step.
 
 Every token goes through the engine's TokenTaker, so stop ids, stop strings, max_tokens, grammars,
 logprobs and cancellation behave as for a request alone. A plain greedy request (no penalties,
-bias, logprobs or grammar) takes the argmax the backend picks for its row (WebGPU: on the GPU, its
-logits not read back); every other is drawn by the host's Sampler from its row's full logits, the
-tokens every backend's own sampling path keeps to. A slot's logits in a batch are the ones it gets
+bias, logprobs or grammar) takes the argmax the backend picks for its row; every other takes the
+token its Sampler gives from its row's logits (Backend.decode_batch_pick; WebGPU: the ids picked and
+a sampled row reduced to candidates on the GPU, only those read back, the full row only where the
+candidates cannot decide the token), the tokens every backend's own sampling path keeps to. A slot's logits in a batch are the ones it gets
 alone: a request gives the same tokens either way.
 
     scheduler = Scheduler(engine)
@@ -31,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import check_finite
+from .backend import Pick, Picked, pick_row
 from .constraint import Constraint
 from .engine import Engine, Finish, GenerationParams, Piece, TokenTaker, _PieceBuilder, _check_params, plain_greedy
 from .errors import ParameterError
@@ -165,34 +166,33 @@ class Scheduler:
         ready = [r for r in list(self.running) if r.next_token is not None and not self._cancelled(r)]
         if not ready:
             return
+        picks = [Pick(r.sampler, r.history, greedy=r.greedy, with_logits=r.stream.params.logprobs is not None)
+                 for r in ready]
         try:
-            rows = self.backend.decode_batch_greedy([(r.slot, r.next_token) for r in ready],
-                                                    [not r.greedy for r in ready])
+            rows = self.backend.decode_batch_pick([(r.slot, r.next_token) for r in ready], picks)
         except Exception as e:
             for run in ready:
                 self._fail(run, e)
             return
         self.on_batch(len(ready))
-        for run, (token, logits) in zip(ready, rows):
-            if logits is None:
-                self._take_token(run, token)
-            else:
-                self._take(run, logits)
+        for run, picked in zip(ready, rows):
+            self._took(run, picked)
 
     # ---- one request --------------------------------------------------------------------------
-    def _past(self, slot: int) -> int:
-        backend = self.backend
-        return backend.n_past if slot == backend.slot else backend.slot_past[slot]
-
     def _take(self, run: _Running, logits: np.ndarray) -> None:
         """The token sampled from the logits of the request's last position, through its TokenTaker."""
         try:
-            check_finite(logits, self._past(run.slot) - 1, f" (for generated token {run.taker.n_sampled + 1})")
-            token = run.sampler.sample(run.history, logits)
+            picked = pick_row(logits, Pick(run.sampler, run.history, with_logits=True),
+                              self.backend.slot_n_past(run.slot) - 1)
         except Exception as e:
-            self._fail(run, e)
-            return
-        self._take_token(run, token, logits)
+            picked = Picked(None, error=e)
+        self._took(run, picked)
+
+    def _took(self, run: _Running, picked: Picked) -> None:
+        if picked.error is not None:
+            self._fail(run, picked.error)
+        else:
+            self._take_token(run, picked.token, picked.logits)
 
     def _take_token(self, run: _Running, token: int, logits: np.ndarray | None = None) -> None:
         """A token of the request (drawn from its logits, or its greedy token picked by the backend)."""
@@ -203,7 +203,7 @@ class Scheduler:
             run.stream.items.append(piece)
         if taker.reason:
             self._finish(run, taker.reason)
-        elif not taker.wants_more() or self._past(run.slot) >= self.backend.n_ctx:
+        elif not taker.wants_more() or self.backend.slot_n_past(run.slot) >= self.backend.n_ctx:
             self._finish(run, "length")  # max_tokens, or no room in the context to run the token
         else:
             run.next_token = token
@@ -217,7 +217,7 @@ class Scheduler:
 
     def _finish(self, run: _Running, reason: str) -> None:
         taker, stream = run.taker, run.stream
-        run.cache.remember(taker.ran, self._past(run.slot))
+        run.cache.remember(taker.ran, self.backend.slot_n_past(run.slot))
         if piece := taker.pieces.finish():
             stream.items.append(piece)
         ended = time.perf_counter()

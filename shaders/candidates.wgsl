@@ -26,13 +26,14 @@ struct Params {
     frequency: f32,
     pending: u32,          // 1: add TOKENS[0] to the penalties as a generated token
     masked: u32,           // 1: only the tokens set in ALLOWED count
+    first: u32,            // LOGITS index of logit 0: the row of a decode batch
 }
 
 #include "candidates_out.wgsl"
 
 #include "order_key.wgsl"
 
-@group(0) @binding(0) var<storage, read_write> LOGITS: array<f32>;           // (n,)
+@group(0) @binding(0) var<storage, read_write> LOGITS: array<f32>;           // (rows, n): row first / n
 @group(0) @binding(1) var<storage, read> PEN: array<vec4<u32>>;              // (PEN_MAX,) id, bias bits, in window, count
 @group(0) @binding(2) var<storage, read> ALLOWED: array<u32>;               // (ceil(n / 32),) bit i % 32 of word i / 32
 @group(0) @binding(3) var<storage, read_write> HIST: array<atomic<u32>>;     // (BINS,) zero between tokens
@@ -96,14 +97,14 @@ fn penalise(lid: u32, wid: u32) {
     } else {
         return;
     }
-    let raw = LOGITS[e.x];
+    let raw = LOGITS[P.first + e.x];
     OUT.raw[j] = raw;
     var v = raw + bitcast<f32>(e.y);
     if (e.z != 0u) {
         v = select(v * P.repeat_penalty, v / P.repeat_penalty, v > 0.0);
     }
     v -= P.frequency * f32(e.w) + select(0.0, P.presence, e.w > 0u);
-    LOGITS[e.x] = v;
+    LOGITS[P.first + e.x] = v;
 }
 
 fn histogram(lid: u32, wid: u32) {
@@ -119,7 +120,7 @@ fn histogram(lid: u32, wid: u32) {
     for (var k = 0u; k < ITEMS; k++) {
         let i = first + k * WG + lid;
         if (i < P.n) {
-            let v = LOGITS[i];
+            let v = LOGITS[P.first + i];
             if (!finite(v)) {
                 bad = 1.0;  // masked or not: the host path reports it
             } else if (allowed(i)) {
@@ -217,7 +218,7 @@ fn gather(lid: u32, wid: u32) {
     for (var k = 0u; k < ITEMS; k++) {
         let i = first + k * WG + lid;
         if (i < P.n) {
-            let v = LOGITS[i];
+            let v = LOGITS[P.first + i];
             if (order_key(v) >= cut && allowed(i)) {
                 let j = atomicAdd(&OUT.count, 1u);
                 if (j < CAP) {

@@ -1,7 +1,7 @@
 """Continuous batching (airframe/batching.py): requests run together give what they give alone.
 
 On both real models on lavapipe (WebGPU), eight mixed requests in one batch (prompts of different
-lengths, greedy and seeded sampling, a stop string, logprobs, one cancelled midway) give the same
+lengths, greedy and seeded sampling, a grammar, a stop string, logprobs, one cancelled midway) give the same
 text, finish and logprobs as each run alone through Engine.generate. On the reference backend with
 a tiny model: more requests than slots wait their turn, a long prompt is read one chunk per step
 while the others decode, short prompts that come together are read in one step, max_tokens = 0,
@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 
 from airframe.batching import Scheduler
+from airframe.constraint import json_schema_grammar
 from airframe.engine import Engine, Finish, GenerationParams
 from airframe.errors import NonFiniteError, ParameterError
+from airframe.gpu.backend import ROW_CANDIDATES, ROW_ID, ROW_LOGITS
 from airframe.options import RunOptions
 from airframe.sampling import SamplingParams
 from airframe.synthetic import write_synthetic_gguf
 
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.0, seed=11)
+NAMED = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
 def mixed_requests():
@@ -31,14 +34,15 @@ def mixed_requests():
         ("def add(a, b):", GenerationParams(max_tokens=9, sampling=SamplingParams(temperature=0.7, seed=3,
                                                                                  repeat_penalty=1.2))),
         ("The sky is", GenerationParams(max_tokens=8, sampling=GREEDY, logprobs=2)),
-        ("A" * 3 + " long story about a cat who lived in a small house by the sea, and every morning she",
-         GenerationParams(max_tokens=11, sampling=GREEDY)),
+        ("A" * 3 + " long story about a cat who lived in a small house by the sea, as JSON:",
+         GenerationParams(max_tokens=11, sampling=SamplingParams(temperature=0.8, top_k=40, seed=5),
+                          grammar=json_schema_grammar(NAMED))),
         ("Water boils at", GenerationParams(max_tokens=20, sampling=GREEDY)),
     ]
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
-def test_a_batch_of_eight_gives_what_each_gives_alone(model):
+def test_a_batch_of_eight_gives_what_each_gives_alone(model, monkeypatch):
     engine = Engine.load(model, backend="webgpu", options=RunOptions(n_ctx=160, slots=8))
     requests = mixed_requests()
     alone = []
@@ -46,6 +50,9 @@ def test_a_batch_of_eight_gives_what_each_gives_alone(model):
         engine.forget_prompt_cache()
         alone.append(engine.generate(prompt, params))
     engine.forget_prompt_cache()
+    kinds = set()  # what the batch rows read back: the sampled ones their candidates
+    pick_rows = engine.backend._pick_rows
+    monkeypatch.setattr(engine.backend, "_pick_rows", lambda e, p, k, r: kinds.update(k) or pick_rows(e, p, k, r))
     batches = []
     scheduler = Scheduler(engine, on_batch=batches.append)
     streams = []
@@ -53,7 +60,7 @@ def test_a_batch_of_eight_gives_what_each_gives_alone(model):
         cancel = (lambda: len(streams[-1].items) >= 2) if len(streams) == len(requests) - 1 else None
         streams.append(scheduler.submit(engine.prepare(prompt, params), params, cancel))
     scheduler.run()
-    assert max(batches) == 8
+    assert max(batches) == 8 and kinds == {ROW_ID, ROW_CANDIDATES, ROW_LOGITS}
     for stream, (text, finish, logprobs) in zip(streams[:-1], alone[:-1]):
         got = stream.finish()
         assert stream.text() == text

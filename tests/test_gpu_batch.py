@@ -8,11 +8,13 @@ against numpy in test_gpu_matmul.py and test_gpu_attention.py."""
 import numpy as np
 import pytest
 
-from airframe.errors import ContextOverflowError, ParameterError
-from airframe.gpu.backend import WebGPUBackend
+from airframe.backend import Pick
+from airframe.errors import ContextOverflowError, NonFiniteError, ParameterError
+from airframe.gpu.backend import ROW_CANDIDATES, ROW_LOGITS, WebGPUBackend
 from airframe.model import open_model
 from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend
+from airframe.sampling import History, Sampler, SamplingParams
 from airframe.synthetic import write_synthetic_gguf
 
 PROMPTS = {2: [7, 300, 2900, 12, 9, 2048, 77, 5, 1, 999, 3, 1321, 18], 0: [5, 6], 3: [42, 43, 44, 45, 46, 47, 48, 49, 50]}
@@ -86,38 +88,115 @@ def test_one_forward_serves_a_batch(models, monkeypatch):
     assert steps == [3]
 
 
-@pytest.mark.parametrize("matmul", ["tiled", "rows"])
-def test_greedy_rows_get_their_argmax_from_the_gpu(models, matmul):
-    """decode_batch_greedy: every row's id is the argmax of the logits decode_batch gives it (the
-    batch argmax on the GPU), and only the row that asks for its logits reads them back."""
-    be = WebGPUBackend.load(open_model(models["Q4_K"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul=matmul))
-    want = batched(be, 3, {})
-    for slot, prompt in PROMPTS.items():
+def start(be, prompts: dict[int, list[int]] = PROMPTS) -> dict[int, int]:
+    """Every slot of `prompts` reset and holding its prompt but the last id, which runs next."""
+    for slot, prompt in prompts.items():
         be.select_slot(slot)
         be.reset()
         be.forward(prompt[:-1])
-    nxt = {slot: prompt[-1] for slot, prompt in PROMPTS.items()}
+    return {slot: prompt[-1] for slot, prompt in prompts.items()}
+
+
+def greedy_pick(slot: int, with_logits: bool = False) -> Pick:
+    return Pick(Sampler(SamplingParams(temperature=0.0), 3000), History(list(PROMPTS[slot]), len(PROMPTS[slot])),
+                greedy=True, with_logits=with_logits)
+
+
+@pytest.mark.parametrize("matmul", ["tiled", "rows"])
+def test_greedy_rows_get_their_argmax_from_the_gpu(models, matmul):
+    """decode_batch_pick: a greedy row's id is the argmax of the logits decode_batch gives it (the
+    batch argmax on the GPU), and only the row that asks for its logits reads them back."""
+    be = WebGPUBackend.load(open_model(models["Q4_K"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul=matmul))
+    want = batched(be, 3, {})
+    nxt = start(be)
+    picks = [greedy_pick(slot, with_logits=slot == 3) for slot in nxt]
     for step in range(4):
         entries = list(nxt.items())
-        rows = be.decode_batch_greedy(entries, [slot == 3 for slot, _ in entries])
-        for (slot, _), (token, logits) in zip(entries, rows):
-            assert token == int(np.argmax(want[slot][step]))
+        rows = be.decode_batch_pick(entries, picks)
+        for (slot, _), picked in zip(entries, rows):
+            assert picked.token == int(np.argmax(want[slot][step])) and picked.error is None
             if slot == 3:
-                np.testing.assert_array_equal(logits, want[slot][step])
+                np.testing.assert_array_equal(picked.logits, want[slot][step])
             else:
-                assert logits is None
+                assert picked.logits is None
+            nxt[slot] = picked.token
+
+
+# sampled rows reduced to candidates (top-k; a top-p within them and a repetition window; min-p, presence, bias),
+# an open top-p that reaches past the candidates, and one that cannot be reduced
+SAMPLED = {
+    2: SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0, repeat_penalty=1.1, seed=1),
+    0: SamplingParams(temperature=1.0, top_k=0, top_p=0.03, min_p=0.0, repeat_penalty=1.3, repeat_last_n=8, seed=2),
+    3: SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.3, presence_penalty=0.5,
+                      logit_bias={11: 4.0, 12: -100.0}, seed=3),
+}
+OPEN = SamplingParams(temperature=1.5, top_k=0, top_p=0.9999, min_p=0.0, seed=4)       # past the candidates
+UNREDUCED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, frequency_penalty=0.4, seed=5)
+
+
+SAMPLED_PROMPTS = {**PROMPTS, 1: [100, 200, 300]}
+
+
+def sampled_streams(be, sampling: dict[int, SamplingParams], steps: int, pick: bool) -> dict[int, list[int]]:
+    """Each slot's tokens over `steps` batched steps, drawn by a Sampler of its params: through
+    decode_batch_pick, or (pick False) on the host from decode_batch's full logits."""
+    nxt = start(be, SAMPLED_PROMPTS)
+    picks = {slot: Pick(Sampler(sampling[slot], 3000), History(list(prompt), len(prompt)))
+             for slot, prompt in SAMPLED_PROMPTS.items()}
+    out = {slot: [] for slot in nxt}
+    for _ in range(steps):
+        entries = list(nxt.items())
+        if pick:
+            tokens = [p.token for p in be.decode_batch_pick(entries, [picks[slot] for slot, _ in entries])]
+        else:
+            tokens = [picks[slot].sampler.sample(picks[slot].history, row)
+                      for (slot, _), row in zip(entries, be.decode_batch(entries))]
+        for (slot, _), token in zip(entries, tokens):
+            picks[slot].sampler.accept(picks[slot].history, token)
+            out[slot].append(token)
             nxt[slot] = token
+    return out
 
 
-def test_a_greedy_row_with_damaged_logits_gets_them_back(nan_model_path):
-    """argmax.wgsl flags a row whose logits are not finite; that row's logits come back, so the
-    caller's check names the damage."""
+@pytest.mark.parametrize("matmul", ["tiled", "rows"])
+@pytest.mark.parametrize("last", ["open", "unreduced"])
+def test_sampled_rows_give_the_tokens_of_their_full_logits(models, matmul, last, monkeypatch):
+    """decode_batch_pick's sampled rows, reduced to candidates on the GPU, give the tokens the host's
+    sampler draws from decode_batch's full logits, same seeds; a row whose candidates cannot decide
+    (open top-p) reads its logits again, one that cannot be reduced (no truncation) reads them at once."""
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul=matmul))
+    sampling = {**SAMPLED, 1: OPEN if last == "open" else UNREDUCED}
+    want = sampled_streams(be, sampling, 12, pick=False)
+    kinds, again = [], []
+    pick_rows, copy_rows = be._pick_rows, be._copy_rows
+    monkeypatch.setattr(be, "_pick_rows", lambda e, p, k, r: kinds.append(k) or pick_rows(e, p, k, r))
+    monkeypatch.setattr(be, "_copy_rows", lambda enc, rows: again.append(list(rows)) or copy_rows(enc, rows))
+    got = sampled_streams(be, sampling, 12, pick=True)
+    assert got == want
+    order = list(SAMPLED_PROMPTS)  # the rows' slots, in entry order
+    assert all(k[order.index(s)] == ROW_CANDIDATES for k in kinds for s in SAMPLED)
+    one = order.index(1)
+    if last == "open":
+        assert all(k[one] == ROW_CANDIDATES for k in kinds) and sum(one in rows for rows in again) >= 6
+    else:
+        assert all(k[one] == ROW_LOGITS for k in kinds)
+    assert not any(set(rows) - {one} for rows in again if rows)  # every other row decided by its candidates
+
+
+def test_a_damaged_row_fails_alone(nan_model_path):
+    """argmax.wgsl flags a greedy row whose logits are not finite, candidates.wgsl a sampled one: each
+    row's Picked carries the error that names the damage."""
     be = WebGPUBackend.load(open_model(nan_model_path), RunOptions(n_ctx=16, slots=2, matmul="tiled"))
+    vocab = be.config.vocab_size
     for slot in (0, 1):
         be.select_slot(slot)
         be.forward([5, 6])
-    rows = be.decode_batch_greedy([(0, 7), (1, 8)], [False, False])
-    assert all(logits is not None and np.isnan(logits).all() for _, logits in rows)
+    picks = [Pick(Sampler(SamplingParams(temperature=0.0), vocab), History([5, 6], 2), greedy=True),
+             Pick(Sampler(SamplingParams(temperature=0.8, seed=1), vocab), History([5, 6], 2))]
+    rows = be.decode_batch_pick([(0, 7), (1, 8)], picks)
+    for picked in rows:
+        assert picked.token is None and isinstance(picked.error, NonFiniteError)
+        assert "position 2 (for generated token 1)" in str(picked.error)
 
 
 def test_a_batch_of_one_slot_is_a_decode_step(models):

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..backend import Backend, check_tokens, default_context, kv_cache_bytes, slot_count
+from ..backend import Backend, Pick, Picked, check_tokens, pick_row, default_context, kv_cache_bytes, slot_count
 from ..errors import ParameterError, UnsupportedError
 from ..family import ModelConfig
 from ..gguf_file import GGUFFile
@@ -45,6 +45,7 @@ MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.w
 SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
+ROW_ID, ROW_CANDIDATES, ROW_LOGITS = range(3)  # what a decode batch row reads back
 
 
 @dataclass
@@ -127,6 +128,7 @@ class WebGPUBackend(Backend):
         self.argmax = build_argmax(self)
         self.batch_argmax = build_batch_argmax(self)
         self.candidates = cand.build_candidates(self)
+        self.batch_candidates = cand.build_batch_candidates(self, min(self.scratch.logit_rows, n_slots))
         self.reduces_on_device = not config.final_logit_softcap  # soft-capping runs on the host, at read-back
         self._reduced: cand.Found | None = None  # the last forward's, for last_logits
         self.chain_counts = ChainCounts()  # sampled tokens by how they were made (sampled.py)
@@ -388,21 +390,23 @@ class WebGPUBackend(Backend):
     def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
         """Backend.decode_batch: the slots that share a K/V buffer (kv_group) run as one forward, each
         weight read once for all their tokens (gemv.wgsl with up to GEMV_TOKENS tokens per workgroup)."""
-        return np.stack([row for _, row in self._decode_batch(entries, None)])  # ids not picked: None
+        return np.stack(self._decode_batch(entries, None))
 
-    def decode_batch_greedy(self, entries: Sequence[tuple[int, int]],
-                            full: Sequence[bool]) -> list[tuple[int, np.ndarray | None]]:
-        """Backend.decode_batch_greedy: argmax.wgsl picks every row's id after the forward, and only
-        the rows asked for (or holding a logit that is not finite) are read back."""
+    def decode_batch_pick(self, entries: Sequence[tuple[int, int]], picks: Sequence[Pick]) -> list[Picked]:
+        """Backend.decode_batch_pick: after the forward argmax.wgsl picks every row's id and
+        candidates.wgsl reduces each sampled row that its sampler can reduce; only the ids, those
+        candidates and the logits of the rows that need them (logprobs, a sampler that cannot
+        reduce, candidates that cannot decide, a logit that is not finite) are read back."""
+        picks = list(picks)
         if not self.reduces_on_device:  # soft-capped logits: the host caps, then picks
-            return super().decode_batch_greedy(entries, full)
-        return self._decode_batch(entries, [bool(f) for f in full])
+            return super().decode_batch_pick(entries, picks)
+        if len(picks) != len(entries):
+            raise ParameterError(f"{len(picks)} picks for a decode batch of {len(entries)} tokens, expected one each")
+        return self._decode_batch(entries, picks)
 
-    def _decode_batch(self, entries, full: list[bool] | None) -> list[tuple[int | None, np.ndarray | None]]:
-        """decode_batch_greedy's rows, or with `full` None every row's (None, logits)."""
+    def _decode_batch(self, entries, picks: list[Pick] | None) -> list:
+        """decode_batch_pick's rows, or with `picks` None every row's logits."""
         entries = self.check_batch(entries)
-        if full is not None and len(full) != len(entries):
-            raise ParameterError(f"{len(full)} flags for a decode batch of {len(entries)} tokens, expected one each")
         self.drop_prerecorded()
         self.slot_past[self.slot] = self.n_past  # with one slot, check_batch leaves it behind
         out: list = [None] * len(entries)
@@ -413,57 +417,98 @@ class WebGPUBackend(Backend):
         for rows in by_group.values():
             for first in range(0, len(rows), rows_at_once):
                 part = rows[first:first + rows_at_once]
-                wants = None if full is None else tuple(full[r] for r in part)
-                for r, row in zip(part, self._batch_step([entries[r] for r in part], wants)):
+                asked = None if picks is None else [picks[r] for r in part]
+                for r, row in zip(part, self._batch_step([entries[r] for r in part], asked)):
                     out[r] = row
         self.n_past = self.slot_past[self.slot]
         return out
 
-    def _batch_step(self, entries: list[tuple[int, int]], full: tuple[bool, ...] | None) -> list:
-        """One forward of decode tokens of slots in one K/V buffer: per row (argmax, logits or None),
-        or with `full` None (None, logits) of every row. The command buffer of the same slots' next
-        step is recorded while the GPU runs this one."""
+    def _batch_step(self, entries: list[tuple[int, int]], picks: list[Pick] | None) -> list:
+        """One forward of decode tokens of slots in one K/V buffer: per row its Picked, or with
+        `picks` None its logits. The command buffer of the same slots' next step is recorded while
+        the GPU runs this one, for rows that read back the same way."""
         n = len(entries)
+        reductions = [None] * n
+        if picks is None:
+            kinds = None
+        else:
+            kinds = []
+            for r, pick in enumerate(picks):
+                if pick.with_logits:
+                    kinds.append(ROW_LOGITS)
+                elif pick.greedy:
+                    kinds.append(ROW_ID)
+                elif (reduction := pick.sampler.reduction(pick.history, *self.candidate_limits)) is not None:
+                    cand.write_request(self, self.batch_candidates.rows[r], reduction)
+                    reductions[r] = reduction
+                    kinds.append(ROW_CANDIDATES)
+                else:
+                    kinds.append(ROW_LOGITS)
+            kinds = tuple(kinds)
         key, work = self.batch_dispatches(entries)
         ready = self._next_batch
-        if ready is not None and ready[0] == (key, full):
-            commands = ready[1]
-        else:
-            commands = self._record_batch(work, n, full)
+        commands = ready[1] if ready is not None and ready[0] == (key, kinds) else self._record_batch(work, n, kinds)
         self._next_batch = None
         self.ctx.device.queue.submit([commands])
         for slot, _ in entries:
             self.slot_past[slot] += 1
         if all(self.slot_past[slot] < self.n_ctx for slot, _ in entries):
             key, work = self._batch_work(entries)
-            self._next_batch = ((key, full), self._record_batch(work, n, full))
-        if full is None:
-            return [(None, row) for row in self._read_logits(n)]
+            self._next_batch = ((key, kinds), self._record_batch(work, n, kinds))
+        if kinds is None:
+            return list(self._read_logits(n))
+        return self._pick_rows(entries, picks, kinds, reductions)
+
+    def _pick_rows(self, entries, picks: list[Pick], kinds: tuple[int, ...], reductions: list) -> list[Picked]:
+        """Each row's Picked from what a batch step read back: its id, its candidates or its logits;
+        the logits of the rows that need them after all are copied again (still on the GPU)."""
+        n = len(entries)
         raw = pl.read_mapped(self.batch_argmax.staging, n * 4, np.uint32)
         bad = (raw & NON_FINITE) != 0
         ids = (raw & ~np.uint32(NON_FINITE)).astype(np.int64)
-        wanted = [r for r in range(n) if full[r]]
+        wanted = [r for r in range(n) if kinds[r] == ROW_LOGITS]
         logits = dict(zip(wanted, self._read_logits(len(wanted)))) if wanted else {}
-        damaged = [r for r in range(n) if bad[r] and r not in logits]
-        if damaged:  # rare: the forward's logits are still on the GPU
+        out: list[Picked | None] = [None] * n
+        found: dict[int, cand.Found] = {}
+        if ROW_CANDIDATES in kinds:
+            data = pl.read_mapped(self.batch_candidates.staging, n * cand.OUT_BYTES, np.uint8)
+            for r in range(n):
+                if kinds[r] == ROW_CANDIDATES:
+                    found[r] = cand.parse(data[r * cand.OUT_BYTES:(r + 1) * cand.OUT_BYTES], reductions[r])
+                    if found[r].candidates is not None:
+                        token = picks[r].sampler.sample_reduced(picks[r].history, found[r].candidates)
+                        if token is not None:
+                            out[r] = Picked(token)
+        again = [r for r in range(n) if out[r] is None and r not in logits and (kinds[r] != ROW_ID or bad[r])]
+        if again:  # rare: a row the candidates could not decide, or a damaged one
             encoder = self.ctx.device.create_command_encoder()
-            self._copy_rows(encoder, damaged)
+            self._copy_rows(encoder, again)
             self.ctx.device.queue.submit([encoder.finish()])
-            logits.update(zip(damaged, self._read_logits(len(damaged))))
-        return [(int(ids[r]), logits.get(r)) for r in range(n)]
+            for r, row in zip(again, self._read_logits(len(again))):
+                logits[r] = cand.restore(row, found[r]) if r in found else row
+        for r, (slot, _) in enumerate(entries):
+            if out[r] is None:
+                out[r] = Picked(int(ids[r])) if r not in logits else pick_row(logits[r], picks[r], self.slot_past[slot] - 1)
+        return out
 
-    def _record_batch(self, work: list[pl.Dispatch], n: int, full: tuple[bool, ...] | None):
+    def _record_batch(self, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None):
         """A batch step's command buffer: the forward, then every row's logits copied for the host
-        (full None), or the batch argmax with the ids and the rows `full` asks for."""
+        (kinds None), or the batch argmax, the sampled rows' reductions and the rows whose logits
+        are read copied, each as its kind says."""
         encoder = self.ctx.device.create_command_encoder()
-        if full is None:
+        if kinds is None:
             pl.record(encoder, work)
             self._copy_logits(encoder, n)
-        else:
-            ops = self.batch_argmax
-            pl.record(encoder, work + ops.dispatches[n])
-            encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging, 0, n * 4)
-            self._copy_rows(encoder, [r for r in range(n) if full[r]])
+            return encoder.finish()
+        ops = self.batch_argmax
+        reduced = [r for r in range(n) if kinds[r] == ROW_CANDIDATES]
+        rows = self.batch_candidates.rows
+        pl.record(encoder, work + ops.dispatches[n] + [d for r in reduced for d in rows[r].dispatches])
+        encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging, 0, n * 4)
+        for r in reduced:
+            encoder.copy_buffer_to_buffer(rows[r].out, 0, self.batch_candidates.staging, r * cand.OUT_BYTES,
+                                          cand.OUT_BYTES)
+        self._copy_rows(encoder, [r for r in range(n) if kinds[r] == ROW_LOGITS])
         return encoder.finish()
 
     def _copy_rows(self, encoder, rows: list[int]) -> None:

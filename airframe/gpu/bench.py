@@ -25,7 +25,7 @@ import numpy as np
 import wgpu
 from tqdm import tqdm
 
-from ..backend import open_backend
+from ..backend import Pick, open_backend
 from ..constraint import Constraint, json_schema_grammar
 from ..model import open_model
 from ..options import RunOptions
@@ -423,15 +423,19 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     return result
 
 
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0, repeat_penalty=1.1, seed=1)
+
+
 def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: int = 128, matmul: str = "auto",
                       progress: bool = True) -> dict:
     """Decode of N conversations at once for each N of `levels` (airframe/batching.py's decode step):
-    each of N slots holds a prompt of `prompt_tokens` random ids, then `steps` batched greedy steps
-    run, each one Backend.decode_batch_greedy with every row's id picked on the GPU (what the
-    scheduler does for greedy requests). Per level: the median wall ms of a step (each
-    stream's ms/token), the aggregate tokens/s, and the GPU ms of the step's dispatches with the
-    share of each op class (timestamps, where the adapter has them); beside them, batch-1 greedy
-    chained on the GPU at the same context, the fastest single stream."""
+    each of N slots holds a prompt of `prompt_tokens` random ids, then `steps` batched steps run,
+    each one Backend.decode_batch_pick as the scheduler calls it: greedy (every row's id picked on
+    the GPU), then sampled from the same prompts (SAMPLED: each row reduced to candidates on the
+    GPU). Per level: the median wall ms of a step of each (each stream's ms/token), the aggregate
+    greedy tokens/s, and the GPU ms of the step's dispatches with the share of each op class
+    (timestamps, where the adapter has them); beside them, batch-1 greedy chained on the GPU at
+    the same context, the fastest single stream."""
     top = max(levels)
     options = RunOptions.from_env(n_ctx=prompt_tokens + steps + 8, progress=progress, matmul=matmul, slots=top)
     be = open_backend("webgpu", open_model(path), options)
@@ -439,36 +443,50 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
     rng = np.random.default_rng(0)
     vocab = be.config.vocab_size
     rows = []
-    with tqdm(total=len(levels) * (steps + 2) + 1, desc="bench: concurrency", unit="step",
+    with tqdm(total=len(levels) * 2 * (steps + 2) + 1, desc="bench: concurrency", unit="step",
               disable=not progress) as bar:
         chained = chained_decode_ms(be, prompt_tokens + 1, steps, runs=3)  # the first run compiles
         bar.update(1)
         for n in levels:
-            tokens = []
-            for slot in range(n):
-                be.select_slot(slot)
-                be.reset()
-                be.forward(rng.integers(0, vocab, prompt_tokens).tolist())
-                tokens.append(int(rng.integers(0, vocab)))
-            be.select_slot(0)
-            times = []
-            for step in range(steps + 2):  # the first two compile the batch's pipelines and warm the GPU
-                started = time.perf_counter()
-                picked = be.decode_batch_greedy(list(enumerate(tokens)), [False] * n)
-                tokens = [token for token, _ in picked]
-                if step >= 2:
-                    times.append(time.perf_counter() - started)
-                bar.update(1)
-            ms = 1000 * statistics.median(times)
-            row = {"streams": n, "step_ms": ms, "tokens_per_s": 1000 * n / ms}
+            prompts = [rng.integers(0, vocab, prompt_tokens + 1).tolist() for _ in range(n)]
+            ms = {}
+            for kind, params in (("greedy", SamplingParams(temperature=0.0)), ("sampled", SAMPLED)):
+                ms[kind] = _batch_steps_ms(be, prompts, params, steps, bar)
+            row = {"streams": n, "step_ms": ms["greedy"], "sampled_step_ms": ms["sampled"],
+                   "tokens_per_s": 1000 * n / ms["greedy"]}
             if timer.enabled:
-                row.update(_batch_gpu_ms(be, timer, list(enumerate(tokens))))
+                row.update(_batch_gpu_ms(be, timer, [(slot, p[-1]) for slot, p in enumerate(prompts)]))
             rows.append(row)
     base = rows[0]["tokens_per_s"] / rows[0]["streams"] if rows else 0.0
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base
     return {"adapter": get_context().name, "model": str(path), "prompt_tokens": prompt_tokens, "steps": steps,
-            "chained_batch1_ms": chained, "levels": rows}
+            "sampled": dataclasses.asdict(SAMPLED), "chained_batch1_ms": chained, "levels": rows}
+
+
+def _batch_steps_ms(be, prompts: list[list[int]], params: SamplingParams, steps: int, bar) -> float:
+    """Median wall ms of a decode_batch_pick step of one stream per prompt (its last id the first to
+    run), every row chosen by `params` (greedy: picked on the GPU)."""
+    picks = []
+    for slot, prompt in enumerate(prompts):
+        be.select_slot(slot)
+        be.reset()
+        be.forward(prompt[:-1])
+        picks.append(Pick(Sampler(params, be.config.vocab_size), History(list(prompt), n_prompt=len(prompt)),
+                          greedy=params.temperature == 0.0))
+    be.select_slot(0)
+    tokens = [prompt[-1] for prompt in prompts]
+    times = []
+    for step in range(steps + 2):  # the first two compile the batch's pipelines and warm the GPU
+        started = time.perf_counter()
+        picked = be.decode_batch_pick(list(enumerate(tokens)), picks)
+        if step >= 2:
+            times.append(time.perf_counter() - started)
+        tokens = [p.token for p in picked]
+        for pick, token in zip(picks, tokens):
+            pick.sampler.accept(pick.history, token)
+        bar.update(1)
+    return 1000 * statistics.median(times)
 
 
 def _batch_gpu_ms(be: WebGPUBackend, timer: GpuTimer, entries: list[tuple[int, int]]) -> dict:
@@ -488,11 +506,15 @@ def format_concurrency(r: dict) -> str:
     lines = [f"webgpu on {r['adapter']}: decode of N conversations at once, each after a {r['prompt_tokens']}-token "
              f"prompt, {r['steps']} steps (median)",
              f"model: {r['model']}",
-             "  streams   ms/step (each stream's ms/token)   GPU ms/step   aggregate tokens/s   x one stream"]
+             "  streams   ms/step (each stream's ms/token)   sampled ms/step   GPU ms/step   aggregate tokens/s"
+             "   x one stream"]
     for row in r["levels"]:
         gpu = f"{row['gpu_ms']:>11.3f}" if "gpu_ms" in row else f"{'-':>11}"
-        lines.append(f"  {row['streams']:>7}   {row['step_ms']:>33.3f}   {gpu}   {row['tokens_per_s']:>18.1f}   "
-                     f"{row['speedup']:>12.2f}")
+        lines.append(f"  {row['streams']:>7}   {row['step_ms']:>33.3f}   {row['sampled_step_ms']:>15.3f}   {gpu}   "
+                     f"{row['tokens_per_s']:>18.1f}   {row['speedup']:>12.2f}")
+    p = r["sampled"]
+    lines.append(f"  sampled: temperature {p['temperature']}, top-k {p['top_k']}, top-p {p['top_p']}, "
+                 f"repeat penalty {p['repeat_penalty']}")
     lines.append(f"  one stream, greedy chained on the GPU: {r['chained_batch1_ms']:.3f} ms/token")
     for row in r["levels"]:
         if row.get("ops_ms"):

@@ -9,7 +9,8 @@ sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in 
 model's own logits of the candidates, so the token is the one the full logits would give, and
 checks the drawn one against it (sampled.py); when the candidates cannot decide it, or a logit is
 not finite, the backend reads the full logits (`restore` puts back the values the penalties
-overwrote).
+overwrote). In a decode batch every sampled row gets the four dispatches over its own logits row and
+no draw (BatchCandidates): the host samples each row from what comes back.
 """
 
 from __future__ import annotations
@@ -40,15 +41,16 @@ class CandidateOps:
     table: object    # (PEN_MAX, 4) u32 penalty table, written per token
     allowed: object  # (mask_words(vocab),) u32 bitset of the tokens a grammar allows, written per token
     params: object   # uniform Params, written per token
-    draw: object     # draw.wgsl's uniform Params, written per token
+    draw: object     # draw.wgsl's uniform Params, written per token (None: a batch row, no draw)
     out: object      # struct Out
-    staging: list    # two MAP_READ copies of `out`, for alternate tokens of a chain
+    staging: list    # two MAP_READ copies of `out`, for alternate tokens of a chain (none in a batch)
     n_groups: int
+    row: int         # the logits row it reduces
 
 
-def build_candidates(be) -> CandidateOps:
-    """candidates.wgsl and draw.wgsl over logits row 0 of the LM head; the drawn token goes to the
-    token-ids buffer."""
+def build_candidates(be, row: int = 0, draw: bool = True) -> CandidateOps:
+    """candidates.wgsl over logits row `row` of the LM head, then (with `draw`) draw.wgsl, which
+    writes the drawn token to the token-ids buffer."""
     k = be.pipes
     vocab = be.config.vocab_size
     n_groups = pl.ceil_div(vocab, PER_GROUP)
@@ -57,16 +59,35 @@ def build_candidates(be) -> CandidateOps:
     hist = k.storage(BINS * 4, "candidate_histogram")  # zero; stage 3 clears it after reading
     part = k.storage(n_groups * 16, "candidate_partials")
     out = k.storage(OUT_BYTES, "candidates")
-    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0, 0), "candidate_params")
-    draw = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0), "draw_params")
-    logits = (be.scratch.logits, 0, vocab * 4)
+    params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0, 0, row), "candidate_params")
+    logits = (be.scratch.logits, 0, (row + 1) * vocab * 4)
     group = k.bind(SHADER, [logits, table, allowed, hist, part, out, params, be.scratch.ids])
     grids = {1: pl.ceil_div(PEN_MAX, 256), 2: n_groups, 3: 1, 4: n_groups}
     dispatches = [pl.Dispatch(f"candidates#{stage}", k.pipeline(SHADER, shape={"CANDIDATES_STAGE": stage}),
                               group, (grid, 1, 1)) for stage, grid in grids.items()]
-    dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw]), (1, 1, 1)))
-    staging = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)]
-    return CandidateOps(dispatches, table, allowed, params, draw, out, staging, n_groups)
+    staging, draw_params = [], None
+    if draw:
+        draw_params = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0),
+                                "draw_params")
+        dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw_params]),
+                                      (1, 1, 1)))
+        staging = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)]
+    return CandidateOps(dispatches, table, allowed, params, draw_params, out, staging, n_groups, row)
+
+
+@dataclass
+class BatchCandidates:
+    """candidates.wgsl over each logits row of a decode batch (no draw: the host samples), every
+    row's `out` copied to its place in one read-back buffer."""
+
+    rows: list[CandidateOps]
+    staging: object  # (rows, OUT_BYTES)
+
+
+def build_batch_candidates(be, rows: int) -> BatchCandidates:
+    """Reductions of logits rows 0..rows-1 of a decode batch."""
+    return BatchCandidates([build_candidates(be, r, draw=False) for r in range(rows)],
+                           be.pipes.readback(rows * OUT_BYTES, "batch_candidates_readback"))
 
 
 def mask_words(vocab: int) -> int:
@@ -75,9 +96,9 @@ def mask_words(vocab: int) -> int:
 
 
 def _pack(n: int, n_groups: int, n_pen: int, want: int, repeat: float, presence: float, frequency: float,
-          pending: int, masked: int) -> bytes:
+          pending: int, masked: int, row: int) -> bytes:
     return pl.pack_params(SHADER, n=n, n_groups=n_groups, n_pen=n_pen, want=want, repeat_penalty=repeat,
-                          presence=presence, frequency=frequency, pending=pending, masked=masked)
+                          presence=presence, frequency=frequency, pending=pending, masked=masked, first=row * n)
 
 
 def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
@@ -91,10 +112,11 @@ def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
         queue.write_buffer(ops.allowed, 0, reduction.allowed)
     queue.write_buffer(ops.params, 0, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
                                             reduction.repeat_penalty, reduction.presence, reduction.frequency,
-                                            int(reduction.pending), int(masked)))
-    queue.write_buffer(ops.draw, 0, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
-                                                   min_p=reduction.min_p, temperature=reduction.temperature,
-                                                   u=reduction.u))
+                                            int(reduction.pending), int(masked), ops.row))
+    if ops.draw is not None:  # a batch row has no draw
+        queue.write_buffer(ops.draw, 0, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
+                                                       min_p=reduction.min_p, temperature=reduction.temperature,
+                                                       u=reduction.u))
 
 
 def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()):
@@ -120,7 +142,11 @@ def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: in
          index: int | None = None) -> Found:
     """Read-back buffer `slot` once the GPU has written it (submission `index`, pl.submit);
     `pending` is the token the GPU added to the penalties itself (reduction.pending), now known."""
-    data = pl.read_after(be.ctx.device, ops.staging[slot], OUT_BYTES, np.uint8, index)
+    return parse(pl.read_after(be.ctx.device, ops.staging[slot], OUT_BYTES, np.uint8, index), reduction, pending)
+
+
+def parse(data: np.ndarray, reduction: Reduction, pending: int | None = None) -> Found:
+    """What candidates.wgsl wrote to one `out` (OUT_BYTES bytes) for `reduction`."""
     count, cut, non_finite = struct.unpack_from("<3I", data, 0)
     log_sum_exp = float(np.frombuffer(data, np.float32, 1, 16)[0])
     drawn, decided = struct.unpack_from("<2I", data, 20)
