@@ -175,7 +175,7 @@ def test_the_batching_queue_bounds_its_line_and_serves_each_job_as_alone(tiny):
         alone.append([t for item in tiny.stream_ids(p, params) if not isinstance(item, Finish) for t in item.token_ids])
     loop = asyncio.new_event_loop()
     finished, batches = [], []
-    queue = BatchingQueue(tiny, max_waiting=1, on_finish=finished.append, on_step=batches.append)
+    queue = BatchingQueue(tiny, max_waiting=1, on_finish=lambda finish, job: finished.append(job), on_step=batches.append)
     queue._cond.acquire()  # hold the worker back while the line fills
     try:
         jobs = [Job(p, params, loop) for p in prompts]
@@ -203,3 +203,6 @@ def test_the_batching_queue_bounds_its_line_and_serves_each_job_as_alone(tiny):
         assert [t for item in items[:-1] for t in item.token_ids] == want
         assert isinstance(items[-1], Finish) and items[-1].completion_tokens == 5
     assert len(finished) == 4 and max(batches) == 3 and sum(batches) == 4 * 4  # the first token of each comes from its prefill
+    assert sorted(finished, key=id) == sorted(jobs, key=id)
+    assert all(job.created <= job.started <= job.first_piece for job in jobs)
+    assert jobs[3].waited > max(job.waited for job in jobs[:3])  # it waited for a slot to free

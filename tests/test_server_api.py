@@ -634,9 +634,36 @@ def test_metrics_count_requests_tokens_and_times(client):
     assert "airframe_completion_tokens_total 7" in lines
     assert "airframe_prefill_seconds_count 1" in lines and "airframe_decode_seconds_count 1" in lines
     assert 'airframe_prefill_seconds_bucket{le="0.005"} 1' in lines
+    assert "airframe_queue_wait_seconds_count 1" in lines and "airframe_time_to_first_token_seconds_count 1" in lines
+    # the fake engine's Finish: 7 tokens, 0.007 s of decode, so 0.007 / 6 s after the first
+    assert 'airframe_time_per_output_token_seconds_bucket{le="0.001"} 0' in lines
+    assert 'airframe_time_per_output_token_seconds_bucket{le="0.0025"} 1' in lines
     assert "airframe_queue_depth 0" in lines and "airframe_requests_cancelled_total 0" in lines
     for line in lines:
         assert line.startswith("#") or len(line.split(" ")) == 2, line
+
+
+def test_time_to_first_token_counts_the_wait_in_the_queue():
+    """Two requests at once on one slot: the second waits for the first's 5 tokens (0.05 s each)
+    before it starts, and its time to first token includes that wait."""
+    engine = FakeEngine(delay=0.05)
+    with TestClient(create_app(engine, ServerOptions(max_queue=4))) as c:
+        state = c.app.state.airframe
+        threads = [threading.Thread(target=c.post, args=("/v1/completions",),
+                                    kwargs={"json": {"prompt": p, "max_tokens": 5}}) for p in "ab"]
+        threads[0].start()
+        deadline = time.monotonic() + 5
+        while state.queue.running == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        threads[1].start()
+        for t in threads:
+            t.join()
+        m = state.metrics
+        assert m.queue_wait_seconds.count == 2 and m.time_to_first_token.count == 2
+        waits = m.queue_wait_seconds._sum
+        assert 0.15 < waits < 2  # the second request's wait, about 5 x 0.05 s less what it took to send
+        assert m.time_to_first_token._sum >= waits + 2 * 0.05  # each one's first token after its wait
 
 
 def test_client_disconnect_cancels_the_generation_within_a_token():

@@ -18,6 +18,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Prefill and decode of one request, in seconds: from a few milliseconds on a GPU to minutes on
 # a CPU Vulkan driver.
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# One token of one stream: from a millisecond on a GPU to seconds on a CPU Vulkan driver.
+TOKEN_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # tokens in one decode step of a batching server
 RATE_WINDOW_SECONDS = 10.0  # the aggregate tokens/s gauge counts the decode steps of this last span
 
@@ -134,6 +136,14 @@ class Metrics:
         )
         self.prefill_seconds = Histogram("airframe_prefill_seconds", "Prefill time of one request.")
         self.decode_seconds = Histogram("airframe_decode_seconds", "Decode time of one request.")
+        self.queue_wait_seconds = Histogram("airframe_queue_wait_seconds",
+                                            "Time a request waited in the queue before it started.")
+        self.time_to_first_token = Histogram(
+            "airframe_time_to_first_token_seconds",
+            "From a request's arrival to its first piece of text, queue wait included.")
+        self.time_per_output_token = Histogram(
+            "airframe_time_per_output_token_seconds",
+            "A request's decode time over its tokens after the first.", TOKEN_SECONDS_BUCKETS)
         self.queue_depth = Gauge("airframe_queue_depth", "Requests waiting behind the running ones.", queue_depth)
         self.running = Gauge("airframe_requests_running", "Requests generating now (at most one per slot).", running)
         self.slots = Gauge("airframe_slots", "Requests the server generates at once (K/V slots it batches).", slots)
@@ -148,14 +158,19 @@ class Metrics:
         self.batch_size.observe(batch)
         self.decode_rate.add(batch)
 
-    def observe_finish(self, finish) -> None:
-        """Record one engine Finish (called from the worker thread)."""
+    def observe_finish(self, finish, job) -> None:
+        """Record one engine Finish and the queue's times of its job (called from the worker thread)."""
         self.prompt_tokens.inc(amount=finish.prompt_tokens)
         self.prompt_tokens_cached.inc(amount=finish.cached_tokens)
         self.prompt_tokens_computed.inc(amount=finish.prompt_tokens - finish.cached_tokens)
         self.completion_tokens.inc(amount=finish.completion_tokens)
         self.prefill_seconds.observe(finish.prefill_seconds)
         self.decode_seconds.observe(finish.decode_seconds)
+        self.queue_wait_seconds.observe(job.waited)
+        if job.first_piece is not None:
+            self.time_to_first_token.observe(job.first_piece - job.created)
+        if finish.completion_tokens > 1:
+            self.time_per_output_token.observe(finish.decode_seconds / (finish.completion_tokens - 1))
         if finish.reason == "cancelled":
             self.cancelled.inc()
 
@@ -163,7 +178,8 @@ class Metrics:
         parts = (
             self.requests, self.prompt_tokens, self.prompt_tokens_cached, self.prompt_tokens_computed,
             self.completion_tokens, self.cancelled,
-            self.prefill_seconds, self.decode_seconds, self.queue_depth, self.running,
+            self.prefill_seconds, self.decode_seconds, self.queue_wait_seconds, self.time_to_first_token,
+            self.time_per_output_token, self.queue_depth, self.running,
             self.slots, self.batch_size, self.decode_rate,
         )
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

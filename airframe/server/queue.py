@@ -5,17 +5,20 @@ its events from an asyncio queue; the worker thread hands every Piece and the Fi
 event loop. RequestQueue runs one job at a time through `engine.stream_ids`; BatchingQueue runs up
 to one job per K/V slot together through the continuous-batching Scheduler. Cancelling a job that
 is still waiting takes it out of the line at once; cancelling a running one makes the engine stop
-before its next token or prefill chunk (the engine polls `job.cancelled`).
+before its next token or prefill chunk (the engine polls `job.cancelled`). `on_finish(finish, job)`
+gets every Finish with its job: how long it waited in the line (`waited`) and when its first piece
+of text went out (`first_piece`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from typing import Any, Callable
 
-from ..engine import Finish
+from ..engine import Finish, Piece
 from ..errors import AirframeError
 
 END = object()  # put after a job's last event (its Finish, or the exception it raised)
@@ -35,6 +38,14 @@ class Job:
         self._loop = loop
         self._cancelled = threading.Event()
         self._queue: RequestQueue | None = None  # set by submit
+        self.created = time.perf_counter()
+        self.started: float | None = None  # when the engine or the scheduler took it
+        self.first_piece: float | None = None  # when its first piece of text was passed on
+
+    @property
+    def waited(self) -> float:
+        """Seconds from the request's arrival to the start of its generation (so far, if waiting)."""
+        return (self.started or time.perf_counter()) - self.created
 
     def cancel(self) -> None:
         """Stop the job: a waiting one leaves the line now, a running one before its next token."""
@@ -47,6 +58,8 @@ class Job:
 
     def emit(self, item: Any) -> None:
         """Called from the worker thread: pass one event to the request's event loop."""
+        if self.first_piece is None and isinstance(item, Piece):
+            self.first_piece = time.perf_counter()
         try:
             self._loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:
@@ -58,13 +71,13 @@ class _Queue:
 
     slots = 1
 
-    def __init__(self, engine, max_waiting: int, on_finish: Callable[[Any], None] | None = None,
+    def __init__(self, engine, max_waiting: int, on_finish: Callable[[Finish, Job], None] | None = None,
                  on_skip: Callable[[Job], None] | None = None):
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         self.engine = engine
         self.max_waiting = max_waiting
-        self._on_finish = on_finish or (lambda finish: None)
+        self._on_finish = on_finish or (lambda finish, job: None)
         self._on_skip = on_skip or (lambda job: None)
         self._waiting: deque[Job] = deque()
         self._active: list[Job] = []
@@ -161,10 +174,11 @@ class RequestQueue(_Queue):
         if job.cancelled():
             self._on_skip(job)
             return
+        job.started = time.perf_counter()
         try:
             for event in self.engine.stream_ids(job.prompt, job.params, cancel=job.cancelled):
                 if isinstance(event, Finish):
-                    self._on_finish(event)
+                    self._on_finish(event, job)
                 job.emit(event)
         except Exception as e:  # noqa: BLE001 - the HTTP side turns it into an error response
             job.emit(e)
@@ -176,7 +190,7 @@ class BatchingQueue(_Queue):
     (airframe/batching.py).
     `on_step(batch)` gets each decode step's token count."""
 
-    def __init__(self, engine, max_waiting: int, on_finish: Callable[[Any], None] | None = None,
+    def __init__(self, engine, max_waiting: int, on_finish: Callable[[Finish, Job], None] | None = None,
                  on_skip: Callable[[Job], None] | None = None,
                  on_step: Callable[[int], None] | None = None):
         from ..batching import Scheduler
@@ -197,7 +211,7 @@ class BatchingQueue(_Queue):
             for job, (stream, sent) in list(streams.items()):
                 for item in stream.items[sent:]:
                     if isinstance(item, Finish):
-                        self._on_finish(item)
+                        self._on_finish(item, job)
                     job.emit(item)
                 streams[job] = (stream, len(stream.items))
                 if stream.done:
@@ -211,6 +225,7 @@ class BatchingQueue(_Queue):
         if job.cancelled():
             self._on_skip(job)
             return False
+        job.started = time.perf_counter()
         try:
             streams[job] = (self._scheduler.submit(job.prompt, job.params, cancel=job.cancelled), 0)
         except Exception as e:  # noqa: BLE001 - the HTTP side turns it into an error response
