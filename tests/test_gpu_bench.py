@@ -126,7 +126,8 @@ def test_bench_flags_are_checked_before_loading(tiny, flags, message, capsys):
 
 def test_concurrency_reports_each_level(tiny, capsys):
     """`airframe bench --concurrency`: per level the greedy and the sampled step time, aggregate
-    tokens/s and the ratio to one stream, and the chained batch-1 figure beside them."""
+    tokens/s and the ratio to one stream, each request's time to first token when the level's
+    requests arrive together, and the chained batch-1 figure beside them."""
     from airframe.cli import main
 
     assert main(["bench", str(tiny), "--concurrency", "1,3", "--steps", "2", "--json"]) == 0
@@ -135,9 +136,12 @@ def test_concurrency_reports_each_level(tiny, capsys):
     for row in r["levels"]:
         assert row["step_ms"] > 0 and row["sampled_step_ms"] > 0 and row["tokens_per_s"] == pytest.approx(1000 * row["streams"] / row["step_ms"])
         assert ("gpu_ms" in row) == bench.get_context().has_timestamps and row.get("gpu_ms", 1) > 0
+        first = row["first_token_ms"]
+        assert len(first) == row["streams"] and 0 < first[0] and first == sorted(first)
     assert r["levels"][0]["speedup"] == pytest.approx(1.0)
     text = bench.format_concurrency(r)
     assert "aggregate tokens/s" in text and "greedy chained on the GPU" in text and "sampled ms/step" in text
+    assert "first token ms (first / last)" in text
 
 
 def test_a_context_beyond_memory_is_refused_before_loading(tiny):

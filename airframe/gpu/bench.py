@@ -26,7 +26,9 @@ import wgpu
 from tqdm import tqdm
 
 from ..backend import Pick, open_backend
+from ..batching import Scheduler
 from ..constraint import Constraint, json_schema_grammar
+from ..engine import Engine, GenerationParams
 from ..model import open_model
 from ..options import RunOptions
 from ..sampling import History, Sampler, SamplingParams
@@ -433,12 +435,14 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
     each one Backend.decode_batch_pick as the scheduler calls it: greedy (every row's id picked on
     the GPU), then sampled from the same prompts (SAMPLED: each row reduced to candidates on the
     GPU). Per level: the median wall ms of a step of each (each stream's ms/token), the aggregate
-    greedy tokens/s, and the GPU ms of the step's dispatches with the share of each op class
-    (timestamps, where the adapter has them); beside them, batch-1 greedy chained on the GPU at
-    the same context, the fastest single stream."""
+    greedy tokens/s, the time to first token of N requests that arrive together (through the
+    Scheduler, as the server runs them), and the GPU ms of the step's dispatches with the share
+    of each op class (timestamps, where the adapter has them); beside them, batch-1 greedy
+    chained on the GPU at the same context, the fastest single stream."""
     top = max(levels)
     options = RunOptions.from_env(n_ctx=prompt_tokens + steps + 8, progress=progress, matmul=matmul, slots=top)
-    be = open_backend("webgpu", open_model(path), options)
+    engine = Engine.load(open_model(path), "webgpu", options)
+    be = engine.backend
     timer = GpuTimer(be.ctx)
     rng = np.random.default_rng(0)
     vocab = be.config.vocab_size
@@ -453,7 +457,7 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
             for kind, params in (("greedy", SamplingParams(temperature=0.0)), ("sampled", SAMPLED)):
                 ms[kind] = _batch_steps_ms(be, prompts, params, steps, bar)
             row = {"streams": n, "step_ms": ms["greedy"], "sampled_step_ms": ms["sampled"],
-                   "tokens_per_s": 1000 * n / ms["greedy"]}
+                   "tokens_per_s": 1000 * n / ms["greedy"], "first_token_ms": _first_tokens_ms(engine, prompts)}
             if timer.enabled:
                 row.update(_batch_gpu_ms(be, timer, [(slot, p[-1]) for slot, p in enumerate(prompts)]))
             rows.append(row)
@@ -489,6 +493,19 @@ def _batch_steps_ms(be, prompts: list[list[int]], params: SamplingParams, steps:
     return 1000 * statistics.median(times)
 
 
+def _first_tokens_ms(engine: Engine, prompts: list[list[int]]) -> list[float]:
+    """Each request's ms from its arrival to its first token, fastest first, when one request per
+    prompt arrives at once: the Scheduler reads a chunk's worth of their prompts per step."""
+    engine.forget_prompt_cache()
+    scheduler = Scheduler(engine)
+    params = GenerationParams(max_tokens=1, sampling=SamplingParams(temperature=0.0), stop_token_ids=[],
+                              cache_prompt=False)
+    streams = [scheduler.submit(prompt, params) for prompt in prompts]
+    scheduler.run()
+    engine.forget_prompt_cache()
+    return sorted(1000 * stream.finish().prefill_seconds for stream in streams)
+
+
 def _batch_gpu_ms(be: WebGPUBackend, timer: GpuTimer, entries: list[tuple[int, int]]) -> dict:
     """GPU ms of one decode_batch forward of `entries`, and per op class as it runs in the pass
     where the adapter times dispatches inside a pass."""
@@ -507,11 +524,12 @@ def format_concurrency(r: dict) -> str:
              f"prompt, {r['steps']} steps (median)",
              f"model: {r['model']}",
              "  streams   ms/step (each stream's ms/token)   sampled ms/step   GPU ms/step   aggregate tokens/s"
-             "   x one stream"]
+             "   x one stream   first token ms (first / last)"]
     for row in r["levels"]:
         gpu = f"{row['gpu_ms']:>11.3f}" if "gpu_ms" in row else f"{'-':>11}"
+        first = f"{row['first_token_ms'][0]:.1f} / {row['first_token_ms'][-1]:.1f}"
         lines.append(f"  {row['streams']:>7}   {row['step_ms']:>33.3f}   {row['sampled_step_ms']:>15.3f}   {gpu}   "
-                     f"{row['tokens_per_s']:>18.1f}   {row['speedup']:>12.2f}")
+                     f"{row['tokens_per_s']:>18.1f}   {row['speedup']:>12.2f}   {first:>29}")
     p = r["sampled"]
     lines.append(f"  sampled: temperature {p['temperature']}, top-k {p['top_k']}, top-p {p['top_p']}, "
                  f"repeat penalty {p['repeat_penalty']}")
