@@ -274,7 +274,6 @@ def test_open_backend_routes_cuda_to_the_megakernel(monkeypatch, smollm2_path):
 def test_sampling_options_the_kernel_cannot_honour():
     # the engine hands the in-kernel greedy loop only requests greedy_blockers finds nothing against
     assert greedy_blockers(SamplingParams(temperature=0.0)) == []
-    assert CudaBackend.supports_sampling is False
     assert any("temperature" in b for b in greedy_blockers(SamplingParams(temperature=0.7)))
     assert any("repeat_penalty" in b for b in greedy_blockers(SamplingParams(temperature=0.0, repeat_penalty=1.1)))
     assert any("logit_bias" in b for b in greedy_blockers(SamplingParams(temperature=0.0, logit_bias={3: 1.0})))

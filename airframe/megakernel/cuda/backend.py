@@ -48,7 +48,6 @@ def package_folder(model_path: Path, binary_sha256: str, ctx: int | None) -> Pat
 
 class CudaBackend(Backend):
     name = "cuda"
-    supports_sampling = False  # greedy_stream cannot sample; forward() returns full logits
     greedy_on_device = True
     greedy_first_token_timed = False  # the prompt runs in the launches that generate
     # greedy_stream starts every request at position 0; starting it at a kept prefix is not
