@@ -67,8 +67,6 @@ KNOWN_MODELS = {
     ),
 }
 
-DEFAULT_MODEL = "smollm2-135m"
-
 
 def models_dir() -> Path:
     env = os.environ.get("AIRFRAME_MODELS")

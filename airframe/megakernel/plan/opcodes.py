@@ -180,7 +180,6 @@ def tasks_to_array(tasks) -> np.ndarray:
 def task_from_word(word) -> Task:
     """One TASK_DTYPE element -> a Task."""
     return Task(*(int(word[name]) for name in TASK_DTYPE.names))
-CONST_KINDS = {name: kind for name, kind, _ in PLAN_CONSTS}
 
 
 def render_header() -> str:
