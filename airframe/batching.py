@@ -12,10 +12,10 @@ them still gets a token every step.
 Every token goes through the engine's TokenTaker, so stop ids, stop strings, max_tokens, grammars,
 logprobs and cancellation behave as for a request alone. A plain greedy request (no penalties,
 bias, logprobs or grammar) takes the argmax the backend picks for its row; every other takes the
-token its Sampler gives from its row's logits (Backend.decode_batch_pick; WebGPU: the ids picked and
-a sampled row reduced to candidates on the GPU, only those read back, the full row only where the
-candidates cannot decide the token), the tokens every backend's own sampling path keeps to. A slot's logits in a batch are the ones it gets
-alone: a request gives the same tokens either way.
+token its Sampler gives from its row's logits (Backend.decode_batch_pick; WebGPU: the ids picked
+and a sampled row reduced to candidates on the GPU, only those read back, the full row only where
+the candidates cannot decide the token), the tokens every backend's own sampling path keeps to. A
+slot's logits in a batch are the ones it gets alone: a request gives the same tokens either way.
 
     scheduler = Scheduler(engine)
     streams = [scheduler.submit(engine.prepare(p, params), params) for p in prompts]
