@@ -134,7 +134,7 @@ class Backend:
         advanced: the caller accepts the token). Here every row's logits are read and sampled on the
         host; a backend may pick greedy ids and reduce sampled rows to candidates on the device and
         read only those (WebGPU), keeping to the tokens the host gives from the full logits."""
-        picks = list(picks)
+        picks = check_picks(entries, picks)
         logits = self.decode_batch(entries)
         return [pick_row(row, pick, self.slot_n_past(slot) - 1) for (slot, _), row, pick in zip(entries, logits, picks)]
 
@@ -296,6 +296,14 @@ class Picked:
     token: int | None
     logits: np.ndarray | None = None  # where Pick.with_logits asked for them
     error: Exception | None = None
+
+
+def check_picks(entries: Sequence, picks: Sequence[Pick]) -> list[Pick]:
+    """decode_batch_pick's picks as a list, one per entry, or ParameterError."""
+    picks = list(picks)
+    if len(picks) != len(entries):
+        raise ParameterError(f"{len(picks)} picks for a decode batch of {len(entries)} tokens, expected one each")
+    return picks
 
 
 def pick_row(logits: np.ndarray, pick: Pick, position: int) -> Picked:

@@ -219,6 +219,9 @@ def test_bad_batches_are_refused(models):
                            ([(0, 3000)], "outside the vocabulary")]:
         with pytest.raises(ParameterError, match=error):
             be.decode_batch(entries)
+    for backend in (be, ReferenceBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=4, slots=2))):
+        with pytest.raises(ParameterError, match="1 picks for a decode batch of 2 tokens"):
+            backend.decode_batch_pick([(0, 1), (1, 2)], [greedy_pick(0)])
     be.forward([1, 2, 3, 4])
     with pytest.raises(ContextOverflowError):
         be.decode_batch([(1, 5), (0, 5)])

@@ -24,7 +24,8 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..backend import Backend, Pick, Picked, check_tokens, pick_row, default_context, kv_cache_bytes, slot_count
+from ..backend import (Backend, Pick, Picked, check_picks, check_tokens, default_context, kv_cache_bytes,
+                       pick_row, slot_count)
 from ..errors import ParameterError, UnsupportedError
 from ..family import ModelConfig
 from ..gguf_file import GGUFFile
@@ -397,12 +398,9 @@ class WebGPUBackend(Backend):
         candidates.wgsl reduces each sampled row that its sampler can reduce; only the ids, those
         candidates and the logits of the rows that need them (logprobs, a sampler that cannot
         reduce, candidates that cannot decide, a logit that is not finite) are read back."""
-        picks = list(picks)
         if not self.reduces_on_device:  # soft-capped logits: the host caps, then picks
             return super().decode_batch_pick(entries, picks)
-        if len(picks) != len(entries):
-            raise ParameterError(f"{len(picks)} picks for a decode batch of {len(entries)} tokens, expected one each")
-        return self._decode_batch(entries, picks)
+        return self._decode_batch(entries, check_picks(entries, picks))
 
     def _decode_batch(self, entries, picks: list[Pick] | None) -> list:
         """decode_batch_pick's rows, or with `picks` None every row's logits."""
