@@ -152,10 +152,15 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
 
 
 
-def _nll(logits: np.ndarray, ids: list[int]) -> float:
-    z = logits[:-1].astype(np.float64)
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
     z -= z.max(1, keepdims=True)
-    return float(-(z[np.arange(len(z)), ids[1:]] - np.log(np.exp(z).sum(1))).mean())
+    return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+
+def _nll(logits: np.ndarray, ids: list[int]) -> float:
+    z = _log_softmax(logits[:-1])
+    return float(-z[np.arange(len(z)), ids[1:]].mean())
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
@@ -175,16 +180,21 @@ def test_real_model_prefill_through_the_f16_gemm(model):
     np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
 
 
-@pytest.mark.parametrize("model,max_diff", [("smollm2-135m", 0.02), ("gemma3-270m", 0.05)])
-def test_real_model_decode_through_the_gpu_kernels(model, max_diff):
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_real_model_decode_through_the_gpu_kernels(model):
     """Token by token through gemv.wgsl, as on discrete GPUs (SmolLM2: its Q8_0 LM head of 576
     columns; Gemma 3: Q4_K attn_output and ffn_down, Q6_K ffn_down, Q8_0 attn_v and the 262,144-row
-    Q8_0 LM head in two binding chunks) against the numpy reference: the same argmax at every
-    position, logits within the teacher-forced test's bound."""
+    Q8_0 LM head in two binding chunks) against the numpy reference. The Q8_0 and K-quant units
+    round x to 8 bits, as llama.cpp's GPU mat-vec kernels do, so the bound is the distribution's,
+    not float32's: the same argmax at every position, each position's logits within 3% of its
+    largest (1.0-2.5% measured), the mean KL divergence from the reference below 5e-3 nats
+    (4e-4 and 3.5e-3 measured)."""
     opened = open_model(model)
     tokens = [2, 651, 6037, 603, 1105, 578] if model == "gemma3-270m" else [504, 2365, 314, 253, 1345, 28]
     gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=16, matmul="tiled"))
     got = np.stack([gpu.forward([t]) for t in tokens])
     want = ReferenceBackend.load(opened, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
     np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
-    assert np.abs(got - want).max() < max_diff
+    assert (np.abs(got - want).max(1) <= 0.03 * np.abs(want).max(1)).all()
+    p, q = _log_softmax(want), _log_softmax(got)
+    assert (np.exp(p) * (p - q)).sum(1).mean() < 5e-3

@@ -8,7 +8,7 @@ const UNIT: u32 = 16u;
 alias XU = X16;
 
 fn unit_x(x: u32, u: u32) -> XU {
-    return x16(x, 4u * u, vec4<f32>(1.0));
+    return x16(x, 4u * u);
 }
 
 // the 2 bfloat16 of each of two words as 4 floats

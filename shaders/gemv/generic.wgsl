@@ -11,7 +11,7 @@ const UNIT: u32 = 32u;
 alias XU = X32;
 
 fn unit_x(x: u32, u: u32) -> XU {
-    return x32(x, 8u * u, 8u * u + 4u, vec4<f32>(1.0), vec4<f32>(1.0));
+    return x32(x, 8u * u, 8u * u + 4u);
 }
 
 // weights 4j..4j+3 of unit u of the row starting at word `row`

@@ -1,34 +1,32 @@
 // gemv.wgsl's unit for Q4_K: one quant vec4 of a block, 32 weights: 16 of sub-block 2c in its low
 // nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so 8 units share a
 // super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and the 12 bytes of
-// 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. Each row's two scales and mins are
-// decoded once per unit and nibbles become floats with bit operations (as_floats). W is bound as
-// vec4 (blocks and rows are 16-byte aligned).
+// 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. The unit's x is rounded to 8 bits
+// (gemv/x_int8.wgsl) and each quant word's nibbles, masked into bytes, are dotted with it four at a
+// time; the minimums come off the rounded x's sum, so a row's sum is the exact product of its
+// weights with the rounded x. W is bound as vec4 (blocks and rows are 16-byte aligned).
 
 #include "gemv/quads.wgsl"
+#include "gemv/x_int8.wgsl"
 
 const UNIT: u32 = 32u;
 const BLOCK_VEC4: u32 = 9u;
 
-alias XU = X32;
-
-// The nibbles stay where they are in the word (bytes 2 and 3 shifted down by 16 to fit the 23-bit
-// mantissa), so each float is the nibble times a power of two; x is pre-multiplied by the inverse.
-const LOW_SCALE = vec4<f32>(1.0, 1.0 / 256.0, 1.0, 1.0 / 256.0);
-const HIGH_SCALE = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 16.0, 1.0 / 4096.0);
+struct XU {
+    lo: X8,       // the 16 x of the low nibbles' sub-block
+    hi: X8,
+    sum_lo: f32,  // the rounded x's sums, for the minimums
+    sum_hi: f32,
+    sq: f32,
+}
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
     let at = 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u);  // the unit's first x vec4
-    return x32(x, at, at + 8u, LOW_SCALE, HIGH_SCALE);
-}
-
-fn low_nibbles(w: u32) -> vec4<f32> {
-    return as_floats(vec4<u32>(w, w, w >> 16u, w >> 16u) & vec4<u32>(0xFu, 0xF00u, 0xFu, 0xF00u));
-}
-
-fn high_nibbles(w: u32) -> vec4<f32> {
-    return as_floats(vec4<u32>(w, w, w >> 16u, w >> 16u) & vec4<u32>(0xF0u, 0xF000u, 0xF0u, 0xF000u));
+    let v = x32(x, at, at + 8u);
+    let lo = x8(v.lo.v);
+    let hi = x8(v.hi.v);
+    return XU(lo, hi, lo.step * int_float(lo.sum), hi.step * int_float(hi.sum), v.sq);
 }
 
 // (scale of sub-block 2c, its min, scale of 2c + 1, its min) from the block's first vec4:
@@ -48,11 +46,10 @@ fn scales_mins(head: vec4<u32>, c: u32) -> vec4<f32> {
 fn unit_dot(head: vec4<u32>, q: vec4<u32>, t: u32, x: XU) -> f32 {
     let d = unpack2x16float(head.x);
     let sm = scales_mins(head, t >> 1u);
-    let dot_lo = dot(low_nibbles(q.x), x.lo.v[0]) + dot(low_nibbles(q.y), x.lo.v[1])
-               + dot(low_nibbles(q.z), x.lo.v[2]) + dot(low_nibbles(q.w), x.lo.v[3]);
-    let dot_hi = dot(high_nibbles(q.x), x.hi.v[0]) + dot(high_nibbles(q.y), x.hi.v[1])
-               + dot(high_nibbles(q.z), x.hi.v[2]) + dot(high_nibbles(q.w), x.hi.v[3]);
-    return d.x * (sm.x * dot_lo + sm.z * dot_hi) - d.y * (sm.y * x.lo.sum + sm.w * x.hi.sum);
+    let lo = int_float(dot4(q & vec4<u32>(0x0F0F0F0Fu), x.lo.q));
+    let hi = int_float(dot4((q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu), x.hi.q));
+    return d.x * (sm.x * x.lo.step * lo + sm.z * x.hi.step * hi)
+         - d.y * (sm.y * x.sum_lo + sm.w * x.sum_hi);
 }
 
 fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {

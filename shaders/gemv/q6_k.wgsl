@@ -2,20 +2,27 @@
 // so W is read as words): [0] d as f32, [1..32] ql, [33..48] qh, [49..52] 16 int8 scales. Unit
 // t = 4h + a of a block (t = u % 8) takes ql words 16h + 4a .. +3 of half h, whose low nibbles are
 // elements 16a..16a+15 of the half and high nibbles elements 64 + 16a..; the 2 high bits of both
-// come from the same 4 qh words (bits 2g, g = a / 2, and 2g + 4). Each row's two scales are
-// decoded once per unit.
+// come from the same 4 qh words (bits 2g, g = a / 2, and 2g + 4). The 6-bit quants (q + 32) are
+// assembled in place as bytes and dotted four at a time with the unit's x rounded to 8 bits
+// (gemv/x_int8.wgsl); the offset of 32 comes off the rounded x's sum.
 
 #include "gemv/words.wgsl"
+#include "gemv/x_int8.wgsl"
 
 const UNIT: u32 = 32u;
 const BLOCK_WORDS: u32 = 53u;
 
-alias XU = X32;
+struct XU {
+    lo: X8,  // the 16 x of the low nibbles' elements
+    hi: X8,
+    sq: f32,
+}
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
     let at = 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u);  // the unit's first x vec4
-    return x32(x, at, at + 16u, BYTE_SCALE, BYTE_SCALE);
+    let v = x32(x, at, at + 16u);
+    return XU(x8(v.lo.v), x8(v.hi.v), v.sq);
 }
 
 // signed byte `b` of word w as a float
@@ -41,19 +48,16 @@ fn load_unit(blk: u32, t: u32) -> Unit {
                 bitcast<f32>(W[blk]), W[blk + 49u + 2u * h], W[blk + 50u + 2u * h]);
 }
 
-// d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks, the 6-bit q + 32 of each byte assembled in
-// place (low nibble | 2 high bits << 4)
+// d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks
 fn unit_dot(w: Unit, t: u32, x: XU) -> f32 {
     let a = t & 3u;
     let m = w.qh >> vec4<u32>(2u * (a >> 1u));
     let q_lo = (w.ql & vec4<u32>(0x0F0F0F0Fu)) | ((m & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
     let q_hi = ((w.ql >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu))
              | (((m >> vec4<u32>(4u)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
-    let dot_lo = dot(bytes_scaled(q_lo.x), x.lo.v[0]) + dot(bytes_scaled(q_lo.y), x.lo.v[1])
-               + dot(bytes_scaled(q_lo.z), x.lo.v[2]) + dot(bytes_scaled(q_lo.w), x.lo.v[3]);
-    let dot_hi = dot(bytes_scaled(q_hi.x), x.hi.v[0]) + dot(bytes_scaled(q_hi.y), x.hi.v[1])
-               + dot(bytes_scaled(q_hi.z), x.hi.v[2]) + dot(bytes_scaled(q_hi.w), x.hi.v[3]);
-    return w.d * (int8_at(w.sc_lo, a) * (dot_lo - 32.0 * x.lo.sum) + int8_at(w.sc_hi, a) * (dot_hi - 32.0 * x.hi.sum));
+    let lo = int_float(dot4(q_lo, x.lo.q) - 32 * x.lo.sum);
+    let hi = int_float(dot4(q_hi, x.hi.q) - 32 * x.hi.sum);
+    return w.d * (int8_at(w.sc_lo, a) * x.lo.step * lo + int8_at(w.sc_hi, a) * x.hi.step * hi);
 }
 
 fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
