@@ -1,6 +1,6 @@
 // What the decode matmul's units (gemv/<type>.wgsl) share: small integers to floats without
-// conversion instructions, and 16 values of x prepared for a unit. Needs the includer's P, S, X and the unit
-// file's norm_vec4(i) (vec4 i of the f32 norm weight).
+// conversion instructions, and 16 values of x prepared for a unit. Needs the includer's P, S, X and
+// the unit file's norm_vec4(i) (vec4 i of the f32 norm weight).
 
 // 2^23 as an f32. OR an integer below 2^23 into its mantissa, subtract 2^23, and the result is that
 // integer as a float, exactly: two cheap instructions instead of an int-to-float conversion, which

@@ -5,9 +5,9 @@ Reference: gguf's dequantized weights times float32 inputs, in float64. Toleranc
 largest output magnitude for plain products (float32 sums in another order), 1e-4 where an RMSNorm
 or activation is fused, 3e-3 for gemm.wgsl (f16 products, each 32-column step summed in f16), 2e-2
 for the gemv units that round x to 8 bits (gemv/x_int8.wgsl: 3e-3 to 5e-3 measured, 1.2e-2 where a
-gated activation multiplies two outputs); the fixed small cases are exact. Shapes are odd on purpose: 37 and 45 rows
-(not a multiple of 4, 16, 32, 64 or 128), 19 and 77 tokens (not a multiple of a 64-token tile), and
-SmolLM2's 576 and Qwen's 896 columns where the type's block allows them.
+gated activation multiplies two outputs); the fixed small cases are exact. Shapes are odd on
+purpose: 37 and 45 rows (not a multiple of 4, 16, 32, 64 or 128), 19 and 77 tokens (not a multiple
+of a 64-token tile), and SmolLM2's 576 and Qwen's 896 columns where the type's block allows them.
 """
 
 import numpy as np
