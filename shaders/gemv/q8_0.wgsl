@@ -31,7 +31,7 @@ fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
     let q1 = quants(b.y + q);
     let q2 = quants(b.z + q);
     let q3 = quants(b.w + q);
-    let i = vec4<i32>(dot4(q0, x.x.q), dot4(q1, x.x.q), dot4(q2, x.x.q), dot4(q3, x.x.q));
-    let sums = bitcast<vec4<f32>>(i + vec4<i32>(ROUND_BITS)) - vec4<f32>(ROUND);
+    let sums = vec4<f32>(int_float(dot4(q0, x.x.q)), int_float(dot4(q1, x.x.q)), int_float(dot4(q2, x.x.q)),
+                         int_float(dot4(q3, x.x.q)));
     return d * x.x.step * sums;
 }
