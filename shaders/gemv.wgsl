@@ -6,9 +6,11 @@
 // several subgroups take one quad and split its units between them. A subgroup's lanes stride over
 // the units (UNIT weights each, decoded by gemv/{GEMV_UNIT}.wgsl), keep 4 partial sums in a vec4
 // and add them across the subgroup (lanes_{REDUCE}.wgsl); the subgroups of a quad then meet once
-// in workgroup memory, every token's at once between one pair of barriers. The unit's x is loaded
-// once for the 4 rows. Each token has its own sums, made by one call of add_unit per token written
-// out (TOKENS is a constant, so the calls it does not reach are removed).
+// in workgroup memory, every token's at once between one pair of barriers. The unit's x is read
+// once for the 4 rows: from X by the float units, and by the 8-bit units from workgroup memory,
+// where the workgroup rounds each token's x once, a chunk of the row at a time (gemv/x_int8.wgsl).
+// Each token has its own sums, made by one call of add_unit per token written out (TOKENS is a
+// constant, so the calls it does not reach are removed).
 // P.mode fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
 // so the sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
 // add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
@@ -28,7 +30,8 @@ const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 8
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
 #include "lanes_{REDUCE}.wgsl"
-// binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file
+// binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file, and from the x file it
+// includes (gemv/x_float.wgsl or gemv/x_int8.wgsl) chunk_units, stage_x and token_x
 #include "gemv/{GEMV_UNIT}.wgsl"
 
 const SUBS: u32 = {GEMV_SUBGROUPS}u;  // subgroups a workgroup may have: WG / the least subgroup size
@@ -100,19 +103,14 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let per_pass = max(1u, n_sub / split);   // quads made at once
     let first_token = wid.y * TOKENS;
     let n_tokens = min(TOKENS, S.n_tokens - first_token);
-    // the input rows of the group's tokens; past the last token, the last one again (not written)
-    let x0 = x_row(first_token);
-    let x1 = x_row(first_token + min(1u, n_tokens - 1u));
-    let x2 = x_row(first_token + min(2u, n_tokens - 1u));
-    let x3 = x_row(first_token + min(3u, n_tokens - 1u));
-    let x4 = x_row(first_token + min(4u, n_tokens - 1u));
-    let x5 = x_row(first_token + min(5u, n_tokens - 1u));
-    let x6 = x_row(first_token + min(6u, n_tokens - 1u));
-    let x7 = x_row(first_token + min(7u, n_tokens - 1u));
     let gated_mode = (P.mode & MODE_GATED) != 0u;
+    let chunk = chunk_units(n_units);
     for (var first = 0u; first < QUADS; first += per_pass) {
         let quad = first + sub / split;
         let row = wid.x * ROWS_WG + 4u * quad;
+        let busy = sub / split < per_pass && quad < QUADS && row < P.rows;
+        let a = row_words(row, false);
+        let b = row_words(row, true);
         var s0: Sums;
         var s1: Sums;
         var s2: Sums;
@@ -121,10 +119,24 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         var s5: Sums;
         var s6: Sums;
         var s7: Sums;
-        if (sub / split < per_pass && quad < QUADS && row < P.rows) {
-            let a = row_words(row, false);
-            let b = row_words(row, true);
-            for (var u = (sub % split) * lanes + lane; u < n_units; u += split * lanes) {
+        // each lane's units are the same whatever the chunks, so a token's sums are too
+        var u = (sub % split) * lanes + lane;
+        for (var u0 = 0u; u0 < n_units; u0 += chunk) {
+            if (u0 > 0u) {
+                workgroupBarrier();  // every unit of the chunk before has read the staged x
+            }
+            stage_x(first_token, n_tokens, u0, lid);
+            // where the group's tokens find their x; past the last token, the last one again (not written)
+            let x0 = token_x(0u, first_token, u0);
+            let x1 = token_x(min(1u, n_tokens - 1u), first_token, u0);
+            let x2 = token_x(min(2u, n_tokens - 1u), first_token, u0);
+            let x3 = token_x(min(3u, n_tokens - 1u), first_token, u0);
+            let x4 = token_x(min(4u, n_tokens - 1u), first_token, u0);
+            let x5 = token_x(min(5u, n_tokens - 1u), first_token, u0);
+            let x6 = token_x(min(6u, n_tokens - 1u), first_token, u0);
+            let x7 = token_x(min(7u, n_tokens - 1u), first_token, u0);
+            let end = min(n_units, u0 + chunk);
+            for (; busy && u < end; u += split * lanes) {
                 add_unit(&s0, x0, a, b, u, gated_mode);
                 if (TOKENS > 1u) {
                     add_unit(&s1, x1, a, b, u, gated_mode);

@@ -29,7 +29,7 @@ RTOL, RTOL_FUSED, RTOL_F16, RTOL_INT8 = 2e-5, 1e-4, 3e-3, 2e-2
 def x_rounded(qtype) -> bool:
     """Whether the type's gemv unit rounds x to 8 bits."""
     q = quant(qtype)
-    return q.gemv_unit and "struct X8 {" in load_wgsl(f"gemv/{q.shader}.wgsl")  # gemv/x_int8.wgsl
+    return q.gemv_unit and pl.shader_constant(f"gemv/{q.shader}.wgsl", "STAGED_X") == 1  # gemv/x_int8.wgsl
 
 
 def rtol(program: str, fused: bool = False, qtype=None) -> float:
@@ -79,8 +79,7 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=Fa
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_tokens)
-        shape = {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": q.shader if q.gemv_unit else "generic", "GEMV_TOKENS": tokens,
-                 "GEMV_SUBGROUPS": pipes.gemv_subgroups}
+        shape = pipes.gemv_shape(q.shader if q.gemv_unit else "generic", rows_wg, tokens, x.shape[1])
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None

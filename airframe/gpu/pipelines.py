@@ -88,6 +88,8 @@ FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
 GEMV_TOKENS = 8         # gemv.wgsl's tokens per workgroup at most: a decode batch reads each weight once
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
+XBLOCK_GRAIN = 16       # gemv/x_int8.wgsl stages x in runs of 16 blocks of 16 (a K-quant block)
+STAGED_BLOCK_BYTES = 32  # a staged block: 16 int8 and 4 floats
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation at most
 STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
 ROW_BYTES = 16          # struct DecodeRow (decode_rows.wgsl): kv, n_past, split_len, part
@@ -187,8 +189,19 @@ class Pipelines:
         rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
         while rows_wg < 32 and 4 * SUBGROUPS // rows_wg > lanes_per_row:
             rows_wg *= 2
-        return rows_wg, {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": name, "GEMV_TOKENS": n_tokens,
-                         "GEMV_SUBGROUPS": self.gemv_subgroups}
+        return rows_wg, self.gemv_shape(name, rows_wg, n_tokens, cols)
+
+    def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int) -> dict:
+        """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl: with an 8-bit unit, the blocks of
+        16 x per token that the workgroup rounds at once (gemv/x_int8.wgsl): the whole row where
+        workgroup memory holds it, else the most whole K-quant blocks (16 blocks of 16) it holds."""
+        x_blocks = XBLOCK_GRAIN
+        if shader_constant(f"gemv/{unit}.wgsl", "STAGED_X"):
+            room = self.gemv_room - n_tokens * 48 * self.gemv_subgroups
+            fits = room // (n_tokens * STAGED_BLOCK_BYTES) // XBLOCK_GRAIN * XBLOCK_GRAIN
+            x_blocks = max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
+        return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens,
+                "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_XBLOCKS": x_blocks}
 
     @property
     def gemv_subgroups(self) -> int:
@@ -198,11 +211,17 @@ class Pipelines:
         return GEMV_WG // lanes
 
     @property
+    def gemv_room(self) -> int:
+        """Bytes of workgroup memory a gemv.wgsl workgroup has for its merge space and staged x."""
+        return int(self.ctx.limits["max-compute-workgroup-storage-size"]) - (16 * GEMV_WG if self.reduce == "shared" else 0)
+
+    @property
     def gemv_tokens(self) -> int:
         """Tokens per gemv.wgsl workgroup: GEMV_TOKENS, or fewer where their merge space (3 vec4 per
-        token and subgroup, and lanes_shared.wgsl's WG vec4) exceeds the adapter's workgroup memory."""
-        room = int(self.ctx.limits["max-compute-workgroup-storage-size"]) - (16 * GEMV_WG if self.reduce == "shared" else 0)
-        return max(1, min(GEMV_TOKENS, room // (48 * self.gemv_subgroups)))
+        token and subgroup, and lanes_shared.wgsl's WG vec4) and the least staged x exceed the
+        adapter's workgroup memory."""
+        per_token = 48 * self.gemv_subgroups + XBLOCK_GRAIN * STAGED_BLOCK_BYTES
+        return max(1, min(GEMV_TOKENS, self.gemv_room // per_token))
 
     def gemm_groups(self, rows: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along the rows: tiles of 128 rows, or of 64 gate rows and their 64

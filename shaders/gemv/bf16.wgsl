@@ -3,6 +3,7 @@
 // vec4: rows of a multiple of 16 weights are 16-byte aligned.
 
 #include "gemv/quads.wgsl"
+#include "gemv/x_float.wgsl"
 
 const UNIT: u32 = 16u;
 alias XU = X16;

@@ -3,6 +3,7 @@
 // eighth of a block for the 256-weight ones).
 
 #include "gemv/words.wgsl"
+#include "gemv/x_float.wgsl"
 
 #include "quant/{QUANT}.wgsl"
 

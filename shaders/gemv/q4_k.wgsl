@@ -22,11 +22,10 @@ struct XU {
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
-    let at = 64u * (u >> 3u) + 16u * (t >> 1u) + 4u * (t & 1u);  // the unit's first x vec4
-    let v = x32(x, at, at + 8u);
-    let lo = x8(v.lo.v);
-    let hi = x8(v.hi.v);
-    return XU(lo, hi, lo.step * int_float(lo.sum), hi.step * int_float(hi.sum), v.sq);
+    let at = x + 16u * (u >> 3u) + 4u * (t >> 1u) + (t & 1u);  // the unit's first block of 16 x
+    let lo = x8(at);
+    let hi = x8(at + 2u);
+    return XU(lo, hi, lo.scaled, hi.scaled, lo.sq + hi.sq);
 }
 
 // (scale of sub-block 2c, its min, scale of 2c + 1, its min) from the block's first vec4:

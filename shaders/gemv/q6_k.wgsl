@@ -20,9 +20,10 @@ struct XU {
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
-    let at = 64u * (u >> 3u) + 32u * (t >> 2u) + 4u * (t & 3u);  // the unit's first x vec4
-    let v = x32(x, at, at + 16u);
-    return XU(x8(v.lo.v), x8(v.hi.v), v.sq);
+    let at = x + 16u * (u >> 3u) + 8u * (t >> 2u) + (t & 3u);  // the unit's first block of 16 x
+    let lo = x8(at);
+    let hi = x8(at + 4u);
+    return XU(lo, hi, lo.sq + hi.sq);
 }
 
 // signed byte `b` of word w as a float

@@ -1,6 +1,6 @@
 // gemv.wgsl's unit for Q8_0: half a block, 16 weights. quant/q8_0.wgsl's block is 9 words (d as
-// f32, then 32 int8), not 16-byte aligned, so W is read as words. The unit's x is rounded to 8 bits
-// (gemv/x_int8.wgsl) and dotted with the quants four at a time.
+// f32, then 32 int8), not 16-byte aligned, so W is read as words. The unit's x, rounded to 8 bits
+// (gemv/x_int8.wgsl), is dotted with the quants four at a time.
 
 #include "gemv/words.wgsl"
 #include "gemv/x_int8.wgsl"
@@ -14,8 +14,8 @@ struct XU {
 }
 
 fn unit_x(x: u32, u: u32) -> XU {
-    let v = x16(x, 4u * u);
-    return XU(x8(v.v), v.sq);
+    let v = x8(x + u);
+    return XU(v, v.sq);
 }
 
 fn quants(first: u32) -> vec4<u32> {

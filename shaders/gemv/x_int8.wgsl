@@ -1,26 +1,71 @@
-// 16 values of a unit's x rounded to 8 bits for dot4I8Packed (the units of the 8-bit and K-quant
-// types): one step per 16 values (their largest magnitude / 127), so a product of weights and x is
-// exact up to x's rounding, about 4e-3 of the largest output (tests/test_gpu_matmul.py). The float
-// to integer rounding adds 1.5 * 2^23, which leaves the rounded integer in the low bits, and the
-// integer sums come back as floats through the same constant: no conversion instructions.
+// gemv.wgsl's x for the units of the 8-bit and K-quant types: each token's x rounded to 8 bits for
+// dot4I8Packed, one step per 16 values (their largest magnitude / 127), so a product of weights and
+// x is exact up to x's rounding, about 4e-3 of the largest output (tests/test_gpu_matmul.py). The
+// workgroup rounds x once, XBLOCKS blocks of 16 values per token at a time, into workgroup memory,
+// and every quad's units read it there: rounding in each unit would repeat it for every quad. The
+// float to integer rounding adds 1.5 * 2^23, which leaves the rounded integer in the low bits, and
+// the integer sums come back as floats through the same constant: no conversion instructions.
 
+const STAGED_X: u32 = 1u;
+const XBLOCKS: u32 = {GEMV_XBLOCKS}u;  // blocks of 16 values staged per token: a multiple of 16
 const ROUND: f32 = 12582912.0;
 const ROUND_BITS: i32 = 0x4B400000;
 const ONES: u32 = 0x01010101u;
 
+// token t's block b of the chunk at t * XBLOCKS + b: its 16 values as packed int8 (value 4c + e in
+// byte e of word c), and (step, step * sum, sum of squares before the norm weight, sum as i32 bits)
+var<workgroup> x_q: array<vec4<u32>, TOKENS * XBLOCKS>;
+var<workgroup> x_s: array<vec4<f32>, TOKENS * XBLOCKS>;
+
 struct X8 {
-    q: vec4<u32>,  // the 16 values as packed int8, value 4c + b in byte b of word c
+    q: vec4<u32>,  // the 16 values as packed int8
     step: f32,     // what one integer step is worth
     sum: i32,      // the sum of the 16 integers
+    scaled: f32,   // step * sum
+    sq: f32,       // the sum of squares of the 16 values before the norm weight (MODE_NORM)
 }
 
-fn x8(v: mat4x4<f32>) -> X8 {
-    let m = max(max(abs(v[0]), abs(v[1])), max(abs(v[2]), abs(v[3])));
-    let amax = max(max(m.x, m.y), max(m.z, m.w));
-    let inv = select(127.0 / amax, 0.0, amax == 0.0);
-    let q = vec4<u32>(pack4xI8(bitcast<vec4<i32>>(v[0] * inv + ROUND)), pack4xI8(bitcast<vec4<i32>>(v[1] * inv + ROUND)),
-                      pack4xI8(bitcast<vec4<i32>>(v[2] * inv + ROUND)), pack4xI8(bitcast<vec4<i32>>(v[3] * inv + ROUND)));
-    return X8(q, amax / 127.0, dot4(q, vec4<u32>(ONES)));
+fn chunk_units(n_units: u32) -> u32 {
+    return XBLOCKS * 16u / UNIT;
+}
+
+// blocks u0 * UNIT / 16 .. + XBLOCKS of the group's tokens' x, rounded into x_q and x_s
+fn stage_x(first_token: u32, n_tokens: u32, u0: u32, lid: u32) {
+    let block0 = u0 * UNIT / 16u;
+    let n = min(XBLOCKS, P.cols / 16u - block0);
+    for (var i = lid; i < TOKENS * XBLOCKS; i += WG) {
+        let t = i / XBLOCKS;
+        let b = i % XBLOCKS;
+        if (t < n_tokens && b < n) {
+            let v = x16(x_row(first_token + t), 4u * (block0 + b));
+            let m = max(max(abs(v.v[0]), abs(v.v[1])), max(abs(v.v[2]), abs(v.v[3])));
+            let amax = max(max(m.x, m.y), max(m.z, m.w));
+            let inv = select(127.0 / amax, 0.0, amax == 0.0);
+            let q = vec4<u32>(rounded(v.v[0] * inv), rounded(v.v[1] * inv), rounded(v.v[2] * inv),
+                              rounded(v.v[3] * inv));
+            let sum = dot4(q, vec4<u32>(ONES));
+            let step = amax / 127.0;
+            x_q[i] = q;
+            x_s[i] = vec4<f32>(step, step * int_float(sum), v.sq, bitcast<f32>(sum));
+        }
+    }
+    workgroupBarrier();
+}
+
+// where token t's blocks of the chunk from unit u0 start: unit files add the block's index in the row
+fn token_x(t: u32, first_token: u32, u0: u32) -> u32 {
+    return t * XBLOCKS - u0 * UNIT / 16u;  // wraps around; the sum with a block of the chunk does not
+}
+
+// staged block `at` (token_x + the block's index in the row)
+fn x8(at: u32) -> X8 {
+    let s = x_s[at];
+    return X8(x_q[at], s.x, bitcast<i32>(s.w), s.y, s.z);
+}
+
+// 4 values already scaled to at most 127 in magnitude, rounded and packed as int8
+fn rounded(v: vec4<f32>) -> u32 {
+    return pack4xI8(bitcast<vec4<i32>>(v + ROUND));
 }
 
 // the 16 products of two packed vectors, summed
