@@ -89,6 +89,7 @@ LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgrou
 GEMV_TOKENS = 8         # gemv.wgsl's tokens per workgroup at most: a decode batch reads each weight once
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 XBLOCK_GRAIN = 16       # gemv/x_int8.wgsl stages x in runs of 16 blocks of 16 (a K-quant block)
+STAGE_ROWS_WG = 16      # gemv/x_int8.wgsl stages x in workgroups of this many rows or more
 STAGED_BLOCK_BYTES = 32  # a staged block: 16 int8 and 4 floats
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation at most
 STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
@@ -192,16 +193,17 @@ class Pipelines:
         return rows_wg, self.gemv_shape(name, rows_wg, n_tokens, cols)
 
     def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int) -> dict:
-        """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl: with an 8-bit unit, the blocks of
-        16 x per token that the workgroup rounds at once (gemv/x_int8.wgsl): the whole row where
-        workgroup memory holds it, else the most whole K-quant blocks (16 blocks of 16) it holds."""
-        x_blocks = XBLOCK_GRAIN
-        if shader_constant(f"gemv/{unit}.wgsl", "STAGED_X"):
+        """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl. An 8-bit unit's workgroup of
+        STAGE_ROWS_WG rows or more rounds x into workgroup memory once for all its quads
+        (gemv/x_int8.wgsl): the whole row where workgroup memory holds it, else as many blocks of 16
+        x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
+        stage, x_blocks = 0, 1
+        if shader_constant(f"gemv/{unit}.wgsl", "INT8_X") and rows_wg >= STAGE_ROWS_WG:
             room = self.gemv_room - n_tokens * 48 * self.gemv_subgroups
             fits = room // (n_tokens * STAGED_BLOCK_BYTES) // XBLOCK_GRAIN * XBLOCK_GRAIN
-            x_blocks = max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
+            stage, x_blocks = 1, max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
         return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens,
-                "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_XBLOCKS": x_blocks}
+                "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_STAGE_X": stage, "GEMV_XBLOCKS": x_blocks}
 
     @property
     def gemv_subgroups(self) -> int:

@@ -22,9 +22,9 @@ struct XU {
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
-    let at = x + 16u * (u >> 3u) + 4u * (t >> 1u) + (t & 1u);  // the unit's first block of 16 x
-    let lo = x8(at);
-    let hi = x8(at + 2u);
+    let at = 16u * (u >> 3u) + 4u * (t >> 1u) + (t & 1u);  // the unit's first block of 16 x
+    let lo = x8(x, at);
+    let hi = x8(x, at + 2u);
     return XU(lo, hi, lo.scaled, hi.scaled, lo.sq + hi.sq);
 }
 

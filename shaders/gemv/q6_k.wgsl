@@ -20,9 +20,9 @@ struct XU {
 
 fn unit_x(x: u32, u: u32) -> XU {
     let t = u & 7u;
-    let at = x + 16u * (u >> 3u) + 8u * (t >> 2u) + (t & 3u);  // the unit's first block of 16 x
-    let lo = x8(at);
-    let hi = x8(at + 4u);
+    let at = 16u * (u >> 3u) + 8u * (t >> 2u) + (t & 3u);  // the unit's first block of 16 x
+    let lo = x8(x, at);
+    let hi = x8(x, at + 4u);
     return XU(lo, hi, lo.sq + hi.sq);
 }
 

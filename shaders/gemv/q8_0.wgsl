@@ -14,7 +14,7 @@ struct XU {
 }
 
 fn unit_x(x: u32, u: u32) -> XU {
-    let v = x8(x + u);
+    let v = x8(x, u);
     return XU(v, v.sq);
 }
 

@@ -1,7 +1,7 @@
 // gemv.wgsl's x for the float units: each unit reads its own from X (gemv_common.wgsl's x16 and
 // x32), so nothing is staged and a row is one chunk.
 
-const STAGED_X: u32 = 0u;
+const INT8_X: u32 = 0u;
 
 fn chunk_units(n_units: u32) -> u32 {
     return n_units;

@@ -1,13 +1,16 @@
 // gemv.wgsl's x for the units of the 8-bit and K-quant types: each token's x rounded to 8 bits for
 // dot4I8Packed, one step per 16 values (their largest magnitude / 127), so a product of weights and
-// x is exact up to x's rounding, about 4e-3 of the largest output (tests/test_gpu_matmul.py). The
-// workgroup rounds x once, XBLOCKS blocks of 16 values per token at a time, into workgroup memory,
-// and every quad's units read it there: rounding in each unit would repeat it for every quad. The
-// float to integer rounding adds 1.5 * 2^23, which leaves the rounded integer in the low bits, and
-// the integer sums come back as floats through the same constant: no conversion instructions.
+// x is exact up to x's rounding, about 4e-3 of the largest output (tests/test_gpu_matmul.py).
+// With STAGE_X the workgroup rounds x once, XBLOCKS blocks of 16 values per token at a time, into
+// workgroup memory, where every quad's units read it: for workgroups of 4 quads or more, which
+// would otherwise round each block once per quad. With one or two quads a workgroup has nothing to
+// share, and each unit rounds its own blocks as it goes (no barrier, no wait for the rounding).
+// The float to integer rounding adds 1.5 * 2^23, which leaves the rounded integer in the low bits,
+// and the integer sums come back as floats through the same constant: no conversion instructions.
 
-const STAGED_X: u32 = 1u;
-const XBLOCKS: u32 = {GEMV_XBLOCKS}u;  // blocks of 16 values staged per token: a multiple of 16
+const INT8_X: u32 = 1u;
+const STAGE_X: u32 = {GEMV_STAGE_X}u;
+const XBLOCKS: u32 = {GEMV_XBLOCKS}u;  // blocks of 16 values staged per token: a multiple of 16, or 1
 const ROUND: f32 = 12582912.0;
 const ROUND_BITS: i32 = 0x4B400000;
 const ONES: u32 = 0x01010101u;
@@ -26,41 +29,59 @@ struct X8 {
 }
 
 fn chunk_units(n_units: u32) -> u32 {
+    if (STAGE_X == 0u) {
+        return n_units;
+    }
     return XBLOCKS * 16u / UNIT;
 }
 
 // blocks u0 * UNIT / 16 .. + XBLOCKS of the group's tokens' x, rounded into x_q and x_s
 fn stage_x(first_token: u32, n_tokens: u32, u0: u32, lid: u32) {
+    if (STAGE_X == 0u) {
+        return;
+    }
     let block0 = u0 * UNIT / 16u;
     let n = min(XBLOCKS, P.cols / 16u - block0);
     for (var i = lid; i < TOKENS * XBLOCKS; i += WG) {
         let t = i / XBLOCKS;
         let b = i % XBLOCKS;
         if (t < n_tokens && b < n) {
-            let v = x16(x_row(first_token + t), 4u * (block0 + b));
-            let m = max(max(abs(v.v[0]), abs(v.v[1])), max(abs(v.v[2]), abs(v.v[3])));
-            let amax = max(max(m.x, m.y), max(m.z, m.w));
-            let inv = select(127.0 / amax, 0.0, amax == 0.0);
-            let q = vec4<u32>(rounded(v.v[0] * inv), rounded(v.v[1] * inv), rounded(v.v[2] * inv),
-                              rounded(v.v[3] * inv));
-            let sum = dot4(q, vec4<u32>(ONES));
-            let step = amax / 127.0;
-            x_q[i] = q;
-            x_s[i] = vec4<f32>(step, step * int_float(sum), v.sq, bitcast<f32>(sum));
+            let r = rounded16(x_row(first_token + t), block0 + b);
+            x_q[i] = r.q;
+            x_s[i] = vec4<f32>(r.step, r.scaled, r.sq, bitcast<f32>(r.sum));
         }
     }
     workgroupBarrier();
 }
 
-// where token t's blocks of the chunk from unit u0 start: unit files add the block's index in the row
+// where token t's x is: staged, where its blocks of the chunk from unit u0 start (the unit adds a
+// block's index in the row); else its row of X
 fn token_x(t: u32, first_token: u32, u0: u32) -> u32 {
+    if (STAGE_X == 0u) {
+        return x_row(first_token + t);
+    }
     return t * XBLOCKS - u0 * UNIT / 16u;  // wraps around; the sum with a block of the chunk does not
 }
 
-// staged block `at` (token_x + the block's index in the row)
-fn x8(at: u32) -> X8 {
-    let s = x_s[at];
-    return X8(x_q[at], s.x, bitcast<i32>(s.w), s.y, s.z);
+// block b (values 16b..16b+15) of the row at `x` (token_x)
+fn x8(x: u32, b: u32) -> X8 {
+    if (STAGE_X == 0u) {
+        return rounded16(x, b);
+    }
+    let s = x_s[x + b];
+    return X8(x_q[x + b], s.x, bitcast<i32>(s.w), s.y, s.z);
+}
+
+// block b of the row of X at vec4 `row`, rounded
+fn rounded16(row: u32, b: u32) -> X8 {
+    let v = x16(row, 4u * b);
+    let m = max(max(abs(v.v[0]), abs(v.v[1])), max(abs(v.v[2]), abs(v.v[3])));
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let inv = select(127.0 / amax, 0.0, amax == 0.0);
+    let q = vec4<u32>(rounded(v.v[0] * inv), rounded(v.v[1] * inv), rounded(v.v[2] * inv), rounded(v.v[3] * inv));
+    let sum = dot4(q, vec4<u32>(ONES));
+    let step = amax / 127.0;
+    return X8(q, step, sum, step * int_float(sum), v.sq);
 }
 
 // 4 values already scaled to at most 127 in magnitude, rounded and packed as int8
