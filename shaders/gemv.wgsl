@@ -77,11 +77,18 @@ fn add_unit(s: ptr<function, Sums>, x: u32, a: vec4<u32>, b: vec4<u32>, u: u32, 
     }
 }
 
-// token t's sums added across the subgroup and put in workgroup memory for the merge
+// token t's sums added across the subgroup and put in workgroup memory for the merge; the up rows'
+// sums and the squares only where the mode has them (P.mode is uniform, so is the branch)
 fn share(s: Sums, t: u32, sub: u32, lane: u32, lid: u32) {
     let total_a = lanes_sum4(s.a, lid);
-    let total_b = lanes_sum4(s.b, lid);
-    let total_sq = lanes_sum1(s.sq, lid);
+    var total_b = vec4<f32>(0.0);
+    if ((P.mode & MODE_GATED) != 0u) {
+        total_b = lanes_sum4(s.b, lid);
+    }
+    var total_sq = 0.0;
+    if ((P.mode & MODE_NORM) != 0u) {
+        total_sq = lanes_sum1(s.sq, lid);
+    }
     if (lane == 0u) {
         let at = 3u * (t * SUBS + sub);
         partial[at] = total_a;
