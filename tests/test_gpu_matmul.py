@@ -266,7 +266,8 @@ def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
 # ---- the program a matrix gets ------------------------------------------------------------------
 @pytest.mark.parametrize("qtype,rows,cols,want", [
     (Q.Q4_K, 128256, 2048, (32, "q4_k")),   # many rows: one quad per subgroup
-    (Q.Q6_K, 2048, 8192, (4, "q6_k")),      # few rows, long ones: 8 subgroups per quad
+    (Q.Q8_0, 2048, 8192, (4, "q8_0")),      # few rows, long ones: 8 subgroups per quad, 2 units a lane
+    (Q.Q6_K, 2048, 8192, (8, "q6_k")),      # the same with 1 unit a lane: two quads, 4 subgroups each
     (Q.Q4_K, 3072, 2048, (16, "q4_k")),     # 64 units a row keep only 2 subgroups busy
     (Q.Q8_0, 16384, 2048, (32, "q8_0")), (Q.BF16, 3072, 2048, (8, "bf16")),
     (Q.Q4_0, 8192, 2048, (16, "generic")), (Q.Q5_K, 100, 256, (32, "generic"))])
