@@ -1,5 +1,6 @@
 // y = W x for decode: TOKENS tokens per workgroup (wid.y picks the group of tokens), 1 for batch-1
-// decode, up to 8 for a batch of conversations, so each weight is read once for all of them.
+// decode, up to 4 for a batch of conversations, so each weight is read once for all of them (a batch
+// of 8 is two groups, whose workgroups read the same rows at about the same time).
 // W stays quantized. A workgroup of 256 invocations makes ROWS_WG output rows, 4 at a time (gated:
 // 4 gate rows and their 4 up rows): the workgroup's subgroups share the row quads, and when there
 // are more subgroups than quads (small matrices, so that the rows spread over many workgroups)
@@ -25,7 +26,7 @@
 const WG: u32 = 256u;
 const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or 32
 const QUADS: u32 = ROWS_WG / 4u;
-const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 8
+const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 4
 
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
@@ -122,10 +123,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         var s1: Sums;
         var s2: Sums;
         var s3: Sums;
-        var s4: Sums;
-        var s5: Sums;
-        var s6: Sums;
-        var s7: Sums;
         // each lane's units are the same whatever the chunks, so a token's sums are too
         var u = (sub % split) * lanes + lane;
         for (var u0 = 0u; u0 < n_units; u0 += chunk) {
@@ -138,10 +135,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
             let x1 = token_x(min(1u, n_tokens - 1u), first_token, u0);
             let x2 = token_x(min(2u, n_tokens - 1u), first_token, u0);
             let x3 = token_x(min(3u, n_tokens - 1u), first_token, u0);
-            let x4 = token_x(min(4u, n_tokens - 1u), first_token, u0);
-            let x5 = token_x(min(5u, n_tokens - 1u), first_token, u0);
-            let x6 = token_x(min(6u, n_tokens - 1u), first_token, u0);
-            let x7 = token_x(min(7u, n_tokens - 1u), first_token, u0);
             let end = min(n_units, u0 + chunk);
             for (; busy && u < end; u += split * lanes) {
                 add_unit(&s0, x0, a, b, u, gated_mode);
@@ -153,18 +146,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 }
                 if (TOKENS > 3u) {
                     add_unit(&s3, x3, a, b, u, gated_mode);
-                }
-                if (TOKENS > 4u) {
-                    add_unit(&s4, x4, a, b, u, gated_mode);
-                }
-                if (TOKENS > 5u) {
-                    add_unit(&s5, x5, a, b, u, gated_mode);
-                }
-                if (TOKENS > 6u) {
-                    add_unit(&s6, x6, a, b, u, gated_mode);
-                }
-                if (TOKENS > 7u) {
-                    add_unit(&s7, x7, a, b, u, gated_mode);
                 }
             }
         }
@@ -178,18 +159,6 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         if (TOKENS > 3u) {
             share(s3, 3u, sub, lane, lid);
-        }
-        if (TOKENS > 4u) {
-            share(s4, 4u, sub, lane, lid);
-        }
-        if (TOKENS > 5u) {
-            share(s5, 5u, sub, lane, lid);
-        }
-        if (TOKENS > 6u) {
-            share(s6, 6u, sub, lane, lid);
-        }
-        if (TOKENS > 7u) {
-            share(s7, 7u, sub, lane, lid);
         }
         workgroupBarrier();
         // invocation i < per_pass * n_tokens adds the sums of quad first + i % per_pass of token

@@ -390,7 +390,7 @@ class WebGPUBackend(Backend):
 
     def decode_batch(self, entries: Sequence[tuple[int, int]]) -> np.ndarray:
         """Backend.decode_batch: the slots that share a K/V buffer (kv_group) run as one forward, each
-        weight read once for all their tokens (gemv.wgsl with up to GEMV_TOKENS tokens per workgroup)."""
+        weights read by workgroups of up to GEMV_GROUP tokens (gemv.wgsl)."""
         return np.stack(self._decode_batch(entries, None))
 
     def decode_batch_pick(self, entries: Sequence[tuple[int, int]], picks: Sequence[Pick]) -> list[Picked]:

@@ -46,7 +46,7 @@ class Op:
             grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
         elif n_tokens <= pipes.gemv_tokens:  # a decode token, a batch of them, or a short chunk
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens)
-            shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), 1, 1)
+            shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
         else:
             shader, shape = "gemm", None
             grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)

@@ -86,7 +86,8 @@ SPLIT_ROW_TILES = 32    # row tiles x 8 token tiles of a 512-token chunk below F
 WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
-GEMV_TOKENS = 8         # gemv.wgsl's tokens per workgroup at most: a decode batch reads each weight once
+GEMV_TOKENS = 8         # tokens a forward takes through gemv.wgsl at most (a decode batch); more: gemm.wgsl
+GEMV_GROUP = 4          # gemv.wgsl's tokens per workgroup at most; a batch of 8 is two groups along y
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 XBLOCK_GRAIN = 16       # gemv/x_int8.wgsl stages x in runs of 16 blocks of 16 (a K-quant block)
 STAGE_ROWS_WG = 16      # gemv/x_int8.wgsl stages x in workgroups of this many rows or more
@@ -180,7 +181,8 @@ class Pipelines:
         return self._layouts[kinds]
 
     def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1) -> tuple[int, dict]:
-        """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens:
+        """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
+        workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS):
         (output rows per workgroup, its placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one; the most
         rows per workgroup that still make FULL_GPU workgroups (the subgroups then split each row's
         units between them), more where a row has too few units to keep them all busy, and two
@@ -194,7 +196,7 @@ class Pipelines:
             rows_wg *= 2
         if rows_wg == 4 and cols // unit < 2 * GEMV_WG:  # one quad's lanes would add one unit each
             rows_wg = 8
-        return rows_wg, self.gemv_shape(name, rows_wg, n_tokens, cols)
+        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
 
     def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int) -> dict:
         """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl. An 8-bit unit's workgroup of
@@ -223,11 +225,16 @@ class Pipelines:
 
     @property
     def gemv_tokens(self) -> int:
-        """Tokens per gemv.wgsl workgroup: GEMV_TOKENS, or fewer where their merge space (3 vec4 per
+        """Tokens a forward takes through gemv.wgsl at most, in workgroups of gemv_group tokens."""
+        return GEMV_TOKENS
+
+    @property
+    def gemv_group(self) -> int:
+        """Tokens per gemv.wgsl workgroup: GEMV_GROUP, or fewer where their merge space (3 vec4 per
         token and subgroup, and lanes_shared.wgsl's WG vec4) and the least staged x exceed the
         adapter's workgroup memory."""
         per_token = 48 * self.gemv_subgroups + XBLOCK_GRAIN * STAGED_BLOCK_BYTES
-        return max(1, min(GEMV_TOKENS, self.gemv_room // per_token))
+        return max(1, min(GEMV_GROUP, self.gemv_room // per_token))
 
     def gemm_groups(self, rows: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along the rows: tiles of 128 rows, or of 64 gate rows and their 64

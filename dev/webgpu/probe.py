@@ -288,7 +288,7 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
             shader = "gemv/" + unit
             wg = rows_wg if unit == shape["GEMV_UNIT"] else _unit_rows_wg(kern, rows, cols, unit)
             d = K.Dispatch(name, kern.pipeline("gemv", quant, {**shape, "GEMV_ROWS_WG": wg, "GEMV_UNIT": unit}), group,
-                           (K.ceil_div(rows, wg), 1, 1))
+                           (K.ceil_div(rows, wg), K.ceil_div(n_tok, shape["GEMV_TOKENS"]), 1))
             warm_up(ctx, timer, [d], 0.1)
             t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
             share = rows * row_words * 4 / t / bandwidth
