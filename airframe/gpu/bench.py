@@ -455,7 +455,7 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
             prompts = [rng.integers(0, vocab, prompt_tokens + 1).tolist() for _ in range(n)]
             ms = {}
             for kind, params in (("greedy", SamplingParams(temperature=0.0)), ("sampled", SAMPLED)):
-                ms[kind] = _batch_steps_ms(be, prompts, params, steps, bar)
+                ms[kind] = _batch_steps_ms(be, timer, prompts, params, steps, bar)
             row = {"streams": n, "step_ms": ms["greedy"], "sampled_step_ms": ms["sampled"],
                    "tokens_per_s": 1000 * n / ms["greedy"], "first_token_ms": _first_tokens_ms(engine, prompts)}
             if timer.enabled:
@@ -468,9 +468,10 @@ def bench_concurrency(path, levels: list[int], steps: int = 64, prompt_tokens: i
             "sampled": dataclasses.asdict(SAMPLED), "chained_batch1_ms": chained, "levels": rows}
 
 
-def _batch_steps_ms(be, prompts: list[list[int]], params: SamplingParams, steps: int, bar) -> float:
+def _batch_steps_ms(be, timer: GpuTimer, prompts: list[list[int]], params: SamplingParams, steps: int, bar) -> float:
     """Median wall ms of a decode_batch_pick step of one stream per prompt (its last id the first to
-    run), every row chosen by `params` (greedy: picked on the GPU)."""
+    run), every row chosen by `params` (greedy: picked on the GPU), after ROW_WARM_S of GPU-bound
+    passes (slot 0's next token, whose K/V the first step writes again)."""
     picks = []
     for slot, prompt in enumerate(prompts):
         be.select_slot(slot)
@@ -479,6 +480,7 @@ def _batch_steps_ms(be, prompts: list[list[int]], params: SamplingParams, steps:
         picks.append(Pick(Sampler(params, be.config.vocab_size), History(list(prompt), n_prompt=len(prompt)),
                           greedy=params.temperature == 0.0))
     be.select_slot(0)
+    warm_up(be.ctx, timer, be.token_dispatches(1), ROW_WARM_S)
     tokens = [prompt[-1] for prompt in prompts]
     times = []
     for step in range(steps + 2):  # the first two compile the batch's pipelines and warm the GPU
