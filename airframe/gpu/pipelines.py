@@ -182,21 +182,28 @@ class Pipelines:
 
     def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1) -> tuple[int, dict]:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
-        workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS):
-        (output rows per workgroup, its placeholders): the type's own unit (shaders/gemv/<type>.wgsl) or the generic one; the most
-        rows per workgroup that still make FULL_GPU workgroups (the subgroups then split each row's
-        units between them), more where a row has too few units to keep them all busy, and two
-        quads rather than one where one quad would leave each lane fewer than two units (Llama 3.2
-        1B's Q4_K ffn_down: 0.323 against 0.392 GPU ms a token, H100)."""
+        workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
+        per workgroup, its placeholders), with the type's own unit (shaders/gemv/<type>.wgsl) or the
+        generic one."""
         name = quant.shader if quant.gemv_unit else "generic"
-        unit = shader_constant(f"gemv/{name}.wgsl", "UNIT")
-        lanes_per_row = ceil_div(cols // unit, LANES)  # subgroups a row's units keep busy
+        rows_wg = self.gemv_rows(rows, cols, name)
+        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
+
+    @staticmethod
+    def gemv_rows(rows: int, cols: int, unit: str) -> int:
+        """Output rows per gemv.wgsl workgroup with unit file gemv/<unit>.wgsl: the most that still
+        make FULL_GPU workgroups (the subgroups then split each row's units between them), more
+        where a row has too few units to keep them all busy, and two quads rather than one where one
+        quad would leave each lane fewer than two units (Llama 3.2 1B's Q4_K ffn_down: 0.323 against
+        0.392 GPU ms a token, H100)."""
+        units = cols // shader_constant(f"gemv/{unit}.wgsl", "UNIT")
+        lanes_per_row = ceil_div(units, LANES)  # subgroups a row's units keep busy
         rows_wg = next((r for r in (32, 16, 8) if ceil_div(rows, r) >= FULL_GPU), 4)
         while rows_wg < 32 and 4 * SUBGROUPS // rows_wg > lanes_per_row:
             rows_wg *= 2
-        if rows_wg == 4 and cols // unit < 2 * GEMV_WG:  # one quad's lanes would add one unit each
+        if rows_wg == 4 and units < 2 * GEMV_WG:  # one quad's lanes would add one unit each
             rows_wg = 8
-        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
+        return rows_wg
 
     def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int) -> dict:
         """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl. An 8-bit unit's workgroup of

@@ -286,8 +286,8 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
         others = [u for u in units if u.startswith(quant.shader) and u != shape["GEMV_UNIT"]]
         for unit in [shape["GEMV_UNIT"]] + others:
             shader = "gemv/" + unit
-            wg = rows_wg if unit == shape["GEMV_UNIT"] else _unit_rows_wg(kern, rows, cols, unit)
-            d = K.Dispatch(name, kern.pipeline("gemv", quant, {**shape, "GEMV_ROWS_WG": wg, "GEMV_UNIT": unit}), group,
+            wg = rows_wg if unit == shape["GEMV_UNIT"] else kern.gemv_rows(rows, cols, unit)
+            d = K.Dispatch(name, kern.pipeline("gemv", quant, kern.gemv_shape(unit, wg, shape["GEMV_TOKENS"], cols)), group,
                            (K.ceil_div(rows, wg), K.ceil_div(n_tok, shape["GEMV_TOKENS"]), 1))
             warm_up(ctx, timer, [d], 0.1)
             t = statistics.median(run_passes(ctx, timer, [d], 20, 5))
@@ -297,16 +297,6 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
             rows_out.append({"qtype": qtype.name, "shape": name, "tokens": n_tok, "us": t * 1e6, "share": share,
                              "shader": shader})
     return {"rows": rows_out}
-
-
-def _unit_rows_wg(kern, rows: int, cols: int, unit: str) -> int:
-    """Pipelines.decode_matmul's rows per workgroup for another unit file of the same type."""
-    size = K.shader_constant(f"gemv/{unit}.wgsl", "UNIT")
-    lanes_per_row = K.ceil_div(cols // size, K.LANES)
-    rows_wg = next((r for r in (32, 16, 8) if K.ceil_div(rows, r) >= K.FULL_GPU), 4)
-    while rows_wg < 32 and 4 * K.SUBGROUPS // rows_wg > lanes_per_row:
-        rows_wg *= 2
-    return rows_wg
 
 
 def main() -> None:
