@@ -18,7 +18,6 @@ from airframe import reference as ref
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
 from airframe.gpu.pack import relayout
-from airframe.gpu.shaders import load_wgsl
 from airframe.quantize import quantize
 from airframe.quants import SUPPORTED, quant
 from gpu_helpers import WithoutF16, close, quantized

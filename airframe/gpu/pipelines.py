@@ -212,7 +212,7 @@ class Pipelines:
         x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
         stage, x_blocks = 0, 1
         if shader_constant(f"gemv/{unit}.wgsl", "INT8_X") and rows_wg >= STAGE_ROWS_WG:
-            room = self.gemv_room - n_tokens * 48 * self.gemv_subgroups
+            room = self.gemv_room - n_tokens * self.gemv_merge_bytes
             fits = room // (n_tokens * STAGED_BLOCK_BYTES) // XBLOCK_GRAIN * XBLOCK_GRAIN
             stage, x_blocks = 1, max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
         return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens,
@@ -226,6 +226,11 @@ class Pipelines:
         return GEMV_WG // lanes
 
     @property
+    def gemv_merge_bytes(self) -> int:
+        """gemv.wgsl's merge space per token: 3 vec4 of sums per subgroup (`partial`)."""
+        return 48 * self.gemv_subgroups
+
+    @property
     def gemv_room(self) -> int:
         """Bytes of workgroup memory a gemv.wgsl workgroup has for its merge space and staged x."""
         return int(self.ctx.limits["max-compute-workgroup-storage-size"]) - (16 * GEMV_WG if self.reduce == "shared" else 0)
@@ -237,10 +242,9 @@ class Pipelines:
 
     @property
     def gemv_group(self) -> int:
-        """Tokens per gemv.wgsl workgroup: GEMV_GROUP, or fewer where their merge space (3 vec4 per
-        token and subgroup, and lanes_shared.wgsl's WG vec4) and the least staged x exceed the
-        adapter's workgroup memory."""
-        per_token = 48 * self.gemv_subgroups + XBLOCK_GRAIN * STAGED_BLOCK_BYTES
+        """Tokens per gemv.wgsl workgroup: GEMV_GROUP, or fewer where their merge space and the least
+        staged x exceed the workgroup memory left beside lanes_shared.wgsl's (gemv_room)."""
+        per_token = self.gemv_merge_bytes + XBLOCK_GRAIN * STAGED_BLOCK_BYTES
         return max(1, min(GEMV_GROUP, self.gemv_room // per_token))
 
     def gemm_groups(self, rows: int, gated: bool) -> int:

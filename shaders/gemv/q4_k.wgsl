@@ -13,10 +13,8 @@ const UNIT: u32 = 32u;
 const BLOCK_VEC4: u32 = 9u;
 
 struct XU {
-    lo: X8,       // the 16 x of the low nibbles' sub-block
+    lo: X8,  // the 16 x of the low nibbles' sub-block (its `scaled` sum takes off the minimums)
     hi: X8,
-    sum_lo: f32,  // the rounded x's sums, for the minimums
-    sum_hi: f32,
     sq: f32,
 }
 
@@ -25,7 +23,7 @@ fn unit_x(x: u32, u: u32) -> XU {
     let at = 16u * (u >> 3u) + 4u * (t >> 1u) + (t & 1u);  // the unit's first block of 16 x
     let lo = x8(x, at);
     let hi = x8(x, at + 2u);
-    return XU(lo, hi, lo.scaled, hi.scaled, lo.sq + hi.sq);
+    return XU(lo, hi, lo.sq + hi.sq);
 }
 
 // (scale of sub-block 2c, its min, scale of 2c + 1, its min) from the block's first vec4:
@@ -48,7 +46,7 @@ fn unit_dot(head: vec4<u32>, q: vec4<u32>, t: u32, x: XU) -> f32 {
     let lo = int_float(dot4(q & vec4<u32>(0x0F0F0F0Fu), x.lo.q));
     let hi = int_float(dot4((q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu), x.hi.q));
     return d.x * (sm.x * x.lo.step * lo + sm.z * x.hi.step * hi)
-         - d.y * (sm.y * x.sum_lo + sm.w * x.sum_hi);
+         - d.y * (sm.y * x.lo.scaled + sm.w * x.hi.scaled);
 }
 
 fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
