@@ -85,15 +85,22 @@ def positions(tokens: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, n
     whole vocabulary a token's position is its id; over candidates (`ids`, ascending) it is looked up."""
     if ids is None:
         return tokens, np.ones(tokens.size, dtype=bool)
-    at = np.minimum(np.searchsorted(ids, tokens), max(ids.size - 1, 0))
-    found = ids[at] == tokens if ids.size else np.zeros(tokens.size, dtype=bool)
+    if not ids.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(tokens.size, dtype=bool)
+    at = ids.searchsorted(tokens)
+    np.minimum(at, ids.size - 1, out=at)
+    found = ids[at] == tokens
     return at[found], found
+
+
+_NONE = np.zeros(0, dtype=np.int64)  # no tokens (read-only: never written)
+_NONE.flags.writeable = False
 
 
 def _window(history: History, last_n: int) -> np.ndarray:
     """The distinct tokens among the last `last_n` (-1: all) of the history."""
     window = history.tokens if last_n == -1 else history.tokens[-last_n:]
-    return np.unique(np.asarray(window, dtype=np.int64))
+    return np.array(sorted(set(window)), dtype=np.int64)
 
 
 def _generated_counts(history: History) -> tuple[np.ndarray, np.ndarray]:
@@ -213,17 +220,19 @@ def top_k(k: int) -> Callable[[np.ndarray], np.ndarray] | None:
         if k >= logits.size:
             return np.arange(logits.size)
         cut = np.partition(logits, logits.size - k)[logits.size - k]  # the k-th largest
-        above = np.flatnonzero(logits > cut)
-        at_cut = np.flatnonzero(logits == cut)[:k - above.size]
+        above = (logits > cut).nonzero()[0]
+        if above.size == k - 1 and (logits == cut).sum() == 1:  # no tie at the cut
+            return (logits >= cut).nonzero()[0]
+        at_cut = (logits == cut).nonzero()[0][:k - above.size]
         return np.sort(np.concatenate([above, at_cut]))
 
     return select
 
 
 def _probabilities(logits: np.ndarray) -> np.ndarray:
-    top = np.max(logits)
-    if np.isposinf(top):  # a penalty or bias overflowed: the +inf tokens share all the probability
-        infinite = np.isposinf(logits)
+    top = logits.max()
+    if top == math.inf:  # a penalty or bias overflowed: the +inf tokens share all the probability
+        infinite = logits == math.inf
         return infinite / np.count_nonzero(infinite)
     shifted = np.exp(logits - top)
     return shifted / shifted.sum()
@@ -236,7 +245,7 @@ def top_p(p: float) -> Step | None:
         return None
 
     def step(history: History, logits: np.ndarray) -> np.ndarray:
-        alive = np.flatnonzero(logits > -np.inf)  # +inf is a candidate too (an overflowed penalty)
+        alive = (logits > -math.inf).nonzero()[0]  # +inf is a candidate too (an overflowed penalty)
         if alive.size == 0:
             return logits  # nothing left to cut: draw() reports it
         probs = _probabilities(logits[alive])
@@ -253,7 +262,7 @@ def top_p(p: float) -> Step | None:
 def _reaching(sorted_probs: np.ndarray, p: float) -> int:
     """How many of the most likely tokens (probabilities sorted down) top-p keeps: at least one;
     len + 1 when even all of them fall short of p."""
-    return int(np.searchsorted(np.cumsum(sorted_probs), p, side="left")) + 1
+    return int(sorted_probs.cumsum().searchsorted(p, side="left")) + 1
 
 
 def _most_likely_reaching(probs: np.ndarray, p: float) -> np.ndarray:
@@ -281,8 +290,8 @@ def min_p(p: float) -> Step | None:
     log_p = math.log(p)
 
     def step(history: History, logits: np.ndarray) -> np.ndarray:
-        top = np.max(logits)
-        if not np.isfinite(top):  # +inf: only the +inf tokens are within any share of it; -inf: none left
+        top = logits.max()
+        if not math.isfinite(top):  # +inf: only the +inf tokens are within any share of it; -inf: none left
             return np.where(logits == top, logits, -np.inf)
         return np.where(logits - top >= log_p, logits, -np.inf)
 
@@ -300,8 +309,8 @@ def temperature(t: float) -> Step | None:
     def step(history: History, logits: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             out = logits / t
-        top = np.max(logits)
-        if np.isfinite(top) and np.isposinf(out).any():  # a tiny t overflowed: the same distribution, shifted
+        top = logits.max()
+        if math.isfinite(top) and float(top) / t == math.inf:  # a tiny t overflowed: the same distribution, shifted
             with np.errstate(over="ignore"):
                 out = (logits - top) / t
         return out
@@ -452,19 +461,22 @@ class Sampler:
         repeat = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
         open_ai = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         last_n = params.repeat_last_n - pending if params.repeat_last_n > 0 else params.repeat_last_n
-        window = _window(history, last_n) if repeat and last_n else np.zeros(0, dtype=np.int64)
-        generated, counts = _generated_counts(history) if open_ai else (np.zeros(0, dtype=np.int64),) * 2
+        window = _window(history, last_n) if repeat and last_n else _NONE
+        generated, counts = _generated_counts(history) if open_ai else (_NONE, _NONE)
         bias_ids, amounts = chain.bias
-        ids = np.union1d(np.union1d(window, generated), bias_ids)
+        ids = window  # the usual request: a repetition penalty alone
+        if generated.size or bias_ids.size:
+            ids = np.union1d(np.union1d(window, generated), bias_ids)
         if ids.size > max_entries:
             return None
         table = np.zeros((ids.size, 4), dtype=np.uint32)
         table[:, 0] = ids
-        bias = np.zeros(ids.size, dtype=np.float32)
-        np.add.at(bias, np.searchsorted(ids, bias_ids), amounts)
-        table[:, 1] = bias.view(np.uint32)
-        table[np.searchsorted(ids, window), 2] = 1
-        table[np.searchsorted(ids, generated), 3] = counts
+        if bias_ids.size:
+            bias = np.zeros(ids.size, dtype=np.float32)
+            np.add.at(bias, ids.searchsorted(bias_ids), amounts)
+            table[:, 1] = bias.view(np.uint32)
+        table[ids.searchsorted(window), 2] = 1
+        table[ids.searchsorted(generated), 3] = counts
         allowed = self.constraint.allowed_words(self.vocab_size) if self.constraint is not None else None
         return Reduction(table, params.repeat_penalty if repeat else 1.0, params.presence_penalty,
                          params.frequency_penalty, want, params.top_k, params.top_p, params.min_p,
@@ -521,12 +533,12 @@ def uniform(seed: int, n: int) -> float:
 
 def draw(logits: np.ndarray, u: float) -> int:
     """One token from softmax(logits) by inverting the cumulative distribution at u in [0, 1)."""
-    alive = np.flatnonzero(logits > -np.inf)
+    alive = (logits > -math.inf).nonzero()[0]
     if alive.size == 0:
         raise ParameterError("every token was removed by the sampler (all logits are -inf)")
     probs = _probabilities(logits[alive])
-    cumulative = np.cumsum(probs)
-    index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    cumulative = probs.cumsum()
+    index = int(cumulative.searchsorted(u * cumulative[-1], side="right"))
     return int(alive[min(index, alive.size - 1)])
 
 

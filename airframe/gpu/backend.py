@@ -345,12 +345,12 @@ class WebGPUBackend(Backend):
         current slot's token at n_past."""
         split_len = self.split_len(n_tokens)
         queue = self.ctx.device.queue
-        queue.write_buffer(self.scratch.step, 0, pl.pack_step(self.n_past, n_tokens, 0, split_len))
-        queue.write_buffer(self.scratch.rows, 0, pl.pack_rows([(self.kv_offset(self.slot), self.n_past, split_len, 0)]))
+        pl.write(queue, self.scratch.step, pl.pack_step(self.n_past, n_tokens, 0, split_len))
+        pl.write(queue, self.scratch.rows, pl.pack_rows([(self.kv_offset(self.slot), self.n_past, split_len, 0)]))
 
     def write_head_step(self, n_tokens: int, first: int) -> None:
         """The LM head runs n_tokens positions from position `first` of the chunk."""
-        self.ctx.device.queue.write_buffer(self.scratch.head_step, 0, pl.pack_step(self.n_past, n_tokens, first))
+        pl.write(self.ctx.device.queue, self.scratch.head_step, pl.pack_step(self.n_past, n_tokens, first))
 
     def n_splits(self, n_tokens: int) -> int:
         """Attention splits of a forward over n_tokens positions from n_past (a prefill chunk: one)."""
@@ -520,14 +520,14 @@ class WebGPUBackend(Backend):
         buffer, each token at its slot's position (which this does not advance). Returns
         _batch_work's key and dispatches."""
         n, s, queue = len(entries), self.scratch, self.ctx.device.queue
-        queue.write_buffer(s.ids, 0, np.array([token for _, token in entries], np.uint32))
-        queue.write_buffer(s.step, 0, pl.pack_step(0, n))
-        queue.write_buffer(s.head_step, 0, pl.pack_step(0, n, 0))
+        pl.write(queue, s.ids, np.array([token for _, token in entries], np.uint32))
+        pl.write(queue, s.step, pl.pack_step(0, n))
+        pl.write(queue, s.head_step, pl.pack_step(0, n, 0))
         rows = []
         for r, (slot, _) in enumerate(entries):
             past = self.slot_past[slot]
             rows.append((self.kv_offset(slot), past, self.split_len(1, past), r * s.part_bytes // 4))
-        queue.write_buffer(s.rows, 0, pl.pack_rows(rows))
+        pl.write(queue, s.rows, pl.pack_rows(rows))
         return self._batch_work(entries)
 
     def _batch_work(self, entries: list[tuple[int, int]]) -> tuple[tuple, list[pl.Dispatch]]:

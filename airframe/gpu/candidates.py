@@ -106,17 +106,17 @@ def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
     queue = be.ctx.device.queue
     n_pen = len(reduction.table)
     if n_pen:
-        queue.write_buffer(ops.table, 0, np.ascontiguousarray(reduction.table))
+        pl.write(queue, ops.table, np.ascontiguousarray(reduction.table))
     masked = reduction.allowed is not None
     if masked:
-        queue.write_buffer(ops.allowed, 0, reduction.allowed)
-    queue.write_buffer(ops.params, 0, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
-                                            reduction.repeat_penalty, reduction.presence, reduction.frequency,
-                                            int(reduction.pending), int(masked), ops.row))
+        pl.write(queue, ops.allowed, np.ascontiguousarray(reduction.allowed))
+    pl.write(queue, ops.params, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
+                                      reduction.repeat_penalty, reduction.presence, reduction.frequency,
+                                      int(reduction.pending), int(masked), ops.row))
     if ops.draw is not None:  # a batch row has no draw
-        queue.write_buffer(ops.draw, 0, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
-                                                       min_p=reduction.min_p, temperature=reduction.temperature,
-                                                       u=reduction.u))
+        pl.write(queue, ops.draw, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
+                                                 min_p=reduction.min_p, temperature=reduction.temperature,
+                                                 u=reduction.u))
 
 
 def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()):
@@ -147,24 +147,22 @@ def read(be, ops: CandidateOps, reduction: Reduction, slot: int = 0, pending: in
 
 def parse(data: np.ndarray, reduction: Reduction, pending: int | None = None) -> Found:
     """What candidates.wgsl wrote to one `out` (OUT_BYTES bytes) for `reduction`."""
-    count, cut, non_finite = struct.unpack_from("<3I", data, 0)
-    log_sum_exp = float(np.frombuffer(data, np.float32, 1, 16)[0])
-    drawn, decided = struct.unpack_from("<2I", data, 20)
+    count, cut, non_finite, _, log_sum_exp, drawn, decided = struct.unpack_from("<4If2I", data, 0)
     n_pen = len(reduction.table)
     penalised = reduction.table[:, 0].astype(np.int64)
-    raw = np.frombuffer(data, np.float32, n_pen + 1, HEADER).copy()
-    at = int(np.searchsorted(penalised, pending)) if reduction.pending else 0
+    raw = np.frombuffer(data, np.float32, n_pen + 1, HEADER)
+    at = int(penalised.searchsorted(pending)) if reduction.pending else 0
     if reduction.pending and (at == n_pen or penalised[at] != pending):  # it had entry n_pen
-        penalised = np.insert(penalised, at, pending)
-        raw = np.insert(raw[:n_pen], at, raw[n_pen])
+        penalised = np.concatenate((penalised[:at], [pending], penalised[at:]))
+        raw = np.concatenate((raw[:at], raw[n_pen:], raw[at:n_pen]))
     else:
-        raw = raw[:n_pen]
+        raw = raw[:n_pen].copy()
     if non_finite or count > CAP or count == 0:  # none: a mask allowed nothing, the host path reports it
         return Found(None, raw, penalised, None)
     pairs = np.frombuffer(data, np.uint32, 2 * count, HEADER + 4 * PEN_MAX).reshape(count, 2)
-    order = np.argsort(pairs[:, 0], kind="stable")
-    ids = pairs[order, 0].astype(np.int64)
-    logits = pairs[order, 1].view(np.float32).copy()
+    pairs = pairs[pairs[:, 0].argsort(kind="stable")]
+    ids = pairs[:, 0].astype(np.int64)
+    logits = pairs[:, 1].view(np.float32)
     if penalised.size:  # the model's own logits where the penalties rewrote them
         at, hit = positions(ids, penalised)
         logits[hit] = raw[at]
@@ -177,7 +175,7 @@ def key_floor(key: int) -> float:
     if key == 0:
         return -np.inf
     bits = key & 0x7FFFFFFF if key & 0x80000000 else ~key & 0xFFFFFFFF
-    return float(np.array([bits], np.uint32).view(np.float32)[0])
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def restore(logits: np.ndarray, found: Found) -> np.ndarray:
