@@ -89,14 +89,22 @@ def test_the_constrained_row_times_its_steps_over_answers_the_grammar_ends_early
     assert sum(len(tokens) - 1 for tokens in answers[1:]) == 12  # timed: every token but an answer's first
 
 
-def test_a_failing_chained_measurement_keeps_the_other_numbers(tiny, monkeypatch, capsys):
+def test_failing_measurements_keep_the_other_numbers(tiny, monkeypatch, capsys):
+    """The chained row fails (a lost device) and the constrained one cannot start (no llguidance):
+    every other number is still measured."""
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
+    def no_llguidance(schema):
+        raise ParameterError("structured output needs the llguidance package")
+
     monkeypatch.setattr(bench, "chained_decode_ms", broken)
+    monkeypatch.setattr(bench, "json_schema_grammar", no_llguidance)
     r = bench.bench_webgpu(tiny, [1], steps=2, prefill_tokens=16, progress=False, slow_s=0.0)
-    assert r["decode"][0]["sampled_ms"] > 0 and "chained_ms" not in r["decode"][0]
+    assert r["decode"][0]["sampled_ms"] > 0 and r["decode"][0]["sampled_full_ms"] > 0
+    assert "chained_ms" not in r["decode"][0] and "constrained_ms" not in r["decode"][0]
     assert r["decode"][0]["chained_ms_error"] == "RuntimeError: device lost"
+    assert r["decode"][0]["constrained_ms_error"].startswith("ParameterError: structured output needs")
     assert "FAILED (RuntimeError: device lost)" in bench.format_result(r)
     assert r["prefill"]["ttft_tokens"] is None  # a context of 1 asks for no prompt longer than the chunk
     assert r["estimated_s"] > 0 and capsys.readouterr().err == ""  # no progress: nothing on stderr

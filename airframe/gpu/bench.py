@@ -314,10 +314,12 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
 
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
                  timer: GpuTimer, bar) -> list[dict]:
-    grammar, tokenizer = json_schema_grammar(CONSTRAINED_SCHEMA), load_tokenizer(be.gf)
+    made = {}  # the grammar and tokenizer, made at the first constrained row (without llguidance it fails alone)
 
     def constrain() -> Constraint:
-        return Constraint(grammar, tokenizer)
+        if not made:
+            made.update(grammar=json_schema_grammar(CONSTRAINED_SCHEMA), tokenizer=load_tokenizer(be.gf))
+        return Constraint(made["grammar"], made["tokenizer"])
 
     rows = []
     for context in ctx_list:

@@ -1,8 +1,9 @@
 """What a WebGPU adapter costs and reaches, measured with GPU timestamps: the streaming read, the
-per-dispatch and per-submit overheads, the prefill GEMM per quant type, and the decode
-matmuls against the streaming read. Each part prints a table; --json writes every number.
+per-dispatch and per-submit overheads, the arithmetic ceiling (FMA chains in f32 and f16), the
+prefill GEMM per quant type, and the decode matmuls against the streaming read. Each part prints a
+table; --json writes every number.
 
-    python dev/webgpu/probe.py [--parts stream,overhead,gemm,gemv] [--json out.json]
+    python dev/webgpu/probe.py [--parts stream,overhead,fma,gemm,gemv] [--json out.json]
 """
 
 from __future__ import annotations
@@ -183,6 +184,53 @@ def overhead(ctx, timer) -> dict:
 
 
 # ---- prefill GEMM ----------------------------------------------------------------------------
+# ---- arithmetic ceiling ---------------------------------------------------------------------
+FMA_CHAINS, FMA_STEPS = 16, 2048  # independent accumulators per invocation, steps of each
+
+
+def fma_source(kind: str, width: int) -> str:
+    """FMA_CHAINS chains of fma on vec<width> of `kind` per invocation, FMA_STEPS steps, summed into Y."""
+    vec = f"vec{width}<{kind}>"
+    init = "\n".join(f"    var a{i} = {vec}({kind}(lid.x + {i}u) * {kind}(1e-3));" for i in range(FMA_CHAINS))
+    steps = "\n".join(f"        a{i} = fma(a{i}, m, c);" for i in range(FMA_CHAINS))
+    total = " + ".join(f"a{i}" for i in range(FMA_CHAINS))
+    return f"""{"enable f16;" if kind == "f16" else ""}
+@group(0) @binding(0) var<storage, read_write> Y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(global_invocation_id) gid: vec3<u32>) {{
+{init}
+    var m = {vec}({kind}(0.999));
+    let c = {vec}({kind}(1e-4));
+    for (var k = 0u; k < {FMA_STEPS}u; k++) {{
+{steps}
+        m = m * {kind}(1.0);  // keeps the multiplier a variable
+    }}
+    Y[gid.x] = f32(dot({total}, {vec}({kind}(1.0))));
+}}
+"""
+
+
+def fma(ctx, timer) -> dict:
+    """TFLOP/s of independent fma chains (2 FLOP each), vec4 and vec2, f32 and (with shader-f16) f16:
+    the ceiling a kernel's arithmetic can reach through this compiler and driver."""
+    dev = ctx.device
+    n_groups = 16 * 132
+    y = dev.create_buffer(size=n_groups * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
+    kinds = ["f32"] + (["f16"] if "shader-f16" in ctx.features else [])
+    rows = []
+    for kind, width in itertools.product(kinds, (4, 2)):
+        module = dev.create_shader_module(code=fma_source(kind, width))
+        pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": y}}])
+        d = K.Dispatch(f"fma {kind}x{width}", pipe, group, (n_groups, 1, 1))
+        warm_up(ctx, timer, [d], 0.2)
+        t = statistics.median(run_passes(ctx, timer, [d], 4, 5))
+        tflops = n_groups * 256 * FMA_STEPS * FMA_CHAINS * width * 2 / t / 1e12
+        print(f"fma {kind} vec{width}: {tflops:6.1f} TFLOP/s ({t * 1e3:.2f} ms a dispatch)")
+        rows.append({"kind": kind, "width": width, "tflops": tflops})
+    return {"rows": rows}
+
+
 def _weights(kern, qtype, rows, cols, rng):
     values = rng.normal(0, 0.02, (rows, cols)).astype(np.float32)
     raw = quantize(values, qtype)
@@ -324,6 +372,8 @@ def main() -> None:
         bandwidth = max(r["median"] for r in out["stream"]["rows"]) * 1e12
     if "overhead" in parts:
         out["overhead"] = overhead(ctx, timer)
+    if "fma" in parts:
+        out["fma"] = fma(ctx, timer)
     if "gemm" in parts:
         out["gemm"] = gemm(ctx, timer, types, speed=not args.check_only, programs=args.programs.split(","))
     if "gemv" in parts:
