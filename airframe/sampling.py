@@ -221,8 +221,6 @@ def top_k(k: int) -> Callable[[np.ndarray], np.ndarray] | None:
             return np.arange(logits.size)
         cut = np.partition(logits, logits.size - k)[logits.size - k]  # the k-th largest
         above = (logits > cut).nonzero()[0]
-        if above.size == k - 1 and (logits == cut).sum() == 1:  # no tie at the cut
-            return (logits >= cut).nonzero()[0]
         at_cut = (logits == cut).nonzero()[0][:k - above.size]
         return np.sort(np.concatenate([above, at_cut]))
 

@@ -15,6 +15,7 @@ SLOW_S (a CPU adapter such as lavapipe), it first says how long, from one timed 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -314,12 +315,12 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
 
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
                  timer: GpuTimer, bar) -> list[dict]:
-    made = {}  # the grammar and tokenizer, made at the first constrained row (without llguidance it fails alone)
+    @functools.cache
+    def grammar_and_tokenizer():  # made at the first constrained row: without llguidance that row alone fails
+        return json_schema_grammar(CONSTRAINED_SCHEMA), load_tokenizer(be.gf)
 
     def constrain() -> Constraint:
-        if not made:
-            made.update(grammar=json_schema_grammar(CONSTRAINED_SCHEMA), tokenizer=load_tokenizer(be.gf))
-        return Constraint(made["grammar"], made["tokenizer"])
+        return Constraint(*grammar_and_tokenizer())
 
     rows = []
     for context in ctx_list:
