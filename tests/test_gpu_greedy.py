@@ -94,6 +94,29 @@ def test_streamed_batches_add_up_and_the_first_comes_alone(tiny):
     assert [t for ids, _ in batches for t in ids] == host_greedy(tiny, PROMPT, 11)
 
 
+def test_a_batch_is_read_once_its_last_token_ran_not_the_tokens_queued_behind(tiny, monkeypatch):
+    """Each read waits for the submission of its batch's last token: the READ_LAG tokens submitted
+    after it keep the GPU busy while the host hands the batch on."""
+    from airframe.gpu import pipelines as pl
+
+    submitted, reads = [], []
+    real_submit, real_read = pl.submit, pl.read_after
+
+    def submit(queue, command_buffers):
+        submitted.append(real_submit(queue, command_buffers))
+        return submitted[-1]
+
+    def read_after(device, buffer, n_bytes, dtype, index):
+        reads.append((n_bytes // 4, submitted[-1] - index))  # (ids, tokens submitted after its last)
+        return real_read(device, buffer, n_bytes, dtype, index)
+
+    monkeypatch.setattr(pl, "submit", submit)
+    monkeypatch.setattr(pl, "read_after", read_after)
+    batches = list(tiny.greedy_stream(PROMPT, 11))
+    assert [t for ids, _ in batches for t in ids] == host_greedy(tiny, PROMPT, 11)
+    assert reads == [(1, 4), (4, 4), (4, 2), (2, 0)]  # batches of 1, 4, 4, 2; the last two at the end
+
+
 def test_closing_the_stream_early_keeps_n_past_at_what_was_handed_out(tiny):
     stream = tiny.greedy_stream(PROMPT, 30)
     next(stream)

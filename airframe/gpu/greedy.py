@@ -6,8 +6,8 @@ the next token's embedding reads, and into a ring of ids by position. The host s
 buffer per token without waiting for it (the step uniform's write before each submit is ordered
 with the submits) and records the next while the GPU runs. The ids are copied out in batches: the
 first batch is the first token alone (time to first token), then `batch` tokens each; a batch is
-read back only once READ_LAG more tokens are queued behind it, so the GPU does not wait for the host
-while it reads. Tokens computed past an end-of-generation token are dropped and n_past set back:
+read back only once READ_LAG more tokens are queued behind it, waiting for its own last token alone
+(pipelines.read_after), so the GPU runs those while the host reads and hands the batch on. Tokens computed past an end-of-generation token are dropped and n_past set back:
 their K/V rows are overwritten later. With a cancel hook (a server request) the host asks it before
 each submit and, before it, waits for the token CANCEL_AHEAD steps back to finish: at most that many
 tokens are queued and unfinished, so at most that many run after the client left, while the GPU
@@ -115,7 +115,7 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
     be.drop_prerecorded()
     queue.write_buffer(be.scratch.ids, 0, np.array([token], np.uint32))
     be.write_head_step(1, 0)
-    in_flight: deque[int] = deque()  # batches submitted, not read
+    in_flight: deque[tuple[int, int | None]] = deque()  # (batch, its last token's submission) not read
     unfinished: deque[int | None] = deque()  # with a cancel hook: submission indices not waited for
     lag = min(READ_LAG, ops.batch)     # at most two batches unread: two read-back buffers
     kept, b = 0, 0
@@ -136,13 +136,13 @@ def chain(be, token: int, max_new_tokens: int, eos: Sequence[int] = (), timestam
                 be.n_past = first + step + 1
                 commands = _record(be, ops, first, bounds, step + 1, timestamps)
             if step == bounds[b][1] - 1:
-                in_flight.append(b)
+                in_flight.append((b, index))
                 b += 1
             # wait for a batch only once `lag` more tokens are queued behind it: the GPU stays busy
-            while in_flight and (step - (bounds[in_flight[0]][1] - 1) >= lag or step == total - 1):
-                done = in_flight.popleft()
+            while in_flight and (step - (bounds[in_flight[0][0]][1] - 1) >= lag or step == total - 1):
+                done, done_index = in_flight.popleft()
                 lo, hi = bounds[done]
-                ids = _read(ops, done, hi - lo)
+                ids = _read(be, ops, done, hi - lo, done_index)
                 damaged = next((i for i, t in enumerate(ids) if t & NON_FINITE), None)
                 if damaged is not None:
                     kept = lo + damaged
@@ -174,8 +174,10 @@ def _record(be, ops: ArgmaxOps, first: int, bounds: list[tuple[int, int]], step:
     return encoder.finish()
 
 
-def _read(ops: ArgmaxOps, b: int, count: int) -> list[int]:
-    return [int(t) for t in pl.read_mapped(ops.staging[b % 2], count * 4, np.uint32)]
+def _read(be, ops: ArgmaxOps, b: int, count: int, index: int | None) -> list[int]:
+    """Batch b's ids once submission `index` (its last token) has run: the tokens queued behind it
+    keep the GPU busy while the host reads."""
+    return [int(t) for t in pl.read_after(be.ctx.device, ops.staging[b % 2], count * 4, np.uint32, index)]
 
 
 def greedy_stream(be, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int] = (),
