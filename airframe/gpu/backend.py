@@ -375,7 +375,7 @@ class WebGPUBackend(Backend):
         """One token: write its id and the step, submit (pre-recorded when possible), read the
         logits if asked; the next token's commands are recorded while the GPU runs."""
         queue = self.ctx.device.queue
-        queue.write_buffer(self.scratch.ids, 0, np.array([token], np.uint32))
+        pl.write(queue, self.scratch.ids, np.array([token], np.uint32))
         self.write_step(1)
         self.write_head_step(1, 0)
         key = (self.n_splits(1), read)
