@@ -9,10 +9,10 @@ first batch is the first token alone (time to first token), then `batch` tokens 
 read back only once READ_LAG more tokens are queued behind it, waiting for its own last token alone
 (pipelines.read_after), so the GPU runs those while the host reads and hands the batch on. Tokens
 computed past an end-of-generation token are dropped and n_past set back: their K/V rows are
-overwritten later. With a cancel hook (a server request) the host asks it before
-each submit and, before it, waits for the token CANCEL_AHEAD steps back to finish: at most that many
-tokens are queued and unfinished, so at most that many run after the client left, while the GPU
-still has the next token queued when it finishes one.
+overwritten later. With a cancel hook (a server request) the host asks it before each submit and,
+before it, waits for the token CANCEL_AHEAD steps back to finish: at most that many tokens are
+queued and unfinished, so at most that many run after the client left, while the GPU still has the
+next token queued when it finishes one.
 """
 
 from __future__ import annotations
