@@ -52,7 +52,7 @@ def test_a_batch_of_eight_gives_what_each_gives_alone(model, monkeypatch):
     engine.forget_prompt_cache()
     kinds = set()  # what the batch rows read back: the sampled ones their candidates
     pick_rows = engine.backend._pick_rows
-    monkeypatch.setattr(engine.backend, "_pick_rows", lambda e, p, k, r: kinds.update(k) or pick_rows(e, p, k, r))
+    monkeypatch.setattr(engine.backend, "_pick_rows", lambda e, p, k, *rest: kinds.update(k) or pick_rows(e, p, k, *rest))
     batches = []
     scheduler = Scheduler(engine, on_batch=batches.append)
     streams = []

@@ -83,7 +83,7 @@ def test_one_forward_serves_a_batch(models, monkeypatch):
     assert be.group_slots == 3
     steps = []
     step = be._batch_step
-    monkeypatch.setattr(be, "_batch_step", lambda entries, full: steps.append(len(entries)) or step(entries, full))
+    monkeypatch.setattr(be, "_batch_step", lambda entries, full, **kw: steps.append(len(entries)) or step(entries, full, **kw))
     assert be.decode_batch([(0, 1), (1, 2), (2, 3)]).shape == (3, 3000)
     assert steps == [3]
 
@@ -120,6 +120,61 @@ def test_greedy_rows_get_their_argmax_from_the_gpu(models, matmul):
             else:
                 assert picked.logits is None
             nxt[slot] = picked.token
+
+
+def greedy_steps(be, nxt: dict[int, int], steps: int, out: dict[int, list[int]]) -> None:
+    """`steps` decode_batch_pick steps of every slot of `nxt`, all rows greedy: their ids into `out`."""
+    picks = {slot: greedy_pick(slot) for slot in nxt}
+    for _ in range(steps):
+        entries = list(nxt.items())
+        for (slot, _), picked in zip(entries, be.decode_batch_pick(entries, [picks[s] for s, _ in entries])):
+            assert picked.error is None
+            out.setdefault(slot, []).append(picked.token)
+            nxt[slot] = picked.token
+
+
+def test_greedy_batches_chain_on_the_gpu(models, monkeypatch):
+    """With every row greedy the next step is queued before a step is read, its ids the argmax
+    copied on the GPU: the tokens are those of decode_batch's logits, the host writes the ids of
+    the first step only, and a chained step is left unread where the batch changes (a slot leaves,
+    a slot outside the batch runs a prompt, a slot of the batch restarts), the tokens unchanged."""
+    be = WebGPUBackend.load(open_model(models["Q4_K"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul="tiled"))
+    want = {slot: [int(np.argmax(row)) for row in rows] for slot, rows in batched(be, 9, {0: 4}).items()}
+    written = []
+    dispatches = be.batch_dispatches
+    monkeypatch.setattr(be, "batch_dispatches", lambda e, ids=True: written.append(ids) or dispatches(e, ids))
+    nxt = start(be)
+    got: dict[int, list[int]] = {}
+    greedy_steps(be, nxt, 5, got)
+    assert written == [True] + [False] * 5  # one step from the host's ids, then each queued behind the last
+    del nxt[0]  # slot 0 leaves: the step chained for all three is not taken
+    be.select_slot(1)  # a prompt on a slot outside the batch leaves the chained step valid
+    be.reset()
+    be.forward([11, 12, 13])
+    greedy_steps(be, nxt, 5, got)
+    assert written[6:] == [True] + [False] * 5
+    assert got == want
+    be.select_slot(2)  # slot 2 starts again: the step chained for it is void
+    be.reset()
+    be.forward(PROMPTS[2][:-1])
+    again = {2: PROMPTS[2][-1], 3: nxt[3]}
+    assert be._chained is None
+    more: dict[int, list[int]] = {}
+    greedy_steps(be, again, 2, more)
+    assert more[2] == want[2][:2] and written[12] is True
+
+
+def test_a_chain_of_greedy_batches_stops_at_the_context(models):
+    """The step after the last position is never queued: a batch runs to the full context."""
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=16, slots=4, matmul="tiled"))
+    nxt = start(be, {0: [5, 6, 7], 3: [9, 10]})
+    got: dict[int, list[int]] = {}
+    greedy_steps(be, nxt, 14, got)  # slot 0 runs positions 2..15, the last one
+    assert be.slot_past[0] == 16 and be._chained is None
+    with pytest.raises(ContextOverflowError):
+        be.decode_batch_pick([(0, nxt[0])], [greedy_pick(0)])
+    want = alone(be, 0, [5, 6, 7], 13)
+    assert got[0] == [int(np.argmax(row)) for row in want]
 
 
 # sampled rows reduced to candidates (top-k; a top-p within them and a repetition window; min-p, presence, bias),
@@ -169,7 +224,7 @@ def test_sampled_rows_give_the_tokens_of_their_full_logits(models, matmul, last,
     want = sampled_streams(be, sampling, 12, pick=False)
     kinds, again = [], []
     pick_rows, copy_rows = be._pick_rows, be._copy_rows
-    monkeypatch.setattr(be, "_pick_rows", lambda e, p, k, r: kinds.append(k) or pick_rows(e, p, k, r))
+    monkeypatch.setattr(be, "_pick_rows", lambda e, p, k, *rest: kinds.append(k) or pick_rows(e, p, k, *rest))
     monkeypatch.setattr(be, "_copy_rows", lambda enc, rows: again.append(list(rows)) or copy_rows(enc, rows))
     got = sampled_streams(be, sampling, 12, pick=True)
     assert got == want
@@ -197,6 +252,24 @@ def test_a_damaged_row_fails_alone(nan_model_path):
     for picked in rows:
         assert picked.token is None and isinstance(picked.error, NonFiniteError)
         assert "position 2 (for generated token 1)" in str(picked.error)
+
+
+def test_a_damaged_greedy_batch_is_not_continued(nan_model_path, monkeypatch):
+    """The step chained behind a batch whose argmax saw a non-finite logit is never taken: the
+    next step runs from the ids the host gives it."""
+    be = WebGPUBackend.load(open_model(nan_model_path), RunOptions(n_ctx=16, slots=2, matmul="tiled"))
+    vocab = be.config.vocab_size
+    for slot in (0, 1):
+        be.select_slot(slot)
+        be.forward([5, 6])
+    picks = [Pick(Sampler(SamplingParams(temperature=0.0), vocab), History([5, 6], 2), greedy=True) for _ in range(2)]
+    assert all(isinstance(p.error, NonFiniteError) for p in be.decode_batch_pick([(0, 7), (1, 8)], picks))
+    assert be._chained is not None and be._chained.tokens is None
+    written = []
+    dispatches = be.batch_dispatches
+    monkeypatch.setattr(be, "batch_dispatches", lambda e, ids=True: written.append(ids) or dispatches(e, ids))
+    be.decode_batch_pick([(0, 7), (1, 8)], picks)
+    assert written[0] is True
 
 
 def test_a_batch_of_one_slot_is_a_decode_step(models):

@@ -143,6 +143,8 @@ class WebGPUBackend(Backend):
         self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
         self._batch_lists: dict = {}  # _batch_work's key: its dispatches
         self._next_batch: tuple[tuple, object] | None = None  # a batch step recorded ahead, by key
+        self._chained: ChainedStep | None = None  # a greedy batch step queued behind the last one
+        self._staging = 0  # the batch argmax read-back buffer of the last batch step
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
@@ -203,6 +205,7 @@ class WebGPUBackend(Backend):
     # ---- Backend protocol -------------------------------------------------------------------
     def reset(self) -> None:
         """Forget every position; the cache is cleared so stale K/V can never be read."""
+        self._touch_slot()
         self.n_past = 0
         encoder = self.ctx.device.create_command_encoder()
         for buffer, offset, size in self.kv:
@@ -220,7 +223,7 @@ class WebGPUBackend(Backend):
     def _switch_slot(self, i: int) -> None:
         """The decode token recorded ahead was bound to the other slot's cache."""
         self.kv, self.layer_ops = self.slot_kv[i], self.slot_ops[i]
-        self.drop_prerecorded()
+        self._next_decode = None
 
     def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
         """The ids as an array, or ParameterError / ContextOverflowError if they cannot run at n_past."""
@@ -300,6 +303,7 @@ class WebGPUBackend(Backend):
     def _traced_chunk(self, ids: np.ndarray, all_logits: bool, last: bool, read: bool = True) -> np.ndarray | None:
         """_chunk, its positions and time logged with trace_prefill_chunks."""
         started = time.perf_counter()
+        self._touch_slot()
         out = self._chunk(ids, all_logits, last, read)
         if self.trace_chunks:
             log.warning("prefill chunk %d..%d (%d tokens): %.1f ms", self.n_past - ids.size,
@@ -359,8 +363,16 @@ class WebGPUBackend(Backend):
         return pl.ceil_div(self.n_past + n_tokens, self.split_len(n_tokens))
 
     def drop_prerecorded(self) -> None:
-        """Forget the decode token recorded ahead (its position is no longer the next one)."""
+        """Forget the decode token recorded ahead (its position is no longer the next one): the
+        selected slot's cache is about to change."""
         self._next_decode = None
+        self._touch_slot()
+
+    def _touch_slot(self) -> None:
+        """The selected slot's cache or position changes outside a batch step: a step chained for it
+        computed what no longer follows, and is never taken."""
+        if self._chained is not None and self.slot in self._chained.slots:
+            self._chained = None
 
     def _record_decode(self, read: bool):
         """The command buffer of one decode token at n_past: the whole model, then (`read`) its
@@ -405,26 +417,32 @@ class WebGPUBackend(Backend):
     def _decode_batch(self, entries, picks: list[Pick] | None) -> list:
         """decode_batch_pick's rows, or with `picks` None every row's logits."""
         entries = self.check_batch(entries)
-        self.drop_prerecorded()
+        self._next_decode = None
         self.slot_past[self.slot] = self.n_past  # with one slot, check_batch leaves it behind
         out: list = [None] * len(entries)
         rows_at_once = min(self.scratch.tokens, self.scratch.logit_rows)
         by_group: dict[int, list[int]] = {}
         for r, (slot, _) in enumerate(entries):
             by_group.setdefault(slot // self.group_slots, []).append(r)
+        one_step = len(by_group) == 1 and len(entries) <= rows_at_once
         for rows in by_group.values():
             for first in range(0, len(rows), rows_at_once):
                 part = rows[first:first + rows_at_once]
                 asked = None if picks is None else [picks[r] for r in part]
-                for r, row in zip(part, self._batch_step([entries[r] for r in part], asked)):
+                for r, row in zip(part, self._batch_step([entries[r] for r in part], asked, chain=one_step)):
                     out[r] = row
         self.n_past = self.slot_past[self.slot]
         return out
 
-    def _batch_step(self, entries: list[tuple[int, int]], picks: list[Pick] | None) -> list:
+    def _batch_step(self, entries: list[tuple[int, int]], picks: list[Pick] | None, chain: bool = False) -> list:
         """One forward of decode tokens of slots in one K/V buffer: per row its Picked, or with
         `picks` None its logits. The command buffer of the same slots' next step is recorded while
-        the GPU runs this one, for rows that read back the same way."""
+        the GPU runs this one, for rows that read back the same way. With `chain` (the whole batch
+        is this one step) and every row greedy, the next step is queued before this one is read:
+        its ids are this step's argmax, copied on the GPU, so the GPU runs it while the host reads
+        and hands the tokens on; the next call takes it when its slots, positions and tokens are
+        the ones it ran (ChainedStep), else it is left unread (its K/V rows lie past each slot's
+        n_past and are written again)."""
         n = len(entries)
         reductions = [None] * n
         if picks is None:
@@ -443,25 +461,53 @@ class WebGPUBackend(Backend):
                 else:
                     kinds.append(ROW_LOGITS)
             kinds = tuple(kinds)
-        key, work = self.batch_dispatches(entries)
-        ready = self._next_batch
-        commands = ready[1] if ready is not None and ready[0] == (key, kinds) else self._record_batch(work, n, kinds)
-        self._next_batch = None
-        self.ctx.device.queue.submit([commands])
+        queue = self.ctx.device.queue
+        chained, self._chained = self._chained, None
+        if chained is not None and chained.runs(entries, kinds, self.slot_past):
+            index, staging = chained.index, chained.staging  # queued already
+        else:
+            staging = 1 - self._staging
+            key, work = self.batch_dispatches(entries)
+            index = pl.submit(queue, [self._prerecorded((key, kinds, staging, False), work, n, kinds)])
+        self._staging = staging
         for slot, _ in entries:
             self.slot_past[slot] += 1
-        if all(self.slot_past[slot] < self.n_ctx for slot, _ in entries):
+        room = all(self.slot_past[slot] < self.n_ctx for slot, _ in entries)
+        if room and chain and kinds is not None and all(k == ROW_ID for k in kinds):
+            key, work = self.batch_dispatches(entries, ids=False)
+            positions = tuple(self.slot_past[slot] for slot, _ in entries)
+            commands = self._prerecorded((key, kinds, 1 - staging, True), work, n, kinds)
+            self._chained = ChainedStep(tuple(slot for slot, _ in entries), positions, kinds,
+                                        pl.submit(queue, [commands]), 1 - staging)
+            if all(p + 1 < self.n_ctx for p in positions):  # the step after it, recorded while both run
+                key, work = self._batch_work(entries)
+                self._next_batch = ((key, kinds, staging, True), self._record_batch(work, n, kinds, staging, True))
+        elif room:
             key, work = self._batch_work(entries)
-            self._next_batch = ((key, kinds), self._record_batch(work, n, kinds))
+            self._next_batch = ((key, kinds, 1 - staging, False), self._record_batch(work, n, kinds, 1 - staging))
         if kinds is None:
             return list(self._read_logits(n))
-        return self._pick_rows(entries, picks, kinds, reductions)
+        picked = self._pick_rows(entries, picks, kinds, reductions, staging, index)
+        if self._chained is not None:
+            # what the chained step ran: this step's ids (a damaged row fails its request)
+            ids = [p.token for p in picked]
+            self._chained.tokens = None if any(p.error is not None or p.token is None for p in picked) else ids
+        return picked
 
-    def _pick_rows(self, entries, picks: list[Pick], kinds: tuple[int, ...], reductions: list) -> list[Picked]:
-        """Each row's Picked from what a batch step read back: its id, its candidates or its logits;
-        the logits of the rows that need them after all are copied again (still on the GPU)."""
+    def _prerecorded(self, key: tuple, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None):
+        """The batch step's command buffer recorded ahead for `key`, or recorded now."""
+        ready, self._next_batch = self._next_batch, None
+        if ready is not None and ready[0] == key:
+            return ready[1]
+        return self._record_batch(work, n, kinds, key[2], key[3])
+
+    def _pick_rows(self, entries, picks: list[Pick], kinds: tuple[int, ...], reductions: list, staging: int,
+                   index: int | None) -> list[Picked]:
+        """Each row's Picked from what batch step `index` read back (its ids into read-back buffer
+        `staging`): its id, its candidates or its logits; the logits of the rows that need them
+        after all are copied again (still on the GPU)."""
         n = len(entries)
-        raw = pl.read_mapped(self.batch_argmax.staging, n * 4, np.uint32)
+        raw = pl.read_after(self.ctx.device, self.batch_argmax.staging[staging], n * 4, np.uint32, index)
         bad = (raw & NON_FINITE) != 0
         ids = (raw & ~np.uint32(NON_FINITE)).astype(np.int64)
         wanted = [r for r in range(n) if kinds[r] == ROW_LOGITS]
@@ -489,11 +535,16 @@ class WebGPUBackend(Backend):
                 out[r] = Picked(int(ids[r])) if r not in logits else pick_row(logits[r], picks[r], self.slot_past[slot] - 1)
         return out
 
-    def _record_batch(self, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None):
+    def _record_batch(self, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None, staging: int = 0,
+                      chained: bool = False):
         """A batch step's command buffer: the forward, then every row's logits copied for the host
-        (kinds None), or the batch argmax, the sampled rows' reductions and the rows whose logits
-        are read copied, each as its kind says."""
+        (kinds None), or the batch argmax (its ids to read-back buffer `staging`), the sampled rows'
+        reductions and the rows whose logits are read copied, each as its kind says. `chained`: the
+        step's input ids are the last batch argmax's, copied first (a forward since, on another
+        slot, may have written the ids buffer)."""
         encoder = self.ctx.device.create_command_encoder()
+        if chained:
+            encoder.copy_buffer_to_buffer(self.batch_argmax.ids, 0, self.scratch.ids, 0, n * 4)
         if kinds is None:
             pl.record(encoder, work)
             self._copy_logits(encoder, n)
@@ -502,7 +553,7 @@ class WebGPUBackend(Backend):
         reduced = [r for r in range(n) if kinds[r] == ROW_CANDIDATES]
         rows = self.batch_candidates.rows
         pl.record(encoder, work + ops.dispatches[n] + [d for r in reduced for d in rows[r].dispatches])
-        encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging, 0, n * 4)
+        encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging[staging], 0, n * 4)
         for r in reduced:
             encoder.copy_buffer_to_buffer(rows[r].out, 0, self.batch_candidates.staging, r * cand.OUT_BYTES,
                                           cand.OUT_BYTES)
@@ -515,12 +566,14 @@ class WebGPUBackend(Backend):
         for at, r in enumerate(rows):
             encoder.copy_buffer_to_buffer(self.scratch.logits, r * size, self.scratch.staging, at * size, size)
 
-    def batch_dispatches(self, entries: list[tuple[int, int]]) -> tuple[tuple, list[pl.Dispatch]]:
+    def batch_dispatches(self, entries: list[tuple[int, int]], ids: bool = True) -> tuple[tuple, list[pl.Dispatch]]:
         """The uniforms of one forward of (slot, token) decode tokens written: slots of one K/V
-        buffer, each token at its slot's position (which this does not advance). Returns
-        _batch_work's key and dispatches."""
+        buffer, each token at its slot's position (which this does not advance); with `ids` False
+        the tokens are left to the GPU (a chained step). Returns _batch_work's key and dispatches."""
         n, s, queue = len(entries), self.scratch, self.ctx.device.queue
-        pl.write(queue, s.ids, np.array([token for _, token in entries], np.uint32))
+        if ids:  # a forward of its own (a bench times these dispatches too): no chained step follows
+            self._chained = None
+            pl.write(queue, s.ids, np.array([token for _, token in entries], np.uint32))
         pl.write(queue, s.step, pl.pack_step(0, n))
         pl.write(queue, s.head_step, pl.pack_step(0, n, 0))
         rows = []
@@ -620,6 +673,28 @@ class WebGPUBackend(Backend):
                         d.label, finite.min(initial=0), finite.max(initial=0),
                         finite.mean() if finite.size else 0.0, np.abs(finite).max(initial=0),
                         int(np.isnan(values).sum()))
+
+
+@dataclass
+class ChainedStep:
+    """A greedy batch step queued behind the one before it, its input ids that step's argmax: the
+    slots, the positions and the read-back buffer it ran with, its submission, and (once the step
+    before is read) the ids it took."""
+
+    slots: tuple[int, ...]
+    positions: tuple[int, ...]
+    kinds: tuple[int, ...]
+    index: int | None
+    staging: int
+    tokens: list[int] | None = None
+
+    def runs(self, entries: list[tuple[int, int]], kinds, slot_past: list[int]) -> bool:
+        """Whether this is the step `entries` asks for: the same slots at the same positions, read
+        back the same way, with the tokens the step before picked."""
+        return (self.tokens is not None and kinds == self.kinds
+                and self.slots == tuple(slot for slot, _ in entries)
+                and self.positions == tuple(slot_past[slot] for slot, _ in entries)
+                and self.tokens == [token for _, token in entries])
 
 
 def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
