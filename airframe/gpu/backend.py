@@ -524,7 +524,14 @@ class WebGPUBackend(Backend):
                         if token is not None:
                             out[r] = Picked(token)
         again = [r for r in range(n) if out[r] is None and r not in logits and (kinds[r] != ROW_ID or bad[r])]
-        if again:  # rare: a row the candidates could not decide, or a damaged one
+        if again and self._chained is not None:
+            # damaged greedy rows of a step with another queued behind it, which has overwritten the
+            # logits by now: their step runs again (the same K/V), its logits read this time
+            self._chained = None
+            for r in again:
+                self.slot_past[entries[r][0]] -= 1
+            logits.update(zip(again, self._batch_step([entries[r] for r in again], None)))
+        elif again:  # rare: a row the candidates could not decide, or a damaged one
             encoder = self.ctx.device.create_command_encoder()
             self._copy_rows(encoder, again)
             self.ctx.device.queue.submit([encoder.finish()])
