@@ -8,7 +8,8 @@
 //   1 penalties: entry j of PEN (a token id, its logit bias, whether it is in the repetition window,
 //     its count among the generated tokens) rewrites that token's logit in place; the logit it had
 //     goes to OUT.raw[j], so the host can recompute every step in float64. With P.pending the token
-//     in TOKENS[0] (drawn for this forward, not yet known to the host) counts once more as
+//     in TOKENS[row] (drawn for this forward, not yet known to the host; row = first / n, the logits
+//     row of a decode batch) counts once more as
 //     generated and is in the window: its table entry is changed, or it gets entry n_pen.
 //   2 histogram: workgroup g counts its PER logits by the top BIN_BITS bits of their order key and
 //     writes their maximum and sum of exp (PART[g]), noting any NaN or infinity.
@@ -40,7 +41,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> PART: array<vec4<f32>>;       // (n_groups,) max, sum of exp, non-finite
 @group(0) @binding(5) var<storage, read_write> OUT: Out;
 @group(0) @binding(6) var<uniform> P: Params;
-@group(0) @binding(7) var<storage, read> TOKENS: array<u32>;                 // [0]: the token this forward ran
+@group(0) @binding(7) var<storage, read> TOKENS: array<u32>;                 // [row]: the token this forward ran
 
 const STAGE: u32 = {CANDIDATES_STAGE}u;
 const WG: u32 = 256u;
@@ -85,7 +86,7 @@ fn in_table(t: u32) -> bool {
 
 fn penalise(lid: u32, wid: u32) {
     let j = wid * WG + lid;
-    let pend = TOKENS[0];
+    let pend = TOKENS[P.first / P.n];
     var e: vec4<u32>;
     if (j < P.n_pen) {
         e = PEN[j];

@@ -1,7 +1,7 @@
 // One sampled token drawn on the GPU from candidates.wgsl's candidates, by the host's sampler chain
 // (airframe/sampling.py, Sampler.sample_reduced) in float32: top-k, top-p, min-p, temperature, then
 // the cumulative distribution over the survivors in ascending id order inverted at P.u. The token
-// goes to TOKENS[0], the next forward's input, and to OUT.drawn; the host checks it with its float64
+// goes to TOKENS[P.row], the next forward's input (a decode batch's row P.row), and to OUT.drawn; the host checks it with its float64
 // chain when it reads OUT back and runs the token again where the two differ (airframe/gpu/sampled.py).
 // One workgroup: the candidates are ranked by (logit down, id up) by counting, so at most MAX of
 // them; with more, or when the candidates cannot tell (top-p or min-p reach below them), OUT.decided
@@ -15,10 +15,11 @@ struct Params {
     min_p: f32,         // 0: off
     temperature: f32,   // 0: greedy (the highest logit, the lowest id among ties)
     u: f32,             // this token's random number in [0, 1)
+    row: u32,           // the row of TOKENS the token goes to
 }
 
 @group(0) @binding(0) var<storage, read_write> OUT: Out;
-@group(0) @binding(1) var<storage, read_write> TOKENS: array<u32>;  // [0]: the next forward's input
+@group(0) @binding(1) var<storage, read_write> TOKENS: array<u32>;  // [row]: the next forward's input
 @group(0) @binding(2) var<uniform> P: Params;
 
 const WG: u32 = 256u;
@@ -42,7 +43,7 @@ fn key_floor(key: u32) -> f32 {
 fn finish(token: u32, decided: bool) {
     OUT.drawn = token;
     OUT.decided = select(0u, 1u, decided);
-    TOKENS[0] = token;  // 0 when undecided: a valid id for the forward the host will discard
+    TOKENS[P.row] = token;  // 0 when undecided: a valid id for the forward the host will discard
 }
 
 // how many of the n sorted candidates top-k, top-p and min-p keep; 0: the candidates cannot tell

@@ -5,11 +5,14 @@ synthetic models of three types through gemv.wgsl (tiled) and gemm_rows.wgsl (CP
 the base Backend's slot-by-slot loop on the reference backend. The kernels themselves are checked
 against numpy in test_gpu_matmul.py and test_gpu_attention.py."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from airframe.backend import Pick
 from airframe.errors import ContextOverflowError, NonFiniteError, ParameterError
+from airframe.gpu import candidates as cand
 from airframe.gpu.backend import ROW_CANDIDATES, ROW_LOGITS, WebGPUBackend
 from airframe.model import open_model
 from airframe.options import RunOptions
@@ -236,6 +239,43 @@ def test_sampled_rows_give_the_tokens_of_their_full_logits(models, matmul, last,
     else:
         assert all(k[one] == ROW_LOGITS for k in kinds)
     assert not any(set(rows) - {one} for rows in again if rows)  # every other row decided by its candidates
+
+
+# every row decided by its candidates (a top-k, or greedy with penalties): steps chain on the GPU
+CHAINED = {
+    2: SAMPLED[2],
+    0: SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=8, seed=6),
+    3: SamplingParams(temperature=1.1, top_k=5, top_p=1.0, min_p=0.1, presence_penalty=0.4, frequency_penalty=0.3,
+                      logit_bias={11: 2.0}, seed=7),
+    1: SamplingParams(temperature=0.9, top_k=3, top_p=0.8, min_p=0.0, seed=8),
+}
+
+
+def test_sampled_batches_chain_on_the_gpu(models, monkeypatch):
+    """Rows whose candidates always decide their token draw it on the GPU, and the next step runs
+    the drawn tokens before the host has read them: the tokens are still those the host's sampler
+    draws from decode_batch's full logits, and where the host's token is not the one drawn (forced
+    here once) the step queued behind is not taken."""
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=80, prefill_chunk=8, slots=4, matmul="tiled"))
+    want = sampled_streams(be, CHAINED, 12, pick=False)
+    written = []
+    dispatches = be.batch_dispatches
+    monkeypatch.setattr(be, "batch_dispatches", lambda e, ids=True: written.append(ids) or dispatches(e, ids))
+    assert sampled_streams(be, CHAINED, 12, pick=True) == want
+    assert written.count(True) == 1 and written.count(False) == 12  # the last step queued one more
+    parse, calls = cand.parse, []
+
+    def drawn_otherwise(data, reduction, pending=None):
+        found = parse(data, reduction, pending)
+        calls.append(1)
+        if len(calls) == 9 and found.drawn is not None:  # a step's third row: the GPU "drew" another token
+            found = dataclasses.replace(found, drawn=found.drawn + 1)
+        return found
+
+    monkeypatch.setattr(cand, "parse", drawn_otherwise)
+    written.clear()
+    assert sampled_streams(be, CHAINED, 12, pick=True) == want
+    assert written.count(True) == 2  # the first step, and the one after the token drawn otherwise
 
 
 def test_a_damaged_row_fails_alone(nan_model_path):

@@ -438,34 +438,22 @@ class WebGPUBackend(Backend):
         """One forward of decode tokens of slots in one K/V buffer: per row its Picked, or with
         `picks` None its logits. The command buffer of the same slots' next step is recorded while
         the GPU runs this one, for rows that read back the same way. With `chain` (the whole batch
-        is this one step) and every row greedy, the next step is queued before this one is read:
-        its ids are this step's argmax, copied on the GPU, so the GPU runs it while the host reads
-        and hands the tokens on; the next call takes it when its slots, positions and tokens are
-        the ones it ran (ChainedStep), else it is left unread (its K/V rows lie past each slot's
-        n_past and are written again)."""
+        is this one step) and every row's token decided on the GPU (_chains), the next step is
+        queued before this one is read, its inputs the ids this step's argmax and draws wrote, so
+        the GPU runs it while the host reads, checks and hands the tokens on; the next call takes
+        it when its slots, positions and tokens are the ones it ran (ChainedStep), else it is left
+        unread (its K/V rows lie past each slot's n_past and are written again)."""
         n = len(entries)
-        reductions = [None] * n
-        if picks is None:
-            kinds = None
-        else:
-            kinds = []
-            for r, pick in enumerate(picks):
-                if pick.with_logits:
-                    kinds.append(ROW_LOGITS)
-                elif pick.greedy:
-                    kinds.append(ROW_ID)
-                elif (reduction := pick.sampler.reduction(pick.history, *self.candidate_limits)) is not None:
-                    cand.write_request(self, self.batch_candidates.rows[r], reduction)
-                    reductions[r] = reduction
-                    kinds.append(ROW_CANDIDATES)
-                else:
-                    kinds.append(ROW_LOGITS)
-            kinds = tuple(kinds)
+        kinds, reductions = self._row_kinds(picks)
         queue = self.ctx.device.queue
+        rows = self.batch_candidates.rows
         chained, self._chained = self._chained, None
         if chained is not None and chained.runs(entries, kinds, self.slot_past):
-            index, staging = chained.index, chained.staging  # queued already
+            index, staging, reductions = chained.index, chained.staging, chained.reductions  # queued already
         else:
+            for r, reduction in enumerate(reductions):
+                if reduction is not None:
+                    cand.write_request(self, rows[r], reduction)
             staging = 1 - self._staging
             key, work = self.batch_dispatches(entries)
             index = pl.submit(queue, [self._prerecorded((key, kinds, staging, False), work, n, kinds)])
@@ -473,12 +461,16 @@ class WebGPUBackend(Backend):
         for slot, _ in entries:
             self.slot_past[slot] += 1
         room = all(self.slot_past[slot] < self.n_ctx for slot, _ in entries)
-        if room and chain and kinds is not None and all(k == ROW_ID for k in kinds):
+        ahead = self._chains(picks, kinds) if room and chain else None
+        if ahead is not None:
+            for r, reduction in enumerate(ahead):
+                if reduction is not None:
+                    cand.write_request(self, rows[r], reduction)
             key, work = self.batch_dispatches(entries, ids=False)
             positions = tuple(self.slot_past[slot] for slot, _ in entries)
             commands = self._prerecorded((key, kinds, 1 - staging, True), work, n, kinds)
             self._chained = ChainedStep(tuple(slot for slot, _ in entries), positions, kinds,
-                                        pl.submit(queue, [commands]), 1 - staging)
+                                        pl.submit(queue, [commands]), 1 - staging, ahead)
             if all(p + 1 < self.n_ctx for p in positions):  # the step after it, recorded while both run
                 key, work = self._batch_work(entries)
                 self._next_batch = ((key, kinds, staging, True), self._record_batch(work, n, kinds, staging, True))
@@ -487,12 +479,49 @@ class WebGPUBackend(Backend):
             self._next_batch = ((key, kinds, 1 - staging, False), self._record_batch(work, n, kinds, 1 - staging))
         if kinds is None:
             return list(self._read_logits(n))
-        picked = self._pick_rows(entries, picks, kinds, reductions, staging, index)
+        picked, ran = self._pick_rows(entries, picks, kinds, reductions, staging, index)
         if self._chained is not None:
-            # what the chained step ran: this step's ids (a damaged row fails its request)
-            ids = [p.token for p in picked]
-            self._chained.tokens = None if any(p.error is not None or p.token is None for p in picked) else ids
+            self._chained.tokens = None if None in ran else ran  # what the step queued behind runs
         return picked
+
+    def _row_kinds(self, picks: list[Pick] | None) -> tuple[tuple[int, ...] | None, list[Reduction | None]]:
+        """How each row of a batch step reads back (None: every row's logits), and each sampled
+        row's reduction to candidates."""
+        reductions: list[Reduction | None] = [None] * (len(picks) if picks else 0)
+        if picks is None:
+            return None, reductions
+        kinds = []
+        for r, pick in enumerate(picks):
+            if pick.with_logits:
+                kinds.append(ROW_LOGITS)
+            elif pick.greedy:
+                kinds.append(ROW_ID)
+            elif (reduction := pick.sampler.reduction(pick.history, *self.candidate_limits)) is not None:
+                reductions[r] = reduction
+                kinds.append(ROW_CANDIDATES)
+            else:
+                kinds.append(ROW_LOGITS)
+        return tuple(kinds), reductions
+
+    def _chains(self, picks: list[Pick] | None, kinds) -> list[Reduction | None] | None:
+        """The reductions of the step after this one when it can be queued before this one is read:
+        every row greedy, or sampled with a top-k (or greedy with penalties), so that its candidates
+        always decide its token, without a grammar (whose mask follows the token); each counts the
+        token this step draws as pending and draws with the random number one ahead. None: no."""
+        if kinds is None or ROW_LOGITS in kinds:
+            return None
+        ahead: list[Reduction | None] = []
+        for pick, kind in zip(picks, kinds):
+            reduction = None
+            if kind == ROW_CANDIDATES:
+                sampler = pick.sampler
+                if sampler.constraint is not None or not (sampler.chain.greedy or sampler.chain.params.top_k):
+                    return None
+                reduction = sampler.reduction(pick.history, *self.candidate_limits, pending=True)
+                if reduction is None:
+                    return None
+            ahead.append(reduction)
+        return ahead
 
     def _prerecorded(self, key: tuple, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None):
         """The batch step's command buffer recorded ahead for `key`, or recorded now."""
@@ -502,31 +531,37 @@ class WebGPUBackend(Backend):
         return self._record_batch(work, n, kinds, key[2], key[3])
 
     def _pick_rows(self, entries, picks: list[Pick], kinds: tuple[int, ...], reductions: list, staging: int,
-                   index: int | None) -> list[Picked]:
-        """Each row's Picked from what batch step `index` read back (its ids into read-back buffer
+                   index: int | None) -> tuple[list[Picked], list[int | None]]:
+        """Each row's Picked from what batch step `index` read back (into read-back buffers
         `staging`): its id, its candidates or its logits; the logits of the rows that need them
-        after all are copied again (still on the GPU)."""
+        after all are copied again (still on the GPU). Beside them the token each row's next input
+        holds: its argmax or its draw (None: a damaged or undecided row, or one read from its logits)."""
         n = len(entries)
         raw = pl.read_after(self.ctx.device, self.batch_argmax.staging[staging], n * 4, np.uint32, index)
         bad = (raw & NON_FINITE) != 0
         ids = (raw & ~np.uint32(NON_FINITE)).astype(np.int64)
+        ran: list[int | None] = [None if kinds[r] != ROW_ID or bad[r] else int(ids[r]) for r in range(n)]
         wanted = [r for r in range(n) if kinds[r] == ROW_LOGITS]
         logits = dict(zip(wanted, self._read_logits(len(wanted)))) if wanted else {}
         out: list[Picked | None] = [None] * n
         found: dict[int, cand.Found] = {}
         if ROW_CANDIDATES in kinds:
-            data = pl.read_mapped(self.batch_candidates.staging, n * cand.OUT_BYTES, np.uint8)
+            data = pl.read_after(self.ctx.device, self.batch_candidates.staging[staging], n * cand.OUT_BYTES, np.uint8,
+                                 index)
             for r in range(n):
                 if kinds[r] == ROW_CANDIDATES:
-                    found[r] = cand.parse(data[r * cand.OUT_BYTES:(r + 1) * cand.OUT_BYTES], reductions[r])
+                    history = picks[r].history
+                    pending = history.tokens[-1] if reductions[r].pending else None  # the token the step ran
+                    found[r] = cand.parse(data[r * cand.OUT_BYTES:(r + 1) * cand.OUT_BYTES], reductions[r], pending)
+                    ran[r] = found[r].drawn
                     if found[r].candidates is not None:
-                        token = picks[r].sampler.sample_reduced(picks[r].history, found[r].candidates)
+                        token = picks[r].sampler.sample_reduced(history, found[r].candidates)
                         if token is not None:
                             out[r] = Picked(token)
         again = [r for r in range(n) if out[r] is None and r not in logits and (kinds[r] != ROW_ID or bad[r])]
         if again and self._chained is not None:
-            # damaged greedy rows of a step with another queued behind it, which has overwritten the
-            # logits by now: their step runs again (the same K/V), its logits read this time
+            # rows read from their logits after all, in a step with another queued behind it, which
+            # has overwritten the logits by now: their step runs again (the same K/V), read this time
             self._chained = None
             for r in again:
                 self.slot_past[entries[r][0]] -= 1
@@ -540,18 +575,18 @@ class WebGPUBackend(Backend):
         for r, (slot, _) in enumerate(entries):
             if out[r] is None:
                 out[r] = Picked(int(ids[r])) if r not in logits else pick_row(logits[r], picks[r], self.slot_past[slot] - 1)
-        return out
+        return out, ran
 
     def _record_batch(self, work: list[pl.Dispatch], n: int, kinds: tuple[int, ...] | None, staging: int = 0,
                       chained: bool = False):
         """A batch step's command buffer: the forward, then every row's logits copied for the host
-        (kinds None), or the batch argmax (its ids to read-back buffer `staging`), the sampled rows'
-        reductions and the rows whose logits are read copied, each as its kind says. `chained`: the
-        step's input ids are the last batch argmax's, copied first (a forward since, on another
-        slot, may have written the ids buffer)."""
+        (kinds None), or the batch argmax and the sampled rows' reductions and draws (their output
+        to read-back buffers `staging`), the rows whose logits are read copied, each as its kind
+        says, and the next inputs they wrote kept in BatchArgmax.inputs. `chained`: the step's
+        inputs are those, copied first."""
         encoder = self.ctx.device.create_command_encoder()
         if chained:
-            encoder.copy_buffer_to_buffer(self.batch_argmax.ids, 0, self.scratch.ids, 0, n * 4)
+            encoder.copy_buffer_to_buffer(self.batch_argmax.inputs, 0, self.scratch.ids, 0, n * 4)
         if kinds is None:
             pl.record(encoder, work)
             self._copy_logits(encoder, n)
@@ -562,9 +597,10 @@ class WebGPUBackend(Backend):
         pl.record(encoder, work + ops.dispatches[n] + [d for r in reduced for d in rows[r].dispatches])
         encoder.copy_buffer_to_buffer(ops.ids, 0, ops.staging[staging], 0, n * 4)
         for r in reduced:
-            encoder.copy_buffer_to_buffer(rows[r].out, 0, self.batch_candidates.staging, r * cand.OUT_BYTES,
+            encoder.copy_buffer_to_buffer(rows[r].out, 0, self.batch_candidates.staging[staging], r * cand.OUT_BYTES,
                                           cand.OUT_BYTES)
         self._copy_rows(encoder, [r for r in range(n) if kinds[r] == ROW_LOGITS])
+        encoder.copy_buffer_to_buffer(self.scratch.ids, 0, ops.inputs, 0, n * 4)
         return encoder.finish()
 
     def _copy_rows(self, encoder, rows: list[int]) -> None:
@@ -684,15 +720,16 @@ class WebGPUBackend(Backend):
 
 @dataclass
 class ChainedStep:
-    """A greedy batch step queued behind the one before it, its input ids that step's argmax: the
-    slots, the positions and the read-back buffer it ran with, its submission, and (once the step
-    before is read) the ids it took."""
+    """A batch step queued behind the one before it, its inputs that step's argmax and draws: the
+    slots, positions, read-back buffers and reductions it ran with, its submission, and (once the
+    step before is read) the tokens it ran."""
 
     slots: tuple[int, ...]
     positions: tuple[int, ...]
     kinds: tuple[int, ...]
     index: int | None
     staging: int
+    reductions: list[Reduction | None]  # its sampled rows' (pending: the token the step before drew)
     tokens: list[int] | None = None
 
     def runs(self, entries: list[tuple[int, int]], kinds, slot_past: list[int]) -> bool:

@@ -9,8 +9,9 @@ sampler (airframe/sampling.py, Sampler.sample_reduced) recomputes every step in 
 model's own logits of the candidates, so the token is the one the full logits would give, and
 checks the drawn one against it (sampled.py); when the candidates cannot decide it, or a logit is
 not finite, the backend reads the full logits (`restore` puts back the values the penalties
-overwrote). In a decode batch every sampled row gets the four dispatches over its own logits row and
-no draw (BatchCandidates): the host samples each row from what comes back.
+overwrote). In a decode batch every sampled row gets the five dispatches over its own logits row
+(BatchCandidates), its draw writing the row's next input: the host samples each row from what comes
+back, and a batch step queued behind this one runs the drawn tokens (the backend's ChainedStep).
 """
 
 from __future__ import annotations
@@ -41,16 +42,17 @@ class CandidateOps:
     table: object    # (PEN_MAX, 4) u32 penalty table, written per token
     allowed: object  # (mask_words(vocab),) u32 bitset of the tokens a grammar allows, written per token
     params: object   # uniform Params, written per token
-    draw: object     # draw.wgsl's uniform Params, written per token (None: a batch row, no draw)
+    draw: object     # draw.wgsl's uniform Params, written per token
     out: object      # struct Out
-    staging: list    # two MAP_READ copies of `out`, for alternate tokens of a chain (none in a batch)
+    staging: list    # two MAP_READ copies of `out`, for alternate tokens of a chain (none for a batch row)
     n_groups: int
     row: int         # the logits row it reduces
 
 
-def build_candidates(be, row: int = 0, draw: bool = True) -> CandidateOps:
-    """candidates.wgsl over logits row `row` of the LM head, then (with `draw`) draw.wgsl, which
-    writes the drawn token to the token-ids buffer."""
+def build_candidates(be, row: int = 0, tokens=None, staging: bool = True) -> CandidateOps:
+    """candidates.wgsl over logits row `row` of the LM head, then draw.wgsl, which writes the drawn
+    token to row `row` of the token-ids buffer; `tokens` is where the pending token is read (by
+    default the token-ids buffer), `staging` whether it has read-back buffers of its own."""
     k = be.pipes
     vocab = be.config.vocab_size
     n_groups = pl.ceil_div(vocab, PER_GROUP)
@@ -61,33 +63,31 @@ def build_candidates(be, row: int = 0, draw: bool = True) -> CandidateOps:
     out = k.storage(OUT_BYTES, "candidates")
     params = k.uniform(_pack(vocab, n_groups, 0, 1, 1.0, 0.0, 0.0, 0, 0, row), "candidate_params")
     logits = (be.scratch.logits, 0, (row + 1) * vocab * 4)
-    group = k.bind(SHADER, [logits, table, allowed, hist, part, out, params, be.scratch.ids])
+    group = k.bind(SHADER, [logits, table, allowed, hist, part, out, params, tokens or be.scratch.ids])
     grids = {1: pl.ceil_div(PEN_MAX, 256), 2: n_groups, 3: 1, 4: n_groups}
     dispatches = [pl.Dispatch(f"candidates#{stage}", k.pipeline(SHADER, shape={"CANDIDATES_STAGE": stage}),
                               group, (grid, 1, 1)) for stage, grid in grids.items()]
-    staging, draw_params = [], None
-    if draw:
-        draw_params = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0),
-                                "draw_params")
-        dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw_params]),
-                                      (1, 1, 1)))
-        staging = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)]
-    return CandidateOps(dispatches, table, allowed, params, draw_params, out, staging, n_groups, row)
+    draw_params = k.uniform(pl.pack_params(DRAW, top_k=0, top_p=1.0, min_p=0.0, temperature=0.0, u=0.0, row=row),
+                            "draw_params")
+    dispatches.append(pl.Dispatch(DRAW, k.pipeline(DRAW), k.bind(DRAW, [out, be.scratch.ids, draw_params]), (1, 1, 1)))
+    readback = [k.readback(OUT_BYTES, f"candidates_readback#{i}") for i in range(2)] if staging else []
+    return CandidateOps(dispatches, table, allowed, params, draw_params, out, readback, n_groups, row)
 
 
 @dataclass
 class BatchCandidates:
-    """candidates.wgsl over each logits row of a decode batch (no draw: the host samples), every
-    row's `out` copied to its place in one read-back buffer."""
+    """candidates.wgsl and draw.wgsl over each logits row of a decode batch, every row's `out`
+    copied to its place in one of two read-back buffers (alternate steps, as the batch argmax's)."""
 
     rows: list[CandidateOps]
-    staging: object  # (rows, OUT_BYTES)
+    staging: list  # two of (rows, OUT_BYTES)
 
 
 def build_batch_candidates(be, rows: int) -> BatchCandidates:
-    """Reductions of logits rows 0..rows-1 of a decode batch."""
-    return BatchCandidates([build_candidates(be, r, draw=False) for r in range(rows)],
-                           be.pipes.readback(rows * OUT_BYTES, "batch_candidates_readback"))
+    """Reductions of logits rows 0..rows-1 of a decode batch; a row's pending token is its input,
+    which the batch argmax keeps apart (BatchArgmax.inputs): the ids buffer holds the next step's."""
+    return BatchCandidates([build_candidates(be, r, be.batch_argmax.inputs, staging=False) for r in range(rows)],
+                           [be.pipes.readback(rows * OUT_BYTES, f"batch_candidates_readback#{i}") for i in range(2)])
 
 
 def mask_words(vocab: int) -> int:
@@ -113,10 +113,8 @@ def write_request(be, ops: CandidateOps, reduction: Reduction) -> None:
     pl.write(queue, ops.params, _pack(be.config.vocab_size, ops.n_groups, n_pen, reduction.want,
                                       reduction.repeat_penalty, reduction.presence, reduction.frequency,
                                       int(reduction.pending), int(masked), ops.row))
-    if ops.draw is not None:  # a batch row has no draw
-        pl.write(queue, ops.draw, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p,
-                                                 min_p=reduction.min_p, temperature=reduction.temperature,
-                                                 u=reduction.u))
+    pl.write(queue, ops.draw, pl.pack_params(DRAW, top_k=reduction.top_k, top_p=reduction.top_p, min_p=reduction.min_p,
+                                             temperature=reduction.temperature, u=reduction.u, row=ops.row))
 
 
 def record(be, ops: CandidateOps, slot: int = 0, forward: list[pl.Dispatch] = ()):

@@ -62,13 +62,17 @@ def build_argmax(be, batch: int = GREEDY_BATCH) -> ArgmaxOps:
 @dataclass
 class BatchArgmax:
     """argmax.wgsl over every logits row of a decode batch: each row's id (with NON_FINITE where a
-    logit was not finite) in `ids` and in the token ids buffer (the next step's input), copied to
-    one of two `staging` buffers for the host (alternate steps: a step chained behind another
-    writes the other one while the host reads)."""
+    logit was not finite) in `ids` and in the token ids buffer (the next step's input; a sampled
+    row's draw writes its own there after it), copied to one of two `staging` buffers for the host
+    (alternate steps: a step queued behind another writes the other one while the host reads).
+    `inputs` keeps the next step's input ids apart from the ids buffer, which a forward of another
+    slot may overwrite before that step runs, and which its own argmax overwrites before its
+    reductions read their pending tokens."""
 
     dispatches: dict  # rows: the two dispatches
     ids: object
     staging: list
+    inputs: object
 
 
 def build_batch_argmax(be) -> BatchArgmax:
@@ -85,7 +89,8 @@ def build_batch_argmax(be) -> BatchArgmax:
     stages = [k.pipeline("argmax", shape={"ARGMAX_STAGE": stage}) for stage in (1, 2)]
     dispatches = {n: [pl.Dispatch("argmax#1", stages[0], group, (n_groups, n, 1)),
                       pl.Dispatch("argmax#2", stages[1], group, (1, n, 1))] for n in range(1, rows + 1)}
-    return BatchArgmax(dispatches, ids, [k.readback(rows * 4, f"batch_argmax_readback#{i}") for i in range(2)])
+    return BatchArgmax(dispatches, ids, [k.readback(rows * 4, f"batch_argmax_readback#{i}") for i in range(2)],
+                       k.storage(rows * 4, "batch_inputs"))
 
 
 def batch_bounds(total: int, batch: int) -> list[tuple[int, int]]:
