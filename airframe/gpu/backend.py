@@ -444,13 +444,13 @@ class WebGPUBackend(Backend):
         it when its slots, positions and tokens are the ones it ran (ChainedStep), else it is left
         unread (its K/V rows lie past each slot's n_past and are written again)."""
         n = len(entries)
-        kinds, reductions = self._row_kinds(picks)
         queue = self.ctx.device.queue
         rows = self.batch_candidates.rows
         chained, self._chained = self._chained, None
-        if chained is not None and chained.runs(entries, kinds, self.slot_past):
-            index, staging, reductions = chained.index, chained.staging, chained.reductions  # queued already
+        if chained is not None and chained.runs(entries, picks, self.slot_past):  # queued already
+            kinds, reductions, index, staging = chained.kinds, chained.reductions, chained.index, chained.staging
         else:
+            kinds, reductions = self._row_kinds(picks)
             for r, reduction in enumerate(reductions):
                 if reduction is not None:
                     cand.write_request(self, rows[r], reduction)
@@ -732,13 +732,16 @@ class ChainedStep:
     reductions: list[Reduction | None]  # its sampled rows' (pending: the token the step before drew)
     tokens: list[int] | None = None
 
-    def runs(self, entries: list[tuple[int, int]], kinds, slot_past: list[int]) -> bool:
-        """Whether this is the step `entries` asks for: the same slots at the same positions, read
-        back the same way, with the tokens the step before picked."""
-        return (self.tokens is not None and kinds == self.kinds
+    def runs(self, entries: list[tuple[int, int]], picks: list[Pick] | None, slot_past: list[int]) -> bool:
+        """Whether this is the step `entries` and `picks` ask for: the same slots at the same
+        positions, with the tokens the step before picked, each row read back as it was (greedy
+        rows their id; the others their candidates, reduced with this step's own penalty table
+        and random number, as the step before made them)."""
+        return (self.tokens is not None and picks is not None
                 and self.slots == tuple(slot for slot, _ in entries)
                 and self.positions == tuple(slot_past[slot] for slot, _ in entries)
-                and self.tokens == [token for _, token in entries])
+                and self.tokens == [token for _, token in entries]
+                and all(not pick.with_logits and pick.greedy == (kind == ROW_ID) for pick, kind in zip(picks, self.kinds)))
 
 
 def _check_config(gf: GGUFFile, c: ModelConfig) -> None:
