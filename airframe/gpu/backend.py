@@ -143,8 +143,8 @@ class WebGPUBackend(Backend):
         self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
         self._batch_lists: dict = {}  # _batch_work's key: its dispatches
         self._next_batch: tuple[tuple, object] | None = None  # a batch step recorded ahead, by key
-        self._chained: ChainedStep | None = None  # a greedy batch step queued behind the last one
-        self._staging = 0  # the batch argmax read-back buffer of the last batch step
+        self._chained: ChainedStep | None = None  # a batch step queued behind the last one
+        self._staging = 0  # which of the two read-back buffers the last batch step wrote
         self.trace_chunks = options.trace_prefill_chunks
 
     @classmethod
@@ -445,15 +445,12 @@ class WebGPUBackend(Backend):
         unread (its K/V rows lie past each slot's n_past and are written again)."""
         n = len(entries)
         queue = self.ctx.device.queue
-        rows = self.batch_candidates.rows
         chained, self._chained = self._chained, None
         if chained is not None and chained.runs(entries, picks, self.slot_past):  # queued already
             kinds, reductions, index, staging = chained.kinds, chained.reductions, chained.index, chained.staging
         else:
             kinds, reductions = self._row_kinds(picks)
-            for r, reduction in enumerate(reductions):
-                if reduction is not None:
-                    cand.write_request(self, rows[r], reduction)
+            self._write_requests(reductions)
             staging = 1 - self._staging
             key, work = self.batch_dispatches(entries)
             index = pl.submit(queue, [self._prerecorded((key, kinds, staging, False), work, n, kinds)])
@@ -463,9 +460,7 @@ class WebGPUBackend(Backend):
         room = all(self.slot_past[slot] < self.n_ctx for slot, _ in entries)
         ahead = self._chains(picks, kinds) if room and chain else None
         if ahead is not None:
-            for r, reduction in enumerate(ahead):
-                if reduction is not None:
-                    cand.write_request(self, rows[r], reduction)
+            self._write_requests(ahead)
             key, work = self.batch_dispatches(entries, ids=False)
             positions = tuple(self.slot_past[slot] for slot, _ in entries)
             commands = self._prerecorded((key, kinds, 1 - staging, True), work, n, kinds)
@@ -483,6 +478,12 @@ class WebGPUBackend(Backend):
         if self._chained is not None:
             self._chained.tokens = None if None in ran else ran  # what the step queued behind runs
         return picked
+
+    def _write_requests(self, reductions: list[Reduction | None]) -> None:
+        """Each sampled row's reduction, for the batch step submitted next."""
+        for r, reduction in enumerate(reductions):
+            if reduction is not None:
+                cand.write_request(self, self.batch_candidates.rows[r], reduction)
 
     def _row_kinds(self, picks: list[Pick] | None) -> tuple[tuple[int, ...] | None, list[Reduction | None]]:
         """How each row of a batch step reads back (None: every row's logits), and each sampled
