@@ -480,6 +480,13 @@ class Sampler:
                          params.frequency_penalty, want, params.top_k, params.top_p, params.min_p,
                          params.temperature, self.uniform(history, int(pending)), pending, allowed)
 
+    @property
+    def candidates_decide(self) -> bool:
+        """Whether a device's candidates always decide the token (greedy, or a top-k: sample_reduced
+        then needs nothing beyond them), so that a device may draw it and run the next forward
+        before the host has checked it."""
+        return self.chain.greedy or self.chain.select is not None
+
     def sample_reduced(self, history: History, found: Candidates) -> int | None:
         """The token sample() would pick from the full logits, from a device's candidates; None
         when they cannot decide it (top-p or min-p reach past them): then sample() from the full

@@ -516,7 +516,7 @@ class WebGPUBackend(Backend):
             reduction = None
             if kind == ROW_CANDIDATES:
                 sampler = pick.sampler
-                if sampler.constraint is not None or not (sampler.chain.greedy or sampler.chain.params.top_k):
+                if sampler.constraint is not None or not sampler.candidates_decide:
                     return None
                 reduction = sampler.reduction(pick.history, *self.candidate_limits, pending=True)
                 if reduction is None:
