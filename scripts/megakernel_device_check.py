@@ -3,14 +3,14 @@
 
 Two modes. On a CPU machine, `--reference DIR` writes what the GPU run compares against: a
 tokenizer-only GGUF (the synthetic models take SmolLM2's tokenizer) and the numpy VM's logits
-for both synthetic shapes (SmolLM2 135M and Llama 3.2 1B, BF16) at contexts 1, 40, 100, 384, 385,
+for the synthetic models (SmolLM2 135M and Llama 3.2 1B shapes, each in BF16 and in Q8_0) at contexts 1, 40, 100, 384, 385,
 1000 and 4096 (40: one attention chunk of many positions; 100: a short context spread over three
 chunks; 1000: a longer one over seven), with the K/V cache before the context
 filled from a seeded generator. The VM is slow in Python, so it runs where time is cheap; the GPU
 run checks that its weights and K/V fill hash the same.
 
-On the GPU machine, `--ref DIR --out DIR` builds and probes the worker, makes both synthetic
-models and their packages, and then: CUDA logits against the VM's (tolerance, top-1 at every
+On the GPU machine, `--ref DIR --out DIR` builds and probes the worker (and its Q8_0 build), makes
+the synthetic models and their packages, and then, for each: CUDA logits against the VM's (tolerance, top-1 at every
 step), three runs bit for bit, a plan for 20 workers run with 20 blocks (same tokens), corrupted
 packages refused before launch, a planted non-finite weight giving the error, and the speed
 benchmark with a trace of one token. Everything lands in DIR/check.json and a log.
@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,10 @@ CONTEXTS = (1, 40, 100, 384, 385, 1000, 4096)
 STEPS = 2  # decode steps from each context, each compared
 CTX = 4160  # the package's K/V capacity: 4096 plus a 64-token launch
 TOKEN0 = 17
-SHAPES = {"smollm2": "smollm2-135m", "llama1b": "llama3.2-1b"}
+# name: (synthetic shape, GGUF type); a Q8_0 model's package keeps Q8_0 matrices (a worker built with AF_Q8)
+MODELS = {"smollm2": ("smollm2-135m", "BF16"), "llama1b": ("llama3.2-1b", "BF16"),
+          "smollm2_q8": ("smollm2-135m", "Q8_0"), "llama1b_q8": ("llama3.2-1b", "Q8_0")}
+BENCHED = ("llama1b", "llama1b_q8")
 TOLERANCE = 1e-3  # max |cuda - vm| over max |vm|, per step
 
 
@@ -69,12 +73,17 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def make_model(shape: str, out: Path, tokenizer: str) -> Path:
+def make_model(name: str, out: Path, tokenizer: str) -> Path:
     from airframe.synthetic import write_synthetic_gguf
 
+    shape, qtype = MODELS[name]
     if not out.is_file():
-        write_synthetic_gguf(out, "llama", shape, "BF16", seed=0, fast=True, tokenizer=tokenizer, progress=True)
+        write_synthetic_gguf(out, "llama", shape, qtype, seed=0, fast=True, tokenizer=tokenizer, progress=True)
     return out
+
+
+def weights_of(plan) -> str:
+    return "q8_0" if plan.consts["weights_q8"] else "bf16"
 
 
 def vm_reference(package, contexts=CONTEXTS, steps: int = STEPS) -> dict:
@@ -120,7 +129,7 @@ def make_reference(ref: Path, work: Path, models: list[str], split: bool) -> Non
     tok = write_tokenizer_gguf(ref / "tokenizer.gguf")
     for name in models:
         start = time.time()
-        gguf = make_model(SHAPES[name], work / f"{name}.gguf", str(tok))
+        gguf = make_model(name, work / f"{name}.gguf", str(tok))
         package = write_package(gguf, NAMED_TARGETS["h200"], work / f"{name}.pkg", ctx=CTX, split=split)
         data = vm_reference(package)
         arrays = {f"logits_{c}": d["logits"] for c, d in data.items()}
@@ -218,7 +227,7 @@ def twenty_workers(worker, runtime, package, folder: Path) -> dict:
     from airframe.megakernel.plan.planner import make_plan, plan_is_split
 
     plan = make_plan(package.plan.config, with_workers(package.plan.target, 20), CTX,
-                     split=plan_is_split(package.plan))
+                     split=plan_is_split(package.plan), weights=weights_of(package.plan))
     plan.model["source"] = package.plan.model.get("source")
     if folder.exists():
         shutil.rmtree(folder)
@@ -237,8 +246,6 @@ def twenty_workers(worker, runtime, package, folder: Path) -> dict:
 
 def corrupted(worker, package, work: Path) -> dict:
     """Each corruption must raise before any launch."""
-    from dataclasses import replace
-
     from airframe.megakernel.cuda.runtime import Runtime
     from airframe.megakernel.plan.opcodes import TASK_BYTES, TASK_DTYPE
     from airframe.megakernel.plan.package import Package, write_plan
@@ -268,7 +275,7 @@ def corrupted(worker, package, work: Path) -> dict:
     if f.exists():
         shutil.rmtree(f)
     other = replace(package.plan.target, binary_sha256="0" * 64)
-    write_plan(make_plan(package.plan.config, other, CTX), f)  # whole rows or split: refused either way
+    write_plan(make_plan(package.plan.config, other, CTX, weights=weights_of(package.plan)), f)  # refused either way
     os.symlink((package.path / "weights.bin").resolve(), f / "weights.bin")
     out["other_worker_binary"] = _refused(lambda: Runtime(Package.load(f), worker, progress=False))
     out["ok"] = all(v["refused"] for v in out.values())
@@ -286,11 +293,17 @@ def _refused(fn) -> dict:
 def non_finite(runtime, package) -> dict:
     from airframe.errors import NonFiniteError
 
+    from airframe.megakernel.plan.planner import q8_row_bytes
+
     plan = package.plan
     name = "output.weight" if "output.weight" in plan.tensors else "token_embd.weight"
-    offset = plan.tensors[name].offset + 7 * plan.consts["n_embd"] * 2 + 6  # row 7, element 3
+    e = plan.consts["n_embd"]
+    if plan.consts["weights_q8"]:  # row 7's first f16 block scale: F16 +inf
+        offset, bits = plan.tensors[name].offset + 7 * q8_row_bytes(e) + e, b"\x00\x7c"
+    else:  # row 7, element 3: BF16 +inf
+        offset, bits = plan.tensors[name].offset + 7 * e * 2 + 6, b"\x80\x7f"
     original = bytes(package.weights[offset:offset + 2])
-    runtime.poke_weights(offset, b"\x80\x7f")  # BF16 +inf
+    runtime.poke_weights(offset, bits)
     try:
         runtime.launch([TOKEN0], 0, n_steps=3)
         outcome = {"raised": False}
@@ -335,16 +348,23 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
-    report.section("builds", lambda: {a: build_worker(a).summary() for a in ("sm_86", "sm_90")})
+    report.section("builds", lambda: {f"{a}{' q8' if q8 else ''}": build_worker(a, q8=q8).summary()
+                                      for a in ("sm_86", "sm_90") for q8 in (False, True)})
     device = Device()
-    worker = Worker(device)
-    report.section("worker", lambda: worker.build.summary())
-    target = report.section("probe", lambda: target_to_dict(probe(device, worker)))
+    workers = {False: Worker(device)}
+    report.section("worker", lambda: workers[False].build.summary())
+    target = report.section("probe", lambda: target_to_dict(probe(device, workers[False])))
     (out / "target.json").write_text(json.dumps(target, indent=1))
-    target = target_from_dict(target)
+    probed = target_from_dict(target)
     tok = str(ref / "tokenizer.gguf")
     for name in models:
-        gguf = report.section(f"{name}.model", lambda: str(make_model(SHAPES[name], work / f"{name}.gguf", tok)))
+        q8 = MODELS[name][1] == "Q8_0"
+        if q8 not in workers:
+            workers[q8] = Worker(device, build_worker(device.arch, q8=q8))
+        worker = workers[q8]
+        # the probed target, bound to the binary of this model's worker
+        target = replace(probed, binary_sha256=worker.build.sha256, registers_per_thread=worker.registers)
+        gguf = report.section(f"{name}.model", lambda: str(make_model(name, work / f"{name}.gguf", tok)))
         package = report.section(f"{name}.package",
                                  lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX, split=split))
         if package is None:
@@ -365,8 +385,8 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
         report.section(f"{name}.twenty_workers", twenty_workers, worker, runtime, package, work / f"{name}.w20")
         report.section(f"{name}.corrupted", corrupted, worker, package, work)
         report.section(f"{name}.non_finite", non_finite, runtime, package)
-        if bench and name == "llama1b":
-            report.section("bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
+        if bench and name in BENCHED:
+            report.section("bench" if name == "llama1b" else f"{name}.bench", cuda_bench.benchmark, runtime, worker, out, cuda_bench.CONTEXTS, torch_side,
                            phase_marks)
         runtime.close()
     return report
@@ -378,7 +398,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ref", type=Path, default=Path(".mkref"), help="GPU mode: the reference folder")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "mk_out")))
     parser.add_argument("--work", type=Path, default=Path("/tmp/mk_work"))
-    parser.add_argument("--models", default="smollm2,llama1b")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"a comma list of {', '.join(MODELS)}")
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
     parser.add_argument("--phases", help="trace marks (AF_TRACE_MARK) whose builds split a traced token into "

@@ -43,11 +43,17 @@ def gpu_present() -> bool:
 
 
 # ---- compiling ------------------------------------------------------------------------------------
+# both weight formats: the shipped BF16 worker and the Q8_0 one (AF_Q8), whose quants, scales and
+# the blocks of ffn_down hold more values in the hot loops under the same 64 registers
+FORMATS = pytest.mark.parametrize("q8", [False, True], ids=["bf16", "q8"])
+
+
+@FORMATS
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
-def test_worker_compiles_with_nvcc(arch, tmp_path):
+def test_worker_compiles_with_nvcc(arch, q8, tmp_path):
     assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
     out = tmp_path / f"worker_{arch}.o"
-    done = subprocess.run(build.nvcc_command(NVCC, arch, build.SOURCE_PATH, out, kind="-c"),
+    done = subprocess.run(build.nvcc_command(NVCC, arch, build.SOURCE_PATH, out, kind="-c", q8=q8),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = build.parse_ptxas(done.stdout + done.stderr)
@@ -56,11 +62,13 @@ def test_worker_compiles_with_nvcc(arch, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+@FORMATS
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
-def test_worker_compiles_with_nvrtc(arch):
+def test_worker_compiles_with_nvrtc(arch, q8):
     # the build path of a machine without nvcc: NVRTC has no C library headers, so plan_format.h
-    # and worker.cu bring their own fixed-width types, offsetof and INFINITY
-    cubin, log = build._compile_nvrtc(arch)
+    # and worker.cu bring their own fixed-width types, offsetof and INFINITY (and the Q8 worker
+    # its own f16 conversion)
+    cubin, log = build._compile_nvrtc(arch, q8=q8)
     report = build.parse_ptxas(log)
     assert 0 < report["registers"] <= 64
     assert report["spill_stores"] == 0
@@ -95,6 +103,19 @@ def test_build_key_covers_every_included_file(tmp_path, monkeypatch):
     assert included == {build.HEADER_PATH.name, *(p.name for p in build.PART_PATHS)}
 
 
+def test_weight_format_is_a_build_setting():
+    # the Q8 worker is another binary: its own -D, its own cache entry, and a Build that says so;
+    # a report cached before the setting existed loads as the BF16 build it was
+    assert build.defines() == () and build.defines(q8=True) == ("AF_Q8=1",)
+    assert build.defines(3, q8=True) == ("AF_TRACE_MARK=3", "AF_Q8=1")
+    assert build._key("sm_90", "nvcc 13.0", q8=True) != build._key("sm_90", "nvcc 13.0")
+    assert "-DAF_Q8=1" in build.nvcc_command("nvcc", "sm_90", build.SOURCE_PATH, Path("w.cubin"), q8=True)
+    old = dict(arch="sm_90", compiler="nvcc 13.0", sha256="0" * 64, registers=64, spill_stores=0, spill_loads=0,
+               stack_bytes=0, shared_static=32, path="w.cubin")
+    assert build.Build(**old).q8 is False
+    assert " q8 " in build.Build(**old, q8=True).summary() and " q8 " not in build.Build(**old).summary()
+
+
 def test_bad_arch_is_refused():
     with pytest.raises(ParameterError, match="sm_86"):
         build.build_worker("compute_90; rm -rf /")
@@ -119,13 +140,14 @@ def test_parse_ptxas_names_the_missing_kernel():
         build.parse_ptxas("ptxas info : Compiling entry function 'other' for 'sm_90'")
 
 
-def run_host_program(tmp_path, source: str) -> list[int]:
-    """Compile `source` (a main() that includes worker.cu) for the host and return the integers it prints."""
+def run_host_program(tmp_path, source: str, defines: tuple[str, ...] = ()) -> list[int]:
+    """Compile `source` (a main() that includes worker.cu) for the host, with the build settings
+    `defines` (build.defines), and return the integers it prints."""
     assert NVCC, "nvcc is expected on PATH (CI has CUDA 13)"
     src = tmp_path / "main.cu"
     src.write_text(source)
     exe = tmp_path / "main"
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-I", str(build.SOURCE_PATH.parent),
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", *(f"-D{d}" for d in defines), "-I", str(build.SOURCE_PATH.parent),
            "-I", str(HEADER_PATH.parent), str(src), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -240,6 +262,112 @@ def test_xs_layout_gives_every_lane_its_two_halves(tmp_path):
     assert plane == runtime.XS_PLANE_FLOATS and step == 4 and np.array_equal(np.diff(first), np.full(31, 4))
 
 
+F16_MAIN = r"""
+#include <cstdio>
+#include <cstring>
+#include "worker.cu"
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+int main() {
+    for (uint32_t h = 0; h < 65536; ++h) printf("%u\n", bits(f16_float(h)));
+    return 0;
+}
+"""
+
+
+def test_f16_scales_widen_exactly(tmp_path):
+    # the Q8 worker's own f16 -> f32 (bit by bit: NVRTC has no cuda_fp16.h), compiled for the host,
+    # against numpy at every one of the 65,536 patterns: normals, subnormals, +-0, inf and NaN
+    found = np.array(run_host_program(tmp_path, F16_MAIN, build.defines(q8=True)), dtype=np.uint32)
+    want = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(found.view(np.float32)), nan) and nan.sum() == 2 * 1023
+    assert np.array_equal(found[~nan], want[~nan].view(np.uint32))
+
+
+Q8_K, Q8_ROWS, Q8_E, Q8_FF = 96, 3, 64, 64  # a row of 3 blocks (10 bytes of padding); 2 ffn_down blocks
+Q8_MAIN = r"""
+#include <cstdio>
+#include <cstring>
+#include "worker.cu"
+static const uint8_t rows[] = {@ROWS@};
+static const uint8_t down[] = {@DOWN@};
+static uint2 quants(const uint8_t* p) {
+    uint2 q;
+    memcpy(&q, p, 8);
+    return q;
+}
+static uint32_t half_at(const uint8_t* p) { return p[0] | (uint32_t)p[1] << 8; }
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+int main() {
+    const uint32_t k = @K@, e = @E@;
+    printf("%u %u %u %u\n", q8_row_bytes(k), q8_row_bytes(2048), q8_row_bytes(8192), (unsigned)q8_down_block(e, 32));
+    for (uint32_t r = 0; r < @NROWS@; ++r) {  // as gemv_list: vector g of a row, the scale of its block
+        const uint8_t* row = rows + r * q8_row_bytes(k);
+        for (uint32_t g = 0; g < k / 8; ++g) {
+            const float scale = f16_float(half_at(row + q8_scale_at(k, g)));
+            for (uint32_t i = 0; i < 8; ++i) printf("%u\n", bits(q8_weight(scale, quants(row + 8 * g), i)));
+        }
+    }
+    for (uint32_t f = 0; f < @NFF@; ++f) {  // as op_ffn: row f's 8 columns of col, their 8 scales
+        const uint8_t* block = down + q8_down_block(e, f);
+        for (uint32_t col = 0; col < e / 8; ++col)
+            for (uint32_t i = 0; i < 8; ++i) {
+                const float scale = f16_float(half_at(block + q8_down_scales(e, col) + 2 * i));
+                printf("%u\n", bits(q8_weight(scale, quants(block + q8_down_quants(e, f, col)), i)));
+            }
+    }
+    return 0;
+}
+"""
+
+
+def test_q8_weights_decode_as_the_vm(tmp_path):
+    # bytes laid out as planner.WEIGHT_FORMATS says (numpy, random quants and finite f16 scales, a
+    # subnormal and a -0 among them), read back through the worker's own offsets and q8_weight:
+    # every weight must be f32(scale) * f32(q), the exact F32 value the VM dequantizes to
+    from airframe.megakernel.plan.planner import q8_down_block_bytes, q8_row_bytes
+
+    rng = np.random.default_rng(8)
+
+    def halves(n):  # finite f16: any sign and mantissa, exponent 0..30
+        bits = rng.integers(0, 0x7C00, n, dtype=np.uint16) | (rng.integers(0, 2, n, dtype=np.uint16) << 15)
+        return bits.view(np.float16)
+
+    q = rng.integers(-128, 128, (Q8_ROWS, Q8_K), dtype=np.int8)
+    s = halves(Q8_ROWS * Q8_K // 32).reshape(Q8_ROWS, Q8_K // 32)
+    s.view(np.uint16)[0, 1] = 0x0001  # the smallest subnormal
+    rb = q8_row_bytes(Q8_K)
+    rows = np.zeros((Q8_ROWS, rb), np.uint8)
+    rows[:, :Q8_K] = q.view(np.uint8)
+    rows[:, Q8_K:Q8_K + Q8_K // 16] = s.view(np.uint8)
+    dq = rng.integers(-128, 128, (Q8_FF, Q8_E), dtype=np.int8)  # ffn_down, transposed: (n_ff, n_embd)
+    ds = halves(Q8_FF // 32 * Q8_E).reshape(Q8_FF // 32, Q8_E)  # one scale per block and column
+    ds.view(np.uint16)[1, 5], ds.view(np.uint16)[0, 7] = 0x83FF, 0x8000  # a subnormal, -0
+    down = np.concatenate([np.concatenate([dq[32 * b:32 * b + 32].view(np.uint8).ravel(), ds[b].view(np.uint8)])
+                           for b in range(Q8_FF // 32)])
+    assert down.size == Q8_FF // 32 * q8_down_block_bytes(Q8_E)
+    source = Q8_MAIN
+    for name, value in (("ROWS", ", ".join(map(str, rows.ravel()))), ("DOWN", ", ".join(map(str, down))),
+                        ("K", Q8_K), ("E", Q8_E), ("NROWS", Q8_ROWS), ("NFF", Q8_FF)):
+        source = source.replace(f"@{name}@", str(value))
+    out = run_host_program(tmp_path, source, build.defines(q8=True))
+    assert out[:4] == [rb, q8_row_bytes(2048), q8_row_bytes(8192), q8_down_block_bytes(Q8_E)]
+    found = np.array(out[4:], dtype=np.uint32).view(np.float32)
+    want_rows = q.astype(np.float32) * np.repeat(s.astype(np.float32), 32, axis=1)
+    want_down = dq.astype(np.float32) * np.repeat(ds.astype(np.float32), 32, axis=0)
+    n = Q8_ROWS * Q8_K
+    assert np.array_equal(found[:n].view(np.uint32), want_rows.ravel().view(np.uint32))
+    assert np.array_equal(found[n:].view(np.uint32), want_down.ravel().view(np.uint32))
+
+
 def test_vectors_longer_than_xs_are_refused():
     plan = make_plan(LLAMA_1B, NAMED_TARGETS["h200"], ctx=4160)
     runtime.check_model_limits(dict(plan.consts, n_embd=4096))
@@ -296,7 +424,7 @@ def test_the_error_word_becomes_a_non_finite_error_naming_the_position():
 
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
-    build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0")
+    build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0", q8=False)
     return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024,
                            blocks_per_sm=lambda shared: 1)
 
@@ -369,11 +497,12 @@ def test_unsupported_shapes_are_named():
     runtime.check_model_limits(dict(k, ffn_parts=4))
 
 
+@FORMATS
 @pytest.mark.parametrize("mark", [1, 9])
-def test_trace_mark_builds_compile(mark):
+def test_trace_mark_builds_compile(mark, q8):
     # the diagnostic builds the device check traces beside the worker (--phases): 1 stamps the
     # prologues, 9 waits for the FFN's atomics (a fence and a block barrier more)
-    cubin, log = build._compile_nvcc(NVCC, "sm_90", mark)
+    cubin, log = build._compile_nvcc(NVCC, "sm_90", mark, q8)
     assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
     with pytest.raises(ParameterError, match="trace mark 10"):
         build.build_worker("sm_90", trace_mark=10)

@@ -30,7 +30,7 @@ def _target_arguments(p) -> None:
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    plan = sub.add_parser("plan", help="write a package: plan + BF16 weights + target")
+    plan = sub.add_parser("plan", help="write a package: plan + weights (Q8_0 where every matrix of the model is, else BF16) + target")
     _target_arguments(plan)
     plan.add_argument("-o", "--output", required=True, metavar="DIR", help="package folder")
     plan.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -87,13 +87,16 @@ def _stats(args) -> int:
     from ..family import load_config
     from ..gguf_file import GGUFFile
     from ..models import resolve_model
+    from ..megakernel.plan.package import weight_format
     from ..megakernel.plan.planner import make_plan, plan_stats
     from ..megakernel.plan.target import load_target
 
     _check_positive(args)
     target = load_target(args.target, args.workers)
-    plan = make_plan(load_config(GGUFFile(resolve_model(args.model))), target, args.ctx, args.attn_chunk,
-                     split=_split(args), attn_spread=args.attn_spread, attn_wide=args.attn_wide)
+    gf = GGUFFile(resolve_model(args.model))
+    config = load_config(gf)
+    plan = make_plan(config, target, args.ctx, args.attn_chunk, split=_split(args), attn_spread=args.attn_spread,
+                     attn_wide=args.attn_wide, weights=weight_format(gf, config))
     stats = plan_stats(plan)
     if args.json:
         print(json.dumps(stats, indent=1))
@@ -111,7 +114,8 @@ def format_stats(plan, stats: dict) -> str:
         spread += f", a longer one over up to {k['attn_wide']} of {k['attn_wide_min']}+ positions"
     lines = [f"target {plan.target.name} ({plan.target.arch}): {stats['workers']} workers, "
              f"ctx {k['ctx']}, attention chunk {k['attn_chunk']} positions x {k['attn_chunks']} ({spread}), "
-             f"{'split-K pieces and shared FFN rows' if plan_is_split(plan) else 'whole rows'}",
+             f"{'split-K pieces and shared FFN rows' if plan_is_split(plan) else 'whole rows'}, "
+             f"{'Q8_0' if k['weights_q8'] else 'BF16'} matrices",
              f"tasks {stats['tasks']}, waves {stats['waves']}, "
              f"bytes per token {stats['bytes_per_token']:,} (weights + K/V at full context)",
              f"largest imbalance in a weight wave: {100 * stats['max_weight_wave_imbalance']:.2f}%",

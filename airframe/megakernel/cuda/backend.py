@@ -27,9 +27,9 @@ from ...family import ModelConfig
 from ...model import Model
 from ...options import RunOptions
 from ..plan.opcodes import PLAN_VERSION, header_sha256
-from ..plan.package import Package, write_package
+from ..plan.package import Package, weight_format, write_package
 from ..plan.planner import SPLIT_DEFAULT
-from .build import cache_dir
+from .build import build_worker, cache_dir
 from .probe import probe
 from .runtime import MAX_STEPS, Device, Runtime, Worker
 
@@ -65,7 +65,8 @@ class CudaBackend(Backend):
         """Open the GPU, build and probe the worker, plan and pack the model if needed, upload it.
         Of the options it takes n_ctx and progress."""
         device = Device()  # GPUError here when there is no CUDA GPU
-        worker = Worker(device)
+        # a model whose matrices are all Q8_0 keeps them (the worker built for that format)
+        worker = Worker(device, build_worker(device.arch, q8=weight_format(model.gguf, model.config) == "q8_0"))
         target = probe(device, worker, bandwidth=False)
         folder = package_folder(model.path, worker.build.sha256, options.n_ctx)
         if (folder / "plan.json").is_file():

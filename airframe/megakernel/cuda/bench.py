@@ -34,8 +34,8 @@ REPEATS = 5
 
 # ---- the floor ------------------------------------------------------------------------------------
 def weight_bytes_per_token(plan) -> int:
-    """Bytes of weights one token streams: every BF16 matrix once (a tied embedding once, as the LM
-    head) and the F32 norm vectors; the RoPE tables are read one row per token and left out."""
+    """Bytes of weights one token streams: every matrix once (BF16 or Q8_0; a tied embedding once, as
+    the LM head) and the F32 norm vectors; the RoPE tables are read one row per token and left out."""
     return sum(s.n_bytes for name, s in plan.tensors.items() if not name.startswith("rope_"))
 
 
@@ -107,11 +107,12 @@ def marked_runtime(runtime, trace_mark: int, work: Path | None = None):
     from .build import build_worker
     from .runtime import Runtime, Worker
 
-    worker = Worker(runtime.device, build_worker(runtime.device.arch, trace_mark=trace_mark))
+    worker = Worker(runtime.device, build_worker(runtime.device.arch, trace_mark=trace_mark, q8=runtime.worker.build.q8))
     target = replace(runtime.plan.target, binary_sha256=worker.build.sha256, registers_per_thread=worker.registers)
     plan = make_plan(runtime.plan.config, target, runtime.k["ctx"], runtime.k["attn_chunk"],
                      split=plan_is_split(runtime.plan), attn_spread=runtime.k["attn_spread"],
-                     attn_wide=runtime.k["attn_wide"], attn_wide_min=runtime.k["attn_wide_min"])
+                     attn_wide=runtime.k["attn_wide"], attn_wide_min=runtime.k["attn_wide_min"],
+                     weights="q8_0" if runtime.k["weights_q8"] else "bf16")
     folder = Path(tempfile.mkdtemp(dir=work))
     write_plan(plan, folder)
     os.symlink((runtime.package.path / "weights.bin").resolve(), folder / "weights.bin")

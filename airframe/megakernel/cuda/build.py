@@ -6,10 +6,12 @@ worker_ops.cuh), the flags, the compiler's version and the architecture, so an e
 another compiler never reuses a stale binary. Each build reports what ptxas says about the
 worker: registers, spills, stack frame and static shared memory.
 
-The one build setting is the diagnostic `trace_mark` (AF_TRACE_MARK in worker_base.cuh: where a
-traced task's end stamp is taken; 0, the shipped build, stamps the task's end).
+Two build settings: the weight format `q8` (AF_Q8 in worker_base.cuh: False, the shipped build,
+reads every matrix as BF16; True as Q8_0, for the packages whose plan says weights_q8), and the
+diagnostic `trace_mark` (AF_TRACE_MARK: where a traced task's end stamp is taken; 0, the shipped
+build, stamps the task's end).
 
-    python -m airframe.megakernel.cuda.build --arch sm_90
+    python -m airframe.megakernel.cuda.build --arch sm_90 [--q8]
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ class Build:
     stack_bytes: int
     shared_static: int
     path: str  # the cached cubin
+    q8: bool = False  # the weight format it reads: Q8_0 (AF_Q8) or BF16 (reports cached before it: BF16)
 
     @property
     def cubin(self) -> bytes:
         return Path(self.path).read_bytes()
 
     def summary(self) -> str:
-        return (f"{KERNEL} {self.arch} ({self.compiler}): {self.registers} registers, "
+        return (f"{KERNEL} {self.arch}{' q8' if self.q8 else ''} ({self.compiler}): {self.registers} registers, "
                 f"{self.spill_stores} B spill stores, {self.spill_loads} B spill loads, "
                 f"{self.stack_bytes} B stack, {self.shared_static} B static shared")
 
@@ -93,15 +96,15 @@ def check_trace_mark(mark: int) -> int:
     return mark
 
 
-def defines(trace_mark: int = 0) -> tuple[str, ...]:
-    """The -D settings of a build: none for the shipped worker."""
-    return (f"AF_TRACE_MARK={check_trace_mark(trace_mark)}",) if trace_mark else ()
+def defines(trace_mark: int = 0, q8: bool = False) -> tuple[str, ...]:
+    """The -D settings of a build: none for the shipped (BF16) worker."""
+    return ((f"AF_TRACE_MARK={check_trace_mark(trace_mark)}",) if trace_mark else ()) + (("AF_Q8=1",) if q8 else ())
 
 
 def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cubin",
-                 trace_mark: int = 0) -> list[str]:
+                 trace_mark: int = 0, q8: bool = False) -> list[str]:
     """The nvcc command line; `kind` is -cubin (what the runtime loads) or -c (an object file)."""
-    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, *(f"-D{d}" for d in defines(trace_mark)),
+    return [nvcc, kind, f"-arch={check_arch(arch)}", *FLAGS, *(f"-D{d}" for d in defines(trace_mark, q8)),
             "-Xptxas", "-v", "-I", str(HEADER_PATH.parent), str(source), "-o", str(out)]
 
 
@@ -128,39 +131,40 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     return report
 
 
-def _key(arch: str, compiler: str, trace_mark: int = 0) -> str:
+def _key(arch: str, compiler: str, trace_mark: int = 0, q8: bool = False) -> str:
     h = hashlib.sha256()
     sources = [path.read_bytes() for path in (SOURCE_PATH, HEADER_PATH, *PART_PATHS)]
-    for part in (*sources, " ".join(FLAGS + defines(trace_mark)).encode(), compiler.encode(), arch.encode()):
+    for part in (*sources, " ".join(FLAGS + defines(trace_mark, q8)).encode(), compiler.encode(), arch.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
 
 
-def build_worker(arch: str, force: bool = False, trace_mark: int = 0) -> Build:
+def build_worker(arch: str, force: bool = False, trace_mark: int = 0, q8: bool = False) -> Build:
     """The compiled worker for `arch`, from the cache when the same source was built before;
-    `trace_mark` > 0 builds the diagnostic form whose traces stamp a phase of a task."""
+    `q8` builds the one that reads Q8_0 weights, `trace_mark` > 0 the diagnostic form whose
+    traces stamp a phase of a task."""
     check_arch(arch)
     check_trace_mark(trace_mark)
     nvcc = find_nvcc()
     compiler = nvcc_version(nvcc) if nvcc else _nvrtc_version()
     folder = cache_dir()
-    stem = folder / f"worker-{_key(arch, compiler, trace_mark)}-{arch}"
+    stem = folder / f"worker-{_key(arch, compiler, trace_mark, q8)}-{arch}"
     report_path = stem.with_suffix(".json")
     if report_path.is_file() and stem.with_suffix(".cubin").is_file() and not force:
         return Build(**json.loads(report_path.read_text()))
     folder.mkdir(parents=True, exist_ok=True)
-    cubin, log = _compile_nvcc(nvcc, arch, trace_mark) if nvcc else _compile_nvrtc(arch, trace_mark)
+    cubin, log = _compile_nvcc(nvcc, arch, trace_mark, q8) if nvcc else _compile_nvrtc(arch, trace_mark, q8)
     stem.with_suffix(".cubin").write_bytes(cubin)
     build = Build(arch=arch, compiler=compiler, sha256=hashlib.sha256(cubin).hexdigest(),
-                  path=str(stem.with_suffix(".cubin")), **parse_ptxas(log))
+                  path=str(stem.with_suffix(".cubin")), q8=q8, **parse_ptxas(log))
     report_path.write_text(json.dumps(asdict(build), indent=1))
     return build
 
 
-def _compile_nvcc(nvcc: str, arch: str, trace_mark: int = 0) -> tuple[bytes, str]:
+def _compile_nvcc(nvcc: str, arch: str, trace_mark: int = 0, q8: bool = False) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "worker.cubin"
-        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out, trace_mark=trace_mark),
+        done = subprocess.run(nvcc_command(nvcc, arch, SOURCE_PATH, out, trace_mark=trace_mark, q8=q8),
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise GPUError(f"nvcc failed to compile {SOURCE_PATH.name} for {arch} "
@@ -183,13 +187,13 @@ def _nvrtc_version() -> str:
     return f"nvrtc {major}.{minor}"
 
 
-def _compile_nvrtc(arch: str, trace_mark: int = 0) -> tuple[bytes, str]:
+def _compile_nvrtc(arch: str, trace_mark: int = 0, q8: bool = False) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
     headers = (HEADER_PATH, *PART_PATHS)
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"worker.cu", len(headers),
                                          [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
     options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v",
-               *(f"-D{d}".encode() for d in defines(trace_mark))]
+               *(f"-D{d}".encode() for d in defines(trace_mark, q8))]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size
@@ -206,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compile the megakernel worker and print ptxas's report")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--q8", action="store_true", help="the worker for Q8_0 weights (AF_Q8)")
     args = parser.parse_args(argv)
-    print(build_worker(args.arch, force=args.force).summary())
+    print(build_worker(args.arch, force=args.force, q8=args.q8).summary())
     return 0
 
 

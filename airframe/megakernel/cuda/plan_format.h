@@ -10,12 +10,12 @@ typedef unsigned long long uint64_t;
 #include <stdint.h>
 #endif
 
-#define AF_PLAN_VERSION 4
+#define AF_PLAN_VERSION 5
 #define AF_TASK_BYTES 80
 
 enum af_opcode : uint32_t {
     AF_OP_NOP = 0,  // does nothing (padding)
-    AF_OP_EMBED = 1,  // x[0][rows] = bf16(token_embd[token, rows]) * embed_scale
+    AF_OP_EMBED = 1,  // x[0][rows] = token_embd[token, rows] * embed_scale
     AF_OP_QKV = 2,  // qkv[rows] (side: qkv_side[rows]) = W_qkv[rows, part] . rmsnorm(x[layer], norm)[part]
     AF_OP_ATTN = 3,  // one K/V head, one chunk of positions: RoPE on Q and K (of qkv + qkv_side), flash-decoding partial (m, l, o) per query head; chunk 0 writes the roped K and the V row to the caches at pos
     AF_OP_WO = 4,  // h[rows] = x[layer][rows] + W_o[rows, part] . merge(attention partials)[part] (side: h_side[rows], no residual)
@@ -105,6 +105,7 @@ struct af_plan_consts {
     float rms_eps;  // RMSNorm epsilon
     float attn_scale;  // score scale, 1/sqrt(head_dim)
     float embed_scale;  // embedding multiplier
+    uint32_t weights_q8;  // 0: matrices in BF16; 1: every matrix in Q8_0 (planner.WEIGHT_FORMATS), for a worker built with AF_Q8
     uint64_t rope_cos;  // byte offset of the F32 table cos[ctx][rope_dim/2]
     uint64_t rope_sin;  // byte offset of the F32 table sin[ctx][rope_dim/2]
     uint64_t weights_size;  // bytes in weights.bin

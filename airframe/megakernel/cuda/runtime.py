@@ -373,6 +373,10 @@ class Runtime:
 
     def check_target(self) -> None:
         target, build = self.plan.target, self.worker.build
+        if bool(self.k["weights_q8"]) != build.q8:
+            held, runs = ("Q8_0", "BF16") if self.k["weights_q8"] else ("BF16", "Q8_0")
+            raise PlanError(f"package holds {held} matrices, this worker is built for {runs} ones (AF_Q8): "
+                            f"build the worker with q8={bool(self.k['weights_q8'])}")
         if target.binary_sha256 != build.sha256:
             raise PlanError(f"package made for worker binary {target.binary_sha256}, this GPU runs "
                             f"{build.sha256} ({build.arch}, {build.compiler}): plan it again for this worker")

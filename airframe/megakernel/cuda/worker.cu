@@ -174,9 +174,20 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     const volatile uint32_t& n_steps = n_steps_shared;
     const uint32_t me = blockIdx.x;
     uint32_t target = 0, token = 0;
+#if AF_Q8
+    // The step's token in shared memory, read where the embedding runs: held in a register through
+    // every wave of the step and from one step to the next, it was what NVRTC's sm_86 Q8 build spilled.
+    __shared__ uint32_t token_shared;
+#endif
     for (uint32_t step = 0; step < n_steps; ++step) {
+#if AF_Q8
+        uint32_t token = 0;  // (this step's: finish_step sets it past step 0)
+#endif
         if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
+#if AF_Q8
+        token_shared = token;  // (every thread stores the same value)
+#endif
         const uint32_t pos = ctl->pos0 + (ctl->hold_pos ? 0u : step);
         // (read from the attention wave on: the waves before it end in block barriers)
         if (threadIdx.x == 0) set_span(a, pos);
@@ -188,7 +199,11 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
             }
             for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
                 const unsigned long long t0 = traced ? global_ns() : 0;
+#if AF_Q8
+                run_task(a, tb.tasks()[i], step, pos, *static_cast<volatile uint32_t*>(&token_shared), xs, red, sm);
+#else
                 run_task(a, tb.tasks()[i], step, pos, token, xs, red, sm);
+#endif
                 if (traced && threadIdx.x == 0) {
                     const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
                     a.trace[2 * g] = t0;

@@ -17,11 +17,11 @@
 #define AF_MAX_EOS 8
 #define AF_MAX_GROUP 8  // query heads per K/V head
 // 16-byte weight vectors per lane per chunk of a GEMV row (a chunk is 32 * AF_UNROLL vectors of
-// one row, one warp's unit of work). A 1024-thread block has 64 registers per thread, and whatever
+// one row, one warp's unit of work; Q8: 8 bytes of quants and their 2-byte scale). A 1024-thread block has 64 registers per thread, and whatever
 // holds more weight data in flight spills in the hot loops; a QKV or WO wave gives each warp at
 // most one row, so there the number of round trips per row sets the time.
 #define AF_UNROLL 4
-#define AF_DOWN_UNROLL 4  // ffn_down rows each thread loads at once (16 bytes of each)
+#define AF_DOWN_UNROLL 4  // ffn_down rows each thread loads at once (16 bytes of each; Q8: 8)
 // The FFN's 64-bit fixed-point sums (op_ffn) in this many copies, n_embd words apart: block b adds
 // to copy b % AF_FFN_COPIES and the readers add the copies' integers (wrapping 64-bit adds: exact,
 // so the same bits). L2 performs the atomics to one address one after another; two copies halve
@@ -52,6 +52,12 @@
 // (what starting a task costs); 7, 8, 9 an FFN task's the end of its gate and up rows, of its down
 // rows, of its fixed-point sums' atomics.
 #define AF_TRACE_MARK 0
+#endif
+#ifndef AF_Q8
+// The weight format, a build setting: 0 (the shipped build) reads every matrix as BF16; 1 as Q8_0
+// (int8 quants with an f16 scale per 32 weights, planner.WEIGHT_FORMATS; a package says which in
+// weights_q8). Either way the weights widen exactly to f32 and every sum keeps the VM's order.
+#define AF_Q8 0
 #endif
 __shared__ unsigned long long af_mark_ns;  // AF_TRACE_MARK: the stamp the traced task ends with
 
@@ -115,6 +121,27 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
     return v;
 }
+
+#if AF_Q8
+// 8 quants (one lane's vector of a Q8 row, or 8 columns of an ffn_down row), as ld_weight16.
+__device__ __forceinline__ uint2 ld_weight8(const void* p) {
+    uint2 v;
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
+    return v;
+}
+
+// One f16 scale of a Q8 row, as ld_weight16 (the 4 lanes whose vectors share it read it at once).
+__device__ __forceinline__ uint32_t ld_weight2(const void* p) {
+    uint16_t v;
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy));
+    return v;
+}
+#endif
 
 // Activations and the K/V cache are written by other blocks in this launch: read them in L2.
 __device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
@@ -216,6 +243,82 @@ __device__ __forceinline__ float madd(float acc, float a, float b) {
     return __fadd_rn(acc, __fmul_rn(a, b));  // no FMA: the VM rounds the product
 }
 
+#if AF_Q8
+// ---- Q8_0 weights (AF_Q8): host code too, so that the tests decode bytes with the worker's own
+// helpers --------------------------------------------------------------------------------------
+__host__ __device__ __forceinline__ float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, 4);  // (NVRTC, which has no <cstring>, compiles only the branch above)
+    return f;
+#endif
+}
+
+// An integer as a float, rounded to nearest (exact for the quants and the f16 mantissas here).
+// (int, not int32_t: plan_format.h gives NVRTC the unsigned fixed-width types only)
+__host__ __device__ __forceinline__ float int_float(int v) {
+#ifdef __CUDA_ARCH__
+    return __int2float_rn(v);
+#else
+    return (float)v;
+#endif
+}
+
+// The f16 in the low 16 bits of h as the f32 of the same value (NVRTC builds without
+// cuda_fp16.h): a normal's exponent rebiased, a subnormal m * 2^-24 (exact), inf and NaN (payload
+// kept) by their bits, the sign last.
+__host__ __device__ __forceinline__ float f16_float(uint32_t h) {
+    const uint32_t em = h & 0x7fffu;
+    float mag;
+    if (em >= 0x7c00u) mag = bits_float(0x7f800000u | (em << 13));
+    else if (em < 0x0400u) mag = int_float((int)em) * 0x1p-24f;
+    else mag = bits_float((em << 13) + 0x38000000u);  // exponent bias 15 -> 127
+    return (h & 0x8000u) ? -mag : mag;
+}
+
+// Quant k (0..3) of a word of four int8, sign-extended: on the GPU one prmt with its sign
+// replication, which __byte_perm leaves out.
+__host__ __device__ __forceinline__ int q8_int(uint32_t word, uint32_t k) {
+#ifdef __CUDA_ARCH__
+    int q;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(q) : "r"(word), "r"(0x8880u + 0x1111u * k));
+    return q;
+#else
+    return (signed char)(word >> (8 * k));
+#endif
+}
+
+// Weight k (0..7) of 8 quants (8 bytes in element order) with their block's scale: f32(scale) *
+// f32(q), exact in f32 (an 11-bit times an 8-bit significand), one rounded multiply that is never
+// contracted into the dot product (the host's float multiply rounds the same).
+__host__ __device__ __forceinline__ float q8_weight(float scale, uint2 q, uint32_t k) {
+    const float v = int_float(q8_int(k < 4 ? q.x : q.y, k & 3));
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(scale, v);
+#else
+    return scale * v;
+#endif
+}
+
+// Bytes of a Q8 row of k columns (k % 32 == 0): its k quants, then k / 32 f16 scales (scale b for
+// columns 32b..32b+31), zeros to a multiple of 16.
+__host__ __device__ __forceinline__ constexpr uint32_t q8_row_bytes(uint32_t k) { return (k + k / 16 + 15) & ~15u; }
+// From a row's first byte to the scale of its 8-column vector g.
+__host__ __device__ __forceinline__ constexpr uint32_t q8_scale_at(uint32_t k, uint32_t g) { return k + 2 * (g / 4); }
+// ffn_down, transposed (n_ff rows of e columns), in blocks of 32 rows of 34 e bytes: from the
+// tensor's start to row f's block; in the block, the 8 quants of row f at columns 8col..8col+7,
+// then those columns' 8 scales (scale r for column r of the block's 32 rows).
+__host__ __device__ __forceinline__ uint64_t q8_down_block(uint32_t e, uint32_t f) {
+    return (uint64_t)(f / 32) * 34 * e;
+}
+__host__ __device__ __forceinline__ constexpr uint32_t q8_down_quants(uint32_t e, uint32_t f, uint32_t col) {
+    return (f % 32) * e + 8 * col;
+}
+__host__ __device__ __forceinline__ constexpr uint32_t q8_down_scales(uint32_t e, uint32_t col) { return 32 * e + 16 * col; }
+#endif
+
 // ---- xs, the vector a GEMV multiplies (two planes: AF_XS_PLANE_FLOATS) --------------------
 // Where element i of the vector lives in xs.
 __host__ __device__ __forceinline__ constexpr uint32_t xs_index(uint32_t i) {
@@ -237,6 +340,29 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x0, const float* x1,
     acc = madd(acc, bf16_hi(w.w), b.w);
     return acc;
 }
+
+#if AF_Q8
+// dot8 for 8 quants q and their scale: each weight formed exactly, then multiplied and added.
+__device__ __forceinline__ float dot8q(uint2 q, float scale, const float* x0, const float* x1, float acc) {
+    const float4 a = *reinterpret_cast<const float4*>(x0);
+    const float4 b = *reinterpret_cast<const float4*>(x1);
+    acc = madd(acc, q8_weight(scale, q, 0), a.x);
+    acc = madd(acc, q8_weight(scale, q, 1), a.y);
+    acc = madd(acc, q8_weight(scale, q, 2), a.z);
+    acc = madd(acc, q8_weight(scale, q, 3), a.w);
+    acc = madd(acc, q8_weight(scale, q, 4), b.x);
+    acc = madd(acc, q8_weight(scale, q, 5), b.y);
+    acc = madd(acc, q8_weight(scale, q, 6), b.z);
+    acc = madd(acc, q8_weight(scale, q, 7), b.w);
+    return acc;
+}
+
+// madd8 for 8 quants q of an ffn_down row and their columns' scales s.
+__device__ __forceinline__ void madd8q(float* acc, uint2 q, const float* s, float v) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = madd(acc[k], q8_weight(s[k], q, k), v);
+}
+#endif
 
 // acc[k] += element k of the 8 BF16 values w times v, k = 0..7 (ffn_down: a row's 8 columns).
 __device__ __forceinline__ void madd8(float* acc, uint4 w, float v) {
@@ -263,6 +389,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+#if AF_Q8
+// A list of Q8 rows: row i starts at byte p0 + i * stride for i < n0, at p1 + (i - n0) * stride
+// after (FFN: the gate rows, then the up rows); kvec 8-element vectors of each are multiplied
+// from vector `first` on (a split-K piece), and a row's scales start k bytes after it (its k quants).
+struct af_rows {
+    const uint8_t* p0;
+    const uint8_t* p1;
+    uint32_t n0, n, stride, kvec, first, k;
+    __device__ __forceinline__ const uint8_t* row(uint32_t i) const {
+        return i < n0 ? p0 + (size_t)i * stride : p1 + (size_t)(i - n0) * stride;
+    }
+};
+#else
 // A list of BF16 rows: row i starts at p0 + i * stride for i < n0, at p1 + (i - n0) * stride
 // after (FFN: the gate rows, then the up rows); kvec 8-element vectors of each are multiplied.
 struct af_rows {
@@ -273,6 +412,7 @@ struct af_rows {
         return i < n0 ? p0 + (size_t)i * stride : p1 + (size_t)(i - n0) * stride;
     }
 };
+#endif
 
 // Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
 // vectors j with j % 32 == l; U vectors per lane per chunk are loaded, then multiplied.
@@ -285,6 +425,18 @@ template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
+#if AF_Q8
+    uint2 v[U];
+    uint32_t s[U];  // vector j's f16 scale, that of its row's vector first + j
+    auto load = [&](const uint8_t* w, uint32_t base) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane, g = r.first + j;
+            v[u] = j < kvec ? ld_weight8(w + 8 * g) : make_uint2(0, 0);
+            s[u] = j < kvec ? ld_weight2(w + q8_scale_at(r.k, g)) : 0u;
+        }
+    };
+#else
     uint4 v[U];
     auto load = [&](const uint4* w, uint32_t base) {
 #pragma unroll
@@ -293,17 +445,23 @@ __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Pro
             v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
         }
     };
+#endif
     prologue();
     trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
-        const uint4* w = r.row(i);
+        const auto* w = r.row(i);
         float acc = 0.0f;
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
             load(w, base);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
+#if AF_Q8
+                if (j < kvec)
+                    acc = dot8q(v[u], f16_float(s[u]), xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
+#else
                 if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
+#endif
             }
         }
         acc = warp_fold(acc);

@@ -6,10 +6,19 @@
 // ---- opcodes ------------------------------------------------------------------------------
 __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
     const af_plan_consts& c = a.c;
+#if AF_Q8
+    const uint8_t* row = a.weights + t.weight0 + (size_t)token * q8_row_bytes(c.n_embd);
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(row + c.n_embd);
+#else
     const uint16_t* row = reinterpret_cast<const uint16_t*>(a.weights + t.weight0) + (size_t)token * c.n_embd;
+#endif
     float* out = x_at(a, 0);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS) {
+#if AF_Q8
+        const float v = q8_weight(f16_float(__ldg(scales + r / 32)), make_uint2(__ldg(row + r), 0u), 0);
+#else
         const float v = __uint_as_float((uint32_t)__ldg(row + r) << 16);
+#endif
         out[r] = c.embed_scale == 1.0f ? v : __fmul_rn(v, c.embed_scale);
     }
 }
@@ -18,6 +27,28 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
 // WO: rows [row_start, +row_count) of the matrix, columns [part_start, +part_count) of each (a
 // split-K piece, or the whole row), lane 0 taking the piece's first 8 columns as the VM; FFN: the
 // task's gate rows, then its up rows; LM_HEAD: its rows of the output matrix.
+#if AF_Q8
+// (Q8: a row of k columns is q8_row_bytes(k) bytes; a piece starts at vector part / 8 of its rows.)
+__device__ af_rows rows_of(const af_args& a, const af_task& t) {
+    const af_plan_consts& c = a.c;
+    const uint8_t* w0 = a.weights + t.weight0;
+    uint32_t k = 0, part = 0, count = 0;
+    switch (t.opcode) {
+        case AF_OP_FFN: {
+            const uint32_t rb = q8_row_bytes(c.n_embd);
+            const uint8_t* up = a.weights + t.weight1;
+            return af_rows{w0 + (size_t)t.row_start * rb, up + (size_t)t.row_start * rb, t.row_count,
+                           2 * t.row_count, rb, c.n_embd / 8, 0, c.n_embd};
+        }
+        case AF_OP_QKV: k = c.n_embd; part = t.part_start; count = t.part_count; break;
+        case AF_OP_WO: k = c.n_head * c.head_dim_v; part = t.part_start; count = t.part_count; break;
+        case AF_OP_LM_HEAD: k = c.n_embd; part = 0; count = c.n_embd; break;
+        default: return af_rows{w0, w0, 0, 0, 0, 0, 0, 0};
+    }
+    const uint8_t* m = w0 + (size_t)t.row_start * q8_row_bytes(k);
+    return af_rows{m, m, t.row_count, t.row_count, q8_row_bytes(k), count / 8, part / 8, k};
+}
+#else
 __device__ af_rows rows_of(const af_args& a, const af_task& t) {
     const af_plan_consts& c = a.c;
     const uint4* w0 = reinterpret_cast<const uint4*>(a.weights + t.weight0);
@@ -37,6 +68,7 @@ __device__ af_rows rows_of(const af_args& a, const af_task& t) {
     const uint4* m = w0 + (size_t)t.row_start * (k / 8) + part / 8;
     return af_rows{m, m, t.row_count, t.row_count, k / 8, count / 8};
 }
+#endif
 
 // qkv[rows] (side: qkv_side[rows]) = the task's piece of W_qkv . rmsnorm(x[layer]). The V row at
 // pos goes to the cache in the attention wave (chunk 0), from qkv + qkv_side.
@@ -447,7 +479,11 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     trace_mark(7);
     const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
     const uint32_t grp = udiv(threadIdx.x, cols);
+#if AF_Q8
+    const uint8_t* down = a.weights + t.weight2;  // blocks of 32 rows (q8_down_block)
+#else
     const uint4* down = reinterpret_cast<const uint4*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2);
+#endif
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         // the norm's scale, left out of xs (rmsnorm_shared<true>), applied to gate and up here
@@ -462,6 +498,47 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
             if (col < col_lo || col >= col_hi) continue;
             float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t i = grp;
+#if AF_Q8
+            // Block by block (32 FFN rows share a column's scale): the block's 8 scales of this
+            // column are requested with its first rows' quants and converted once, then its rows
+            // of this group go AF_DOWN_UNROLL at a time, in increasing order as ever.
+            while (i < n) {
+                const uint32_t f = t.row_start + i;
+                const uint8_t* block = down + q8_down_block(e, f);
+                const uint32_t end = min((f | 31u) + 1 - t.row_start, n);  // past the block's rows
+                uint2 w[AF_DOWN_UNROLL];
+                float sc[8];
+                auto load = [&] {
+#pragma unroll
+                    for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
+                        const uint32_t iu = i + u * groups;
+                        w[u] = iu < end ? ld_weight8(block + q8_down_quants(e, t.row_start + iu, col)) : make_uint2(0, 0);
+                    }
+                };
+                auto add = [&] {
+#pragma unroll
+                    for (int u = 0; u < AF_DOWN_UNROLL; ++u) {
+                        if (i < end) {
+                            madd8q(acc, w[u], sc, h[i]);
+                            i += groups;
+                        }
+                    }
+                };
+                const uint4 raw = ld_weight16(block + q8_down_scales(e, col));
+                load();
+                const uint32_t rw[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    sc[2 * k] = f16_float(rw[k]);
+                    sc[2 * k + 1] = f16_float(rw[k] >> 16);
+                }
+                add();
+                while (i < end) {
+                    load();
+                    add();
+                }
+            }
+#else
             for (; i + (AF_DOWN_UNROLL - 1) * groups < t.row_count; i += AF_DOWN_UNROLL * groups) {
                 uint4 w[AF_DOWN_UNROLL];
 #pragma unroll
@@ -470,6 +547,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                 for (int u = 0; u < AF_DOWN_UNROLL; ++u) madd8(acc, w[u], h[i + u * groups]);
             }
             for (; i < t.row_count; i += groups) madd8(acc, ld_weight16(down + (size_t)i * cols + col), h[i]);
+#endif
 #pragma unroll
             for (int k = 0; k < 8; ++k) part[grp * e + col * 8 + k] = acc[k];
         }

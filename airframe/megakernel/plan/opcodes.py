@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 # the worker includes it, so it lives beside the worker sources
 HEADER_PATH = Path(__file__).resolve().parents[1] / "cuda" / "plan_format.h"
 
@@ -39,7 +39,7 @@ class Op(IntEnum):
 
 OPCODE_DOCS = {
     Op.NOP: "does nothing (padding)",
-    Op.EMBED: "x[0][rows] = bf16(token_embd[token, rows]) * embed_scale",
+    Op.EMBED: "x[0][rows] = token_embd[token, rows] * embed_scale",
     Op.QKV: "qkv[rows] (side: qkv_side[rows]) = W_qkv[rows, part] . rmsnorm(x[layer], norm)[part]",
     Op.ATTN: "one K/V head, one chunk of positions: RoPE on Q and K (of qkv + qkv_side), flash-decoding "
              "partial (m, l, o) per query head; chunk 0 writes the roped K and the V row to the caches at pos",
@@ -125,6 +125,7 @@ PLAN_CONSTS = (
     ("rms_eps", "f32", "RMSNorm epsilon"),
     ("attn_scale", "f32", "score scale, 1/sqrt(head_dim)"),
     ("embed_scale", "f32", "embedding multiplier"),
+    ("weights_q8", "u32", "0: matrices in BF16; 1: every matrix in Q8_0 (planner.WEIGHT_FORMATS), for a worker built with AF_Q8"),
     ("rope_cos", "u64", "byte offset of the F32 table cos[ctx][rope_dim/2]"),
     ("rope_sin", "u64", "byte offset of the F32 table sin[ctx][rope_dim/2]"),
     ("weights_size", "u64", "bytes in weights.bin"),

@@ -3,8 +3,10 @@
     plan.json    header: format version, model shape, target, fingerprint, plan constants, waves,
                  the tensor table of weights.bin, the attention chunk rule
     tasks.bin    n_tasks x 80-byte task words (opcodes.TASK_FIELDS), sorted by (wave, worker)
-    weights.bin  matrices as BF16 (quantized ones dequantized, then rounded to nearest even),
-                 vectors and RoPE tables as F32; ffn_down transposed; attn_q, attn_k, attn_v adjacent
+    weights.bin  matrices in Q8_0 when every matrix of the model is Q8_0 (its own bytes, re-laid
+                 out: planner.WEIGHT_FORMATS), else as BF16 (quantized ones dequantized, then
+                 rounded to nearest even); vectors and RoPE tables as F32; ffn_down transposed;
+                 attn_q, attn_k, attn_v adjacent
     target.json  the target description the plan was made for
 
 Weights are written tensor by tensor, in row blocks, so the 2.47 GB of a 1B model never sit in
@@ -26,7 +28,7 @@ from ...family import load_config
 from ...gguf_file import GGUFFile, dequantize_rows
 from ...rope_scaling import cos_sin
 from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE
-from .planner import SPLIT_DEFAULT, Plan, TensorSlot, make_plan
+from .planner import LLAMA_LAYER_TENSORS, Q8_BLOCK, SPLIT_DEFAULT, Plan, TensorSlot, make_plan, q8_row_bytes
 from .target import Target, target_from_dict, target_to_dict
 from .validator import PlanError, validate
 from .vm import f32_to_bf16
@@ -111,8 +113,9 @@ def write_package(model_path: str | Path, target: Target, out: str | Path, ctx: 
     """Plan `model_path` for `target` and write the package folder `out` (planner.make_plan)."""
     out = Path(out)
     gf = GGUFFile(model_path)
-    plan = make_plan(load_config(gf), target, ctx, attn_chunk, split=split, attn_spread=attn_spread,
-                     attn_wide=attn_wide, attn_wide_min=attn_wide_min)
+    config = load_config(gf)
+    plan = make_plan(config, target, ctx, attn_chunk, split=split, attn_spread=attn_spread,
+                     attn_wide=attn_wide, attn_wide_min=attn_wide_min, weights=weight_format(gf, config))
     plan.model["source"] = str(model_path)
     validate(plan, target)
     write_plan(plan, out)
@@ -121,6 +124,16 @@ def write_package(model_path: str | Path, target: Target, out: str | Path, ctx: 
     except OSError as e:
         raise AirframeError(f"{out / 'weights.bin'}: cannot write ({e.strerror or e})") from None
     return Package.load(out, target)
+
+
+def weight_format(gf: GGUFFile, config) -> str:
+    """"q8_0" when every matrix the plan stores is Q8_0 in the GGUF (a Q8_0 model keeps its own
+    weights and half BF16's bytes), else "bf16"."""
+    names = ["token_embd.weight"] + ([] if config.tied_embeddings else ["output.weight"])
+    names += [f"blk.{i}.{name}" for i in range(config.n_layers) for name in LLAMA_LAYER_TENSORS
+              if not name.endswith("norm.weight")]
+    q8 = all(gf.tensor(name).qtype == GGMLQuantizationType.Q8_0 for name in names)
+    return "q8_0" if q8 else "bf16"
 
 
 def _write_weights(gf: GGUFFile, plan: Plan, path: Path, progress: bool) -> None:
@@ -150,12 +163,48 @@ def _tensor_blocks(gf: GGUFFile, plan: Plan, slot: TensorSlot):
         yield gf.dequantize(slot.name).astype(np.float32).reshape(-1)
         return
     raw = gf.raw(slot.name)
+    if slot.dtype == "q8_0":
+        yield from (_q8_down(raw) if slot.transposed else _q8_rows(raw))
+        return
     if slot.transposed:
         yield np.ascontiguousarray(_bf16_rows(raw, info.qtype).T)
         return
     rows_per_block = max(1, ROW_BLOCK_BYTES // (4 * info.shape[0]))
     for first in range(0, info.n_rows, rows_per_block):
         yield _bf16_rows(raw[first:first + rows_per_block], info.qtype)
+
+
+def _q8_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF Q8_0 rows (rows, blocks * 34 bytes: an f16 scale, then 32 int8) -> (quants (rows, cols)
+    uint8, scales (rows, blocks) as f16 bytes (rows, 2 * blocks))."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 2 + Q8_BLOCK)
+    return blocks[:, :, 2:].reshape(rows, -1), blocks[:, :, :2].reshape(rows, -1)
+
+
+def _q8_rows(raw: np.ndarray):
+    """Rows in the Q8_0 row layout (planner.WEIGHT_FORMATS): quants, scales, padding."""
+    cols = raw.shape[1] // (2 + Q8_BLOCK) * Q8_BLOCK
+    stride = q8_row_bytes(cols)
+    rows_per_block = max(1, ROW_BLOCK_BYTES // stride)
+    for first in range(0, raw.shape[0], rows_per_block):
+        quants, scales = _q8_blocks(raw[first:first + rows_per_block])
+        out = np.zeros((quants.shape[0], stride), np.uint8)
+        out[:, :cols] = quants
+        out[:, cols:cols + scales.shape[1]] = scales
+        yield out
+
+
+def _q8_down(raw: np.ndarray):
+    """ffn_down (n_embd rows of n_ff) transposed into blocks of 32 n_ff rows: each block's quants
+    (32 rows of n_embd), then its n_embd scales."""
+    quants, scales = _q8_blocks(raw)  # (n_embd, n_ff), (n_embd, 2 * n_ff / 32)
+    e = quants.shape[0]
+    for b in range(quants.shape[1] // Q8_BLOCK):
+        block = np.empty(34 * e, np.uint8)
+        block[:Q8_BLOCK * e] = quants[:, b * Q8_BLOCK:(b + 1) * Q8_BLOCK].T.reshape(-1)
+        block[Q8_BLOCK * e:] = scales[:, 2 * b:2 * b + 2].reshape(-1)
+        yield block
 
 
 def _bf16_rows(raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:

@@ -55,18 +55,47 @@ ATTN_WIDE = 16
 ATTN_WIDE_MIN = 128
 
 
+# Matrix formats of weights.bin. Q8_0 keeps a Q8_0 model's own weights (every matrix of the GGUF in
+# Q8_0), laid out for the worker's 8-byte loads:
+#   - a row of K columns is RB = q8_row_bytes(K) bytes: K int8 quants, then K / 32 f16 scales (scale b
+#     for columns 32b..32b+31), zero padding to 16 bytes; weight = f32(scale) * f32(q), exact in f32;
+#   - ffn_down, stored transposed (n_ff rows of n_embd = E), in blocks of 32 rows (the GGUF's blocks
+#     run along n_ff): block b is the 32 rows' quants (E bytes each) and then E f16 scales, scale r
+#     shared by column r of the 32 rows: 34 E bytes (q8_down_block_bytes).
+# Either way the weights widen exactly to f32 and every dot product keeps BF16's order (dot_vec 8).
+WEIGHT_FORMATS = ("bf16", "q8_0")
+Q8_BLOCK = 32
+
+
+def q8_row_bytes(cols: int) -> int:
+    return _align(cols + cols // 16, 16)
+
+
+def q8_down_block_bytes(n_embd: int) -> int:
+    return 34 * n_embd
+
+
+def row_bytes(dtype: str, cols: int) -> int:
+    """Bytes of one row of `cols` columns of a matrix stored as `dtype` (not transposed)."""
+    return q8_row_bytes(cols) if dtype == "q8_0" else cols * (2 if dtype == "bf16" else 4)
+
+
 @dataclass(frozen=True)
 class TensorSlot:
     """One tensor in weights.bin. shape is numpy order (rows, row_length)."""
 
     name: str
     offset: int
-    dtype: str  # "bf16" for matrices, "f32" for vectors and tables
+    dtype: str  # "bf16" or "q8_0" for matrices (WEIGHT_FORMATS), "f32" for vectors and tables
     shape: tuple[int, ...]
     transposed: bool = False  # stored as the transpose of the GGUF tensor (ffn_down)
 
     @property
     def n_bytes(self) -> int:
+        if self.dtype == "q8_0" and self.transposed:
+            return self.shape[0] // Q8_BLOCK * q8_down_block_bytes(self.shape[1])
+        if len(self.shape) == 2:
+            return self.shape[0] * row_bytes(self.dtype, self.shape[1])
         return math.prod(self.shape) * (2 if self.dtype == "bf16" else 4)
 
 
@@ -114,30 +143,45 @@ def check_supported(config: ModelConfig) -> None:
                                f"plans the Llama layout only (RMSNorm, separate Q/K/V, SiLU FFN, full attention)")
 
 
+def check_format(config: ModelConfig, weights: str) -> None:
+    """Q8_0 rows hold whole blocks of 32: every matrix's row length, and n_ff (ffn_down's blocks
+    run along it), must be multiples of 32."""
+    if weights not in WEIGHT_FORMATS:
+        raise UnsupportedError(f"weight format {weights!r}, expected one of {', '.join(WEIGHT_FORMATS)}")
+    if weights == "q8_0":
+        widths = {"n_embd": config.n_embd, "n_head * head_dim_v": config.n_head * config.head_dim_v,
+                  "n_ff": config.n_ff}
+        odd = [f"{name} = {value}" for name, value in widths.items() if value % Q8_BLOCK]
+        if odd:
+            raise UnsupportedError(f"{', '.join(odd)}: Q8_0 weights need multiples of {Q8_BLOCK}")
+
+
 # ---- weights.bin layout --------------------------------------------------------------------------
 def _align(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
 
 
-def layout_weights(config: ModelConfig, ctx: int) -> tuple[dict[str, TensorSlot], int]:
-    """Where every tensor lives in weights.bin. attn_q, attn_k, attn_v are adjacent (stacked)."""
+def layout_weights(config: ModelConfig, ctx: int, weights: str = "bf16") -> tuple[dict[str, TensorSlot], int]:
+    """Where every tensor lives in weights.bin, its matrices in format `weights` (WEIGHT_FORMATS).
+    attn_q, attn_k, attn_v are adjacent (stacked)."""
     c = config
-    specs = [("token_embd.weight", "bf16", (c.vocab_size, c.n_embd), False)]
+    m = weights
+    specs = [("token_embd.weight", m, (c.vocab_size, c.n_embd), False)]
     if not c.tied_embeddings:
-        specs.append(("output.weight", "bf16", (c.vocab_size, c.n_embd), False))
+        specs.append(("output.weight", m, (c.vocab_size, c.n_embd), False))
     specs += [("output_norm.weight", "f32", (c.n_embd,), False),
               ("rope_cos", "f32", (ctx, c.rope_dim // 2), False),
               ("rope_sin", "f32", (ctx, c.rope_dim // 2), False)]
     for i in range(c.n_layers):
         specs += [(f"blk.{i}.attn_norm.weight", "f32", (c.n_embd,), False),
-                  (f"blk.{i}.attn_q.weight", "bf16", (c.n_q, c.n_embd), False),
-                  (f"blk.{i}.attn_k.weight", "bf16", (c.n_kv, c.n_embd), False),
-                  (f"blk.{i}.attn_v.weight", "bf16", (c.n_head_kv * c.head_dim_v, c.n_embd), False),
-                  (f"blk.{i}.attn_output.weight", "bf16", (c.n_embd, c.n_head * c.head_dim_v), False),
+                  (f"blk.{i}.attn_q.weight", m, (c.n_q, c.n_embd), False),
+                  (f"blk.{i}.attn_k.weight", m, (c.n_kv, c.n_embd), False),
+                  (f"blk.{i}.attn_v.weight", m, (c.n_head_kv * c.head_dim_v, c.n_embd), False),
+                  (f"blk.{i}.attn_output.weight", m, (c.n_embd, c.n_head * c.head_dim_v), False),
                   (f"blk.{i}.ffn_norm.weight", "f32", (c.n_embd,), False),
-                  (f"blk.{i}.ffn_gate.weight", "bf16", (c.n_ff, c.n_embd), False),
-                  (f"blk.{i}.ffn_up.weight", "bf16", (c.n_ff, c.n_embd), False),
-                  (f"blk.{i}.ffn_down.weight", "bf16", (c.n_ff, c.n_embd), True)]
+                  (f"blk.{i}.ffn_gate.weight", m, (c.n_ff, c.n_embd), False),
+                  (f"blk.{i}.ffn_up.weight", m, (c.n_ff, c.n_embd), False),
+                  (f"blk.{i}.ffn_down.weight", m, (c.n_ff, c.n_embd), True)]
     slots, offset = {}, 0
     for name, dtype, shape, transposed in specs:
         stacked = name.endswith(("attn_k.weight", "attn_v.weight"))
@@ -221,7 +265,7 @@ def _matrix_wave(op: Op, rows: int, cols: int, workers: int, split: bool, **fiel
     return tasks
 
 
-def ffn_sharing(n_ff: int, n_embd: int, workers: int, split: bool) -> int:
+def ffn_sharing(n_ff: int, n_embd: int, workers: int, split: bool, weights: str = "bf16") -> int:
     """How many workers share each of the n_ff % workers leftover FFN rows (1: none is shared,
     whole rows as split_rows deals them). A sharer streams the row's gate and up rows again and
     1/s of its ffn_down column; the shares are dealt round robin. The smallest s that brings the
@@ -229,10 +273,11 @@ def ffn_sharing(n_ff: int, n_embd: int, workers: int, split: bool) -> int:
     base, extra = divmod(n_ff, workers)
     if not split or not base or not extra or uneven(n_ff, workers) <= SPLIT_LIMIT:
         return 1
-    unit = 3 * n_embd * 2
+    per = row_bytes(weights, n_embd) / n_embd  # bytes a weight takes
+    unit = 3 * n_embd * per
     whole_max = (base + 1) * unit
     for s in range(2, n_embd // DOT_VEC + 1):
-        sharer = 2 * n_embd * 2 + 2 * _ffn_pieces(n_embd, s)[0][1]
+        sharer = 2 * n_embd * per + per * _ffn_pieces(n_embd, s)[0][1]
         most = base * unit + math.ceil(extra * s / workers) * sharer
         mean = base * unit + extra * s * sharer / workers
         if most >= whole_max:
@@ -311,7 +356,8 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, at
         attn_chunk=attn_chunk, attn_chunks=attn_chunks, attn_spread=attn_spread, attn_min=ATTN_MIN,
         attn_wide=attn_wide, attn_wide_min=attn_wide_min,
         ffn_parts=ffn_parts, lm_parts=lm_parts,
-        dot_lanes=DOT_LANES, dot_vec=DOT_VEC, n_tasks=0, n_waves=0,
+        dot_lanes=DOT_LANES, dot_vec=DOT_VEC, weights_q8=int(w["token_embd.weight"].dtype == "q8_0"),
+        n_tasks=0, n_waves=0,
         rms_eps=float(np.float32(c.rms_eps)), attn_scale=float(np.float32(c.attention_scale())),
         embed_scale=float(np.float32(c.embedding_scale())),
         rope_cos=w["rope_cos"].offset, rope_sin=w["rope_sin"].offset, weights_size=weights_size,
@@ -322,17 +368,19 @@ def _consts(c: ModelConfig, target: Target, ctx: int, attn_chunk: int | None, at
 
 def make_plan(config: ModelConfig, target: Target, ctx: int | None = None,
               attn_chunk: int | None = None, split: bool = SPLIT_DEFAULT, attn_spread: int | None = None,
-              attn_wide: int | None = None, attn_wide_min: int | None = None) -> Plan:
-    """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions; `split`
-    cuts weight waves finer than whole rows where those are more than SPLIT_LIMIT uneven;
-    `attn_spread` (default ATTN_SPREAD; 0: fixed chunks) spreads a shorter context over that many
-    attention chunks, `attn_wide` (default ATTN_WIDE; 0: none) a longer one over up to that many
-    of at least `attn_wide_min` (ATTN_WIDE_MIN) positions (opcodes.attn_span)."""
+              attn_wide: int | None = None, attn_wide_min: int | None = None, weights: str = "bf16") -> Plan:
+    """Plan one decode token of `config` on `target` for a K/V cache of `ctx` positions, its
+    matrices in format `weights` (WEIGHT_FORMATS); `split` cuts weight waves finer than whole rows
+    where those are more than SPLIT_LIMIT uneven; `attn_spread` (default ATTN_SPREAD; 0: fixed
+    chunks) spreads a shorter context over that many attention chunks, `attn_wide` (default
+    ATTN_WIDE; 0: none) a longer one over up to that many of at least `attn_wide_min`
+    (ATTN_WIDE_MIN) positions (opcodes.attn_span)."""
     check_supported(config)
+    check_format(config, weights)
     c = config
     ctx = ctx or min(c.ctx_train, DEFAULT_CTX)
-    w, weights_size = layout_weights(c, ctx)
-    share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split)
+    w, weights_size = layout_weights(c, ctx, weights)
+    share = ffn_sharing(c.n_ff, c.n_embd, target.workers, split, weights)
     consts = _consts(c, target, ctx, attn_chunk, attn_spread, w, weights_size, share, attn_wide, attn_wide_min)
     head = w.get("output.weight", w["token_embd.weight"])
     waves = [("embed", 0, _rows_wave(Op.EMBED, c.n_embd, target.workers,
@@ -373,18 +421,21 @@ def task_bytes(t, k: dict, pos: int | None = None) -> int:
     the last position of the context). Norm vectors and activations are left out: every task of
     a wave reads the same few KB, which come from L2 after the first."""
     op, n, e = Op(int(t["opcode"])), int(t["row_count"]), k["n_embd"]
+    # a weight's bytes: 2 in BF16; in Q8_0 its quant and a 16th of its block's f16 scale (the
+    # padding of a row is never read)
+    per = 17 / 16 if k.get("weights_q8") else 2
     if op == Op.EMBED:
-        return n * 2
+        return round(n * per)
     if op in (Op.QKV, Op.WO):
-        return n * int(t["part_count"]) * 2
+        return round(n * int(t["part_count"]) * per)
     if op == Op.ATTN:
         pos = k["ctx"] - 1 if pos is None else pos
         first, last = attn_chunk_positions(k, int(t["slot"]), pos)
         return (last - first) * (k["head_dim"] + k["head_dim_v"]) * 4
     if op == Op.FFN:
-        return 2 * n * e * 2 + n * int(t["part_count"]) * 2
+        return round((2 * n * e + n * int(t["part_count"])) * per)
     if op == Op.LM_HEAD:
-        return n * e * 2
+        return round(n * e * per)
     return 0  # FFN_REDUCE and FINAL_NORM read only activations
 
 

@@ -26,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...errors import AirframeError
 from .opcodes import CONST_NAMES, TASK_DTYPE, Op
+from .planner import Q8_BLOCK, q8_down_block_bytes, row_bytes
 from .target import Target, fingerprint
 
 READ_ONLY = ("weights", "kcache", "vcache")
@@ -90,19 +91,20 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
     """(reads, writes) of one task, as blocks; weights in bytes, everything else in floats."""
     op, r0, n, layer = int(t["opcode"]), int(t["row_start"]), int(t["row_count"]), int(t["layer"])
     e = k["n_embd"]
+    fmt = "q8_0" if k["weights_q8"] else "bf16"
     if op == Op.EMBED:
-        table = k["vocab"] * e * 2  # the token's row is chosen at run time: the whole table is the envelope
+        table = k["vocab"] * row_bytes(fmt, e)  # the token's row is chosen at run time: the whole table is the envelope
         return [_flat("weights", int(t["weight0"]), table)], [_flat("act", act(k, "x", 0) + r0, n)]
     if op == Op.QKV:
         reads = [_flat("act", act(k, "x", layer), e), _flat("weights", int(t["norm"]), e * 4),
-                 _piece_block(t, e)]
+                 _piece_block(t, e, fmt)]
         return reads, [_flat("act", act(k, "qkv_side" if int(t["side"]) else "qkv", layer) + r0, n)]
     if op == Op.ATTN:
         return _attn_ranges(t, k)
     if op == Op.WO:
         n_in = k["n_head"] * k["head_dim_v"]
         reads = [_flat("act", act(k, "attn", layer), k["attn_chunks"] * k["n_head"] * attn_record(k)),
-                 _piece_block(t, n_in)]
+                 _piece_block(t, n_in, fmt)]
         if int(t["side"]):
             return reads, [_flat("act", act(k, "h_side", layer) + r0, n)]
         return reads + [_flat("act", act(k, "x", layer) + r0, n)], [_flat("act", act(k, "h", layer) + r0, n)]
@@ -110,8 +112,14 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
         p0, pn = int(t["part_start"]), int(t["part_count"])
         reads = [_flat("act", act(k, "h", layer), e), _flat("act", act(k, "h_side", layer), e, sparse=True),
                  _flat("weights", int(t["norm"]), e * 4)]
-        reads += [_flat("weights", int(t[w]) + r0 * e * 2, n * e * 2) for w in ("weight0", "weight1")]
-        reads.append(Block("weights", int(t["weight2"]) + (r0 * e + p0) * 2, n, pn * 2, e * 2))
+        row = row_bytes(fmt, e)
+        reads += [_flat("weights", int(t[w]) + r0 * row, n * row) for w in ("weight0", "weight1")]
+        if fmt == "q8_0":  # the 32-row blocks of the transposed ffn_down that hold the task's rows
+            first, last = r0 // Q8_BLOCK, -(-(r0 + n) // Q8_BLOCK)
+            block = q8_down_block_bytes(e)
+            reads.append(_flat("weights", int(t["weight2"]) + first * block, (last - first) * block))
+        else:
+            reads.append(Block("weights", int(t["weight2"]) + (r0 * e + p0) * 2, n, pn * 2, e * 2))
         return reads, [_flat("act", act(k, "ffn", layer) + int(t["slot"]) * e + p0, pn)]
     if op == Op.FFN_REDUCE:
         parts = Block("act", act(k, "ffn", layer) + r0, k["ffn_parts"], n, e, sparse=True)
@@ -121,14 +129,19 @@ def task_ranges(t, k: dict) -> tuple[list[Block], list[Block]]:
         reads = [_flat("act", act(k, "x", k["n_layers"]), e), _flat("weights", int(t["norm"]), e * 4)]
         return reads, [_flat("act", act(k, "xn") + r0, n)]
     if op == Op.LM_HEAD:
-        reads = [_flat("act", act(k, "xn"), e), _flat("weights", int(t["weight0"]) + r0 * e * 2, n * e * 2)]
+        row = row_bytes(fmt, e)
+        reads = [_flat("act", act(k, "xn"), e), _flat("weights", int(t["weight0"]) + r0 * row, n * row)]
         return reads, [_flat("act", act(k, "logits") + r0, n), _flat("act", act(k, "cand") + 2 * int(t["slot"]), 2)]
     raise PlanError(f"opcode {op}, expected one of {', '.join(f'{o.value} {o.name}' for o in Op if o)}")
 
 
-def _piece_block(t, cols: int) -> Block:
-    """The weight bytes of a QKV/WO task: its rows, columns [part_start, +part_count)."""
+def _piece_block(t, cols: int, fmt: str) -> Block:
+    """The weight bytes of a QKV/WO task: its rows, columns [part_start, +part_count) (in Q8_0 the
+    whole rows: a piece's scales lie past the row's quants)."""
     r0, n, p0, pn = int(t["row_start"]), int(t["row_count"]), int(t["part_start"]), int(t["part_count"])
+    if fmt == "q8_0":
+        row = row_bytes(fmt, cols)
+        return _flat("weights", int(t["weight0"]) + r0 * row, n * row)
     return Block("weights", int(t["weight0"]) + (r0 * cols + p0) * 2, n, pn * 2, cols * 2)
 
 
@@ -235,6 +248,11 @@ def _check_fingerprint(plan, target: Target) -> None:
 def _check_tensors(plan) -> None:
     size = plan.consts["weights_size"]
     slots = sorted(plan.tensors.values(), key=lambda s: s.offset)
+    fmt = "q8_0" if plan.consts["weights_q8"] else "bf16"
+    for slot in slots:
+        if len(slot.shape) == 2 and not slot.name.startswith("rope_") and slot.dtype != fmt:
+            raise PlanError(f"tensor {slot.name} stored as {slot.dtype}, expected {fmt} "
+                            f"(weights_q8 = {plan.consts['weights_q8']})")
     for slot in slots:
         if slot.offset < 0 or slot.offset + slot.n_bytes > size:
             raise PlanError(f"tensor {slot.name} at bytes {slot.offset}..{slot.offset + slot.n_bytes}, "

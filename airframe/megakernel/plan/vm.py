@@ -23,8 +23,9 @@ fixed order (docs/MEGAKERNEL.md, "Reduction orders"):
     x * w and scale their dot products by inv afterwards (`rmsnorm_deferred`).
   - RoPE uses the F32 cos/sin tables in weights.bin: a' = a*cos - b*sin, b' = a*sin + b*cos.
   - exp is the only function not correctly rounded: here numpy's float32 exp.
-Weights are BF16 (matrices) or F32 (vectors, tables); activations, accumulators and the K/V cache
-are F32. Tasks of one wave only read what earlier waves wrote, so any order gives the same bits.
+Matrices are BF16 or Q8_0 (planner.WEIGHT_FORMATS), both widened exactly to F32 before any
+arithmetic, so the orders above hold for either; vectors and tables are F32; activations,
+accumulators and the K/V cache are F32. Tasks of one wave only read what earlier waves wrote, so any order gives the same bits.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 
 from ...errors import ContextOverflowError, ParameterError
 from .opcodes import Op, attn_chunk_positions, attn_span
+from .planner import Q8_BLOCK, q8_down_block_bytes, q8_row_bytes, row_bytes
 from .validator import act, attn_record, head_qkv_rows
 
 F32 = np.float32
@@ -50,6 +52,16 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
     nan = np.isnan(values)
     return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def q8_weights(quants: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Q8_0 weights in F32: int8 quants (rows, cols) times their block's scale, `scales` (rows,
+    cols / 32) or one per element; each product is exact in F32 (an 11-bit times an 8-bit
+    significand), so the worker's one rounded multiply gives the same value."""
+    q = quants.view(np.int8).astype(F32)
+    if scales.shape != q.shape:
+        scales = np.repeat(scales, Q8_BLOCK, axis=1)
+    return q * scales
 
 
 def lane_sum(products: np.ndarray, lanes: int = 32, vec: int = 8) -> np.ndarray:
@@ -151,6 +163,7 @@ class VM:
         self.k = k = plan.consts
         self.weights = weights
         self.w16 = weights.view(np.uint16)
+        self._format = "q8_0" if self.k["weights_q8"] else "bf16"
         self.act = np.zeros(k["act_size"], F32)
         kv = (k["n_layers"], k["n_head_kv"], k["ctx"])
         self.kcache = np.zeros((*kv, k["head_dim"]), F32)  # (layer, kv_head, ctx, head_dim)
@@ -205,9 +218,28 @@ class VM:
         return int(ids[best])
 
     # ---- operand access -----------------------------------------------------------------------
-    def _bf16(self, offset: int, rows: int, cols: int) -> np.ndarray:
-        first = offset // 2
-        return bf16_to_f32(self.w16[first:first + rows * cols]).reshape(rows, cols)
+    def _matrix(self, offset: int, rows: int, cols: int) -> np.ndarray:
+        """(rows, cols) of a stored matrix from the row at byte `offset`, widened exactly to F32."""
+        if not self.k["weights_q8"]:
+            first = offset // 2
+            return bf16_to_f32(self.w16[first:first + rows * cols]).reshape(rows, cols)
+        stride = q8_row_bytes(cols)
+        raw = self.weights[offset:offset + rows * stride].reshape(rows, stride)
+        scales = raw[:, cols:cols + cols // 16].copy().view(np.float16).astype(F32)
+        return q8_weights(raw[:, :cols], scales)
+
+    def _down(self, offset: int, r0: int, n: int) -> np.ndarray:
+        """Rows [r0, r0 + n) of the transposed ffn_down at byte `offset`: (n, n_embd) F32."""
+        e = self.k["n_embd"]
+        if not self.k["weights_q8"]:
+            return self._matrix(offset + r0 * e * 2, n, e)
+        block = q8_down_block_bytes(e)
+        first, last = r0 // Q8_BLOCK, -(-(r0 + n) // Q8_BLOCK)
+        raw = self.weights[offset + first * block:offset + last * block].reshape(last - first, block)
+        quants = raw[:, :Q8_BLOCK * e].reshape(-1, e)  # (32 * blocks, n_embd)
+        scales = raw[:, Q8_BLOCK * e:].copy().view(np.float16).astype(F32)  # (blocks, n_embd)
+        rows = q8_weights(quants, np.repeat(scales, Q8_BLOCK, axis=0))
+        return rows[r0 - first * Q8_BLOCK:r0 - first * Q8_BLOCK + n]
 
     def _f32(self, offset: int, count: int) -> np.ndarray:
         return self.weights[offset:offset + 4 * count].view(F32)
@@ -228,7 +260,7 @@ class VM:
     # ---- opcodes ------------------------------------------------------------------------------
     def _embed(self, t) -> None:
         e, r0, n = self.k["n_embd"], int(t["row_start"]), int(t["row_count"])
-        row = self._bf16(int(t["weight0"]) + (self.token * e + r0) * 2, 1, n)[0]
+        row = self._matrix(int(t["weight0"]) + self.token * row_bytes(self._format, e), 1, e)[0, r0:r0 + n]
         scale = F32(self.k["embed_scale"])
         self._region("x", r0, n)[:] = row if scale == 1 else row * scale
 
@@ -236,7 +268,7 @@ class VM:
         """Rows [row_start, +row_count) of the task's matrix (row length x.size), columns
         [part_start, +part_count), dotted with the same columns of x."""
         r0, n, c0, cn = int(t["row_start"]), int(t["row_count"]), int(t["part_start"]), int(t["part_count"])
-        rows = self._bf16(int(t["weight0"]) + r0 * x.size * 2, n, x.size)
+        rows = self._matrix(int(t["weight0"]) + r0 * row_bytes(self._format, x.size), n, x.size)
         return self._dot(np.ascontiguousarray(rows[:, c0:c0 + cn]), x[c0:c0 + cn])
 
     def _with_side(self, name: str, start: int, count: int, layer: int) -> np.ndarray:
@@ -317,10 +349,11 @@ class VM:
     def _ffn(self, t) -> None:
         e, r0, n, layer = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["layer"])
         x, inv = self._norm_deferred(self._with_side("h", 0, e, layer), int(t["norm"]))
-        gate = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), x) * inv
-        up = self._dot(self._bf16(int(t["weight1"]) + r0 * e * 2, n, e), x) * inv
+        row = row_bytes(self._format, e)
+        gate = self._dot(self._matrix(int(t["weight0"]) + r0 * row, n, e), x) * inv
+        up = self._dot(self._matrix(int(t["weight1"]) + r0 * row, n, e), x) * inv
         h = silu(gate) * up
-        down_t = self._bf16(int(t["weight2"]) + r0 * e * 2, n, e)  # (rows, n_embd): columns of ffn_down
+        down_t = self._down(int(t["weight2"]), r0, n)  # (rows, n_embd): columns of ffn_down
         threads, cols = self.plan.target.threads_per_worker, e // 8
         groups = threads // cols if cols < threads else 1
         p0, pn = int(t["part_start"]), int(t["part_count"])  # the output rows this task adds to
@@ -340,7 +373,8 @@ class VM:
 
     def _lm_head(self, t) -> None:
         e, r0, n, slot = self.k["n_embd"], int(t["row_start"]), int(t["row_count"]), int(t["slot"])
-        logits = self._dot(self._bf16(int(t["weight0"]) + r0 * e * 2, n, e), self._region("xn", 0, e))
+        logits = self._dot(self._matrix(int(t["weight0"]) + r0 * row_bytes(self._format, e), n, e),
+                           self._region("xn", 0, e))
         self._region("logits", r0, n)[:] = logits
         best = int(np.argmax(logits))  # first maximum: lowest id among ties
         cand = self._region("cand", 2 * slot, 2)
