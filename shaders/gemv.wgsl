@@ -119,10 +119,12 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let busy = sub / split < per_pass && quad < QUADS && row < P.rows;
         let a = row_words(row, false);
         let b = row_words(row, true);
-        var s0: Sums;
-        var s1: Sums;
-        var s2: Sums;
-        var s3: Sums;
+        // zero for every pass: wgpu 0.32's naga keeps a loop's `var` without an initializer from
+        // one iteration to the next (gfx-rs/wgpu#9489)
+        var s0 = Sums();
+        var s1 = Sums();
+        var s2 = Sums();
+        var s3 = Sums();
         // each lane's units are the same whatever the chunks, so a token's sums are too
         var u = (sub % split) * lanes + lane;
         for (var u0 = 0u; u0 < n_units; u0 += chunk) {

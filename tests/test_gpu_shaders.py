@@ -1,5 +1,7 @@
 """load_wgsl: includes resolved once each, placeholders filled, and clear errors."""
 
+import re
+
 import pytest
 
 from airframe.errors import AirframeError
@@ -46,3 +48,28 @@ def test_a_default_fills_the_placeholders_defines_lack(shader_dir):
     (shader_dir / "main.wgsl").write_text("const N: u32 = {ROWS}u;\nconst M: u32 = {COLS}u;\n")
     text = shaders.load_wgsl("main.wgsl", {"ROWS": "4"}, default=lambda name: "7")
     assert "N: u32 = 4u" in text and "M: u32 = 7u" in text
+
+
+def uninitialized_block_vars(text: str) -> list[str]:
+    """`var name: T;` lines inside a block of a function (brace depth 2 or more): a loop body's
+    such var keeps its value from one iteration to the next in wgpu 0.32's naga (gfx-rs/wgpu#9489),
+    where WGSL makes it zero each time, so the shaders give every such var an initializer."""
+    found, depth = [], 0
+    for line in text.splitlines():
+        code = line.split("//")[0]
+        if depth >= 2 and re.match(r"\s*var\s+\w+\s*:[^=]*;", code):
+            found.append(line.strip())
+        depth += code.count("{") - code.count("}")
+    return found
+
+
+def test_uninitialized_block_vars_are_found():
+    text = "fn f() {\n    var a: u32;\n    for (;;) {\n        var s: S;\n        var t = S();\n    }\n}\n"
+    assert uninitialized_block_vars(text) == ["var s: S;"]
+
+
+def test_no_shader_declares_a_block_var_without_an_initializer():
+    root = shaders.data_dir("shaders")
+    found = {str(p.relative_to(root)): uninitialized_block_vars(p.read_text()) for p in sorted(root.rglob("*.wgsl"))}
+    assert len(found) > 40 and "gemv.wgsl" in found
+    assert {name: lines for name, lines in found.items() if lines} == {}
