@@ -49,6 +49,9 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
     text = bench.format_result(result)
     assert "chained greedy" in text and "chained on the GPU / full logits / constrained" in text
     assert "constrained tokens drawn on the GPU" in text and "time to first token" in text
+    host = result["sampled_host_ms"]  # a sampled token's host work, beside the greedy token's recording
+    assert set(host) == {"table", "record", "sample"} and all(ms > 0 for ms in host.values())
+    assert "a sampled token's host work: table" in text
 
 
 def test_the_gpu_breakdown_covers_every_op_class(result):

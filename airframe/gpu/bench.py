@@ -34,6 +34,7 @@ from ..model import open_model
 from ..options import RunOptions
 from ..sampling import History, Sampler, SamplingParams
 from ..tokenizer import load_tokenizer
+from . import candidates as cand
 from . import pipelines as pl
 from .backend import WebGPUBackend
 from .device import get_context
@@ -313,6 +314,44 @@ def record_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
     return {name: 1000 * statistics.median(v) for name, v in parts.items()}
 
 
+def sampled_host_ms(be: WebGPUBackend, repeats: int = 20) -> dict:
+    """Host ms of one sampled token chained on the GPU (SAMPLED, sampled.py's fused step), medians,
+    the GPU's work left out: the penalty table made and written ("table": Sampler.reduction and
+    write_request), the token's forward, reduction and draw recorded ("record"), and its read-back
+    parsed and sampled ("sample": parse and Sampler.sample_reduced). Beside record_ms, it says
+    whether the host keeps ahead of the GPU on a sampled request. {} where reductions run on the
+    host."""
+    if not be.reduces_on_device:
+        return {}
+    sampler = Sampler(SAMPLED, be.config.vocab_size)
+    n = min(64, be.n_ctx - 1)  # a repetition window of distinct tokens, run as a prompt for real logits
+    history = History([(7 * i) % be.config.vocab_size for i in range(1, n + 1)], n_prompt=n)
+    ops = be.candidates
+    be.reset()
+    try:
+        be.forward_pending(history.tokens)
+        reduction = sampler.reduction(history, *be.candidate_limits)
+        be.read_candidates(reduction)
+        data = pl.read_mapped(ops.staging[0], cand.OUT_BYTES, np.uint8)
+        parts = {"table": [], "record": [], "sample": []}
+        for _ in range(repeats):
+            started = time.perf_counter()
+            cand.write_request(be, ops, sampler.reduction(history, *be.candidate_limits, pending=True))
+            tabled = time.perf_counter()
+            cand.record(be, ops, 1, be.token_dispatches(1))
+            recorded = time.perf_counter()
+            found = cand.parse(data, reduction)
+            if found.candidates is not None:
+                sampler.sample_reduced(history, found.candidates)
+            sampled = time.perf_counter()
+            for name, seconds in (("table", tabled - started), ("record", recorded - tabled),
+                                  ("sample", sampled - recorded)):
+                parts[name].append(seconds)
+        return {name: 1000 * statistics.median(v) for name, v in parts.items()}
+    finally:
+        be.reset()
+
+
 def _decode_rows(be: WebGPUBackend, ctx_list: list[int], steps: int, bandwidth: float, weights: int,
                  timer: GpuTimer, bar) -> list[dict]:
     @functools.cache
@@ -409,7 +448,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
         result = {"backend": "webgpu", "adapter": ctx.name, "model": str(path), "matmul": be.pipes.matmul,
                   "bandwidth_GBps": bandwidth / 1e9, "bandwidth_spread_GBps": (probe["min"] / 1e9, probe["max"] / 1e9),
                   "gpu_timestamps": timer.enabled, "weight_bytes_per_token": weights, "record_ms": record_ms(be),
-                  "estimated_s": estimate}
+                  "sampled_host_ms": sampled_host_ms(be), "estimated_s": estimate}
         bar.update(1)
         bar.set_description(f"bench: prefill of {sizes.prefill} tokens")
         seconds = [prompt_seconds(be, n, depth, bar=bar) for n, depth in sizes.prompts()]
@@ -575,7 +614,9 @@ def format_result(r: dict) -> str:
              f"model: {r['model']}",
              f"streaming read: {r['bandwidth_GBps']:.1f} GB/s (20 passes: {low:.1f} .. {high:.1f}); "
              f"weights per token {r['weight_bytes_per_token'] / 1e6:.1f} MB; recording a token: "
-             + ", ".join(f"{k} {v:.3f}" for k, v in r["record_ms"].items()) + " ms",
+             + ", ".join(f"{k} {v:.3f}" for k, v in r["record_ms"].items()) + " ms"
+             + ("; a sampled token's host work: " + ", ".join(f"{k} {v:.3f}" for k, v in host.items()) + " ms"
+                if (host := r.get("sampled_host_ms")) else ""),
              f"prefill, {p['tokens']}-token chunk: {p['tokens_per_s']:.1f} tokens/s at depth 0, "
              f"{p['tokens_per_s_at_depth']:.1f} at depth {p['depth']}"
              + (f"; time to first token of a {p['ttft_tokens']}-token prompt: {p['ttft_s']:.3f} s"
