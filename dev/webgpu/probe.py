@@ -314,7 +314,7 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
 
 
 # ---- decode matmuls --------------------------------------------------------------------------
-COLD_BYTES = 256 << 20  # weights a gemv is timed over: several times the largest L2 (H100 50 MB, H200 60 MB)
+COLD_BYTES = 256 << 20  # weights a gemv is timed over: five times an H100's or H200's L2 (50 MB)
 
 
 def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
