@@ -28,7 +28,8 @@ from ...family import load_config
 from ...gguf_file import GGUFFile, dequantize_rows
 from ...rope_scaling import cos_sin
 from .opcodes import CONST_NAMES, PLAN_VERSION, TASK_DTYPE
-from .planner import LLAMA_LAYER_TENSORS, Q8_BLOCK, SPLIT_DEFAULT, Plan, TensorSlot, make_plan, q8_row_bytes
+from .planner import (LLAMA_LAYER_TENSORS, Q8_BLOCK, SPLIT_DEFAULT, Plan, TensorSlot, make_plan,
+                      q8_down_block_bytes, q8_row_bytes)
 from .target import Target, target_from_dict, target_to_dict
 from .validator import PlanError, validate
 from .vm import f32_to_bf16
@@ -201,7 +202,7 @@ def _q8_down(raw: np.ndarray):
     quants, scales = _q8_blocks(raw)  # (n_embd, n_ff), (n_embd, 2 * n_ff / 32)
     e = quants.shape[0]
     for b in range(quants.shape[1] // Q8_BLOCK):
-        block = np.empty(34 * e, np.uint8)
+        block = np.empty(q8_down_block_bytes(e), np.uint8)
         block[:Q8_BLOCK * e] = quants[:, b * Q8_BLOCK:(b + 1) * Q8_BLOCK].T.reshape(-1)
         block[Q8_BLOCK * e:] = scales[:, 2 * b:2 * b + 2].reshape(-1)
         yield block
