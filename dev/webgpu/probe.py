@@ -183,16 +183,17 @@ def overhead(ctx, timer) -> dict:
     return out
 
 
-# ---- prefill GEMM ----------------------------------------------------------------------------
 # ---- arithmetic ceiling ---------------------------------------------------------------------
 FMA_CHAINS, FMA_STEPS = 16, 2048  # independent accumulators per invocation, steps of each
 
 
-def fma_source(kind: str, width: int) -> str:
-    """FMA_CHAINS chains of fma on vec<width> of `kind` per invocation, FMA_STEPS steps, summed into Y."""
+def fma_source(kind: str, width: int, form: str = "fma") -> str:
+    """FMA_CHAINS chains of fma on vec<width> of `kind` per invocation, FMA_STEPS steps, summed into Y;
+    written as fma() or (form "muladd") as a * m + c, which a driver may compile differently."""
     vec = f"vec{width}<{kind}>"
     init = "\n".join(f"    var a{i} = {vec}({kind}(lid.x + {i}u) * {kind}(1e-3));" for i in range(FMA_CHAINS))
-    steps = "\n".join(f"        a{i} = fma(a{i}, m, c);" for i in range(FMA_CHAINS))
+    step = "a{i} = fma(a{i}, m, c);" if form == "fma" else "a{i} = a{i} * m + c;"
+    steps = "\n".join("        " + step.format(i=i) for i in range(FMA_CHAINS))
     total = " + ".join(f"a{i}" for i in range(FMA_CHAINS))
     return f"""{"enable f16;" if kind == "f16" else ""}
 @group(0) @binding(0) var<storage, read_write> Y: array<f32>;
@@ -210,27 +211,53 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(global_invocation
 """
 
 
+def dot4_source() -> str:
+    """FMA_CHAINS chains of i32 sums of dot4I8Packed per invocation, FMA_STEPS steps, summed into Y."""
+    init = "\n".join(f"    var a{i} = i32(lid.x + {i}u);" for i in range(FMA_CHAINS))
+    steps = "\n".join(f"        a{i} += dot4I8Packed(m + {i}u, c);" for i in range(FMA_CHAINS))
+    total = " + ".join(f"a{i}" for i in range(FMA_CHAINS))
+    return f"""
+@group(0) @binding(0) var<storage, read_write> Y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(global_invocation_id) gid: vec3<u32>) {{
+{init}
+    var m = lid.x * 0x01030507u;
+    let c = 0x02040608u;
+    for (var k = 0u; k < {FMA_STEPS}u; k++) {{
+{steps}
+        m += 1u;  // keeps the operand a variable
+    }}
+    Y[gid.x] = f32({total});
+}}
+"""
+
+
 def fma(ctx, timer) -> dict:
-    """TFLOP/s of independent fma chains (2 FLOP each), vec4 and vec2, f32 and (with shader-f16) f16:
-    the ceiling a kernel's arithmetic can reach through this compiler and driver."""
+    """TFLOP/s of independent fma chains (2 FLOP each), vec4 and vec2, f32 and (with shader-f16) f16,
+    and TOP/s of dot4I8Packed chains (8 operations each): the ceilings a kernel's arithmetic can reach
+    through this compiler and driver."""
     dev = ctx.device
     n_groups = 16 * 132
     y = dev.create_buffer(size=n_groups * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
     kinds = ["f32"] + (["f16"] if "shader-f16" in ctx.features else [])
+    cases = [(f"{form:6} {kind} vec{width}", fma_source(kind, width, form), width * 2)
+             for kind, width, form in itertools.product(kinds, (4, 2), ("fma", "muladd"))]
+    cases.append(("dot4I8Packed", dot4_source(), 8))
     rows = []
-    for kind, width in itertools.product(kinds, (4, 2)):
-        module = dev.create_shader_module(code=fma_source(kind, width))
-        pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    for name, code, ops in cases:
+        pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=code),
+                                                                   "entry_point": "main"})
         group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": y}}])
-        d = K.Dispatch(f"fma {kind}x{width}", pipe, group, (n_groups, 1, 1))
+        d = K.Dispatch(name, pipe, group, (n_groups, 1, 1))
         warm_up(ctx, timer, [d], 0.2)
         t = statistics.median(run_passes(ctx, timer, [d], 4, 5))
-        tflops = n_groups * 256 * FMA_STEPS * FMA_CHAINS * width * 2 / t / 1e12
-        print(f"fma {kind} vec{width}: {tflops:6.1f} TFLOP/s ({t * 1e3:.2f} ms a dispatch)")
-        rows.append({"kind": kind, "width": width, "tflops": tflops})
+        tops = n_groups * 256 * FMA_STEPS * FMA_CHAINS * ops / t / 1e12
+        print(f"{name}: {tops:6.1f} T operations/s ({t * 1e3:.2f} ms a dispatch)")
+        rows.append({"case": " ".join(name.split()), "tops": tops})
     return {"rows": rows}
 
 
+# ---- prefill GEMM ----------------------------------------------------------------------------
 def _weights(kern, qtype, rows, cols, rng):
     values = rng.normal(0, 0.02, (rows, cols)).astype(np.float32)
     raw = quantize(values, qtype)
