@@ -7,10 +7,11 @@
 // and loads its X tile, both converted to f16 and stored transposed (column k of the tile is a run
 // of 16-byte pairs: row quads q and 16 + q, token quads q and 8 + q), so that the inner loop reads
 // one pair of W and one of X per column: 2 loads for 64 FMAs (workgroup-memory loads, not
-// arithmetic, bounded smaller register tiles). The next step's tiles are fetched into registers
-// while the current one is multiplied. Each step's products are summed in f16 (mat4x4<f16>, two
-// lanes per instruction) and added to f32 accumulators: about 1e-3 of the largest output, where f32
-// would be 1e-6 (tests/test_gpu_matmul.py states the bound).
+// arithmetic, bounded smaller register tiles). Each step loads its own tiles when it starts;
+// fetching the next step's into registers while the current one is multiplied ran 4-8% slower
+// (docs/DECISIONS.md). Each step's products are summed in f16 (mat4x4<f16>) and added to f32
+// accumulators: about 1e-3 of the largest output, where f32 would be 1e-6 (tests/test_gpu_matmul.py
+// states the bound).
 // Inputs must stay within f16's range (|x| < 65504), which MODE_NORM guarantees by normalizing
 // first; the other inputs are attention outputs and FFN activations.
 // P.mode (activation.wgsl): MODE_NORM first sums the squares of each of the tile's token rows and
@@ -45,8 +46,8 @@ var<workgroup> xs: array<mat2x4<f16>, KSTEP * XS_STRIDE>;  // (k, token quad q):
 var<workgroup> inv_rms: array<f32, TILE_T>;
 var<workgroup> sums: array<f32, WG>;
 
-// What invocation (quad p = lid / 8, column quad lid % 8) loads per step, kept in registers between
-// the global loads and the workgroup-memory stores: column e of each is 4 rows or tokens at column e.
+// What invocation (quad p = lid / 8, column quad lid % 8) loads per step, between the global loads
+// and the workgroup-memory stores: column e of each is 4 rows or tokens at column e.
 struct Fetched {
     w0: mat4x4<f16>,  // rows 4p .. 4p + 3
     w1: mat4x4<f16>,  // rows 64 + 4p ..
@@ -171,13 +172,9 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let k_len = P.cols / groups.z;  // this workgroup's columns: k_first ..
     let k_first = wid.z * k_len;
     let base = wid.z * S.n_tokens * P.y_stride;
-    var next = fetch(lid, k_first, src);
     for (var k0 = k_first; k0 < k_first + k_len; k0 += KSTEP) {
-        store(lid, next);
+        store(lid, fetch(lid, k0, src));
         workgroupBarrier();
-        if (k0 + KSTEP < k_first + k_len) {
-            next = fetch(lid, k0 + KSTEP, src);
-        }
         var p00 = mat4x4<f16>();
         var p01 = mat4x4<f16>();
         var p10 = mat4x4<f16>();
