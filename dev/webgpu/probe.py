@@ -187,49 +187,43 @@ def overhead(ctx, timer) -> dict:
 FMA_CHAINS, FMA_STEPS = 16, 2048  # independent accumulators per invocation, steps of each
 
 
-def fma_source(kind: str, width: int, form: str = "fma") -> str:
-    """FMA_CHAINS chains of fma on vec<width> of `kind` per invocation, FMA_STEPS steps, summed into Y;
-    written as fma() or (form "muladd") as a * m + c, which a driver may compile differently."""
-    vec = f"vec{width}<{kind}>"
-    init = "\n".join(f"    var a{i} = {vec}({kind}(lid.x + {i}u) * {kind}(1e-3));" for i in range(FMA_CHAINS))
-    step = "a{i} = fma(a{i}, m, c);" if form == "fma" else "a{i} = a{i} * m + c;"
+def chains_source(init: str, operands: str, step: str, advance: str, result: str, header: str = "") -> str:
+    """A kernel of FMA_CHAINS independent chains a{i} per invocation (`init` and `step` are formats
+    of i), FMA_STEPS steps each; `advance` changes an operand every step so nothing is hoisted, and
+    `result` (of `total`, the chains' sum) goes to Y."""
+    inits = "\n".join("    " + init.format(i=i) for i in range(FMA_CHAINS))
     steps = "\n".join("        " + step.format(i=i) for i in range(FMA_CHAINS))
     total = " + ".join(f"a{i}" for i in range(FMA_CHAINS))
-    return f"""{"enable f16;" if kind == "f16" else ""}
+    return f"""{header}
 @group(0) @binding(0) var<storage, read_write> Y: array<f32>;
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(global_invocation_id) gid: vec3<u32>) {{
-{init}
-    var m = {vec}({kind}(0.999));
-    let c = {vec}({kind}(1e-4));
+{inits}
+{operands}
     for (var k = 0u; k < {FMA_STEPS}u; k++) {{
 {steps}
-        m = m * {kind}(1.0);  // keeps the multiplier a variable
+        {advance}
     }}
-    Y[gid.x] = f32(dot({total}, {vec}({kind}(1.0))));
+    Y[gid.x] = {result.format(total=total)};
 }}
 """
+
+
+def fma_source(kind: str, width: int, form: str = "fma") -> str:
+    """fma chains on vec<width> of `kind`, written as fma() or (form "muladd") as a * m + c, which a
+    driver may compile differently."""
+    vec = f"vec{width}<{kind}>"
+    return chains_source(f"var a{{i}} = {vec}({kind}(lid.x + {{i}}u) * {kind}(1e-3));",
+                         f"    var m = {vec}({kind}(0.999));\n    let c = {vec}({kind}(1e-4));",
+                         "a{i} = fma(a{i}, m, c);" if form == "fma" else "a{i} = a{i} * m + c;",
+                         f"m = m * {kind}(1.0);", f"f32(dot({{total}}, {vec}({kind}(1.0))))",
+                         "enable f16;" if kind == "f16" else "")
 
 
 def dot4_source() -> str:
-    """FMA_CHAINS chains of i32 sums of dot4I8Packed per invocation, FMA_STEPS steps, summed into Y."""
-    init = "\n".join(f"    var a{i} = i32(lid.x + {i}u);" for i in range(FMA_CHAINS))
-    steps = "\n".join(f"        a{i} += dot4I8Packed(m + {i}u, c);" for i in range(FMA_CHAINS))
-    total = " + ".join(f"a{i}" for i in range(FMA_CHAINS))
-    return f"""
-@group(0) @binding(0) var<storage, read_write> Y: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(global_invocation_id) gid: vec3<u32>) {{
-{init}
-    var m = lid.x * 0x01030507u;
-    let c = 0x02040608u;
-    for (var k = 0u; k < {FMA_STEPS}u; k++) {{
-{steps}
-        m += 1u;  // keeps the operand a variable
-    }}
-    Y[gid.x] = f32({total});
-}}
-"""
+    """i32 chains of dot4I8Packed sums."""
+    return chains_source("var a{i} = i32(lid.x + {i}u);", "    var m = lid.x * 0x01030507u;\n    let c = 0x02040608u;",
+                         "a{i} += dot4I8Packed(m + {i}u, c);", "m += 1u;", "f32({total})")
 
 
 def fma(ctx, timer) -> dict:
