@@ -12,16 +12,16 @@
 // (docs/DECISIONS.md). Each step's products are summed in f16 (mat4x4<f16>) and added to f32
 // accumulators: about 1e-3 of the largest output, where f32 would be 1e-6 (tests/test_gpu_matmul.py
 // states the bound).
-// Inputs must stay within f16's range (|x| < 65504), which MODE_NORM guarantees by normalizing
-// first; the other inputs are attention outputs and FFN activations.
-// P.mode (activation.wgsl): MODE_NORM first sums the squares of each of the tile's token rows and
-// loads x / rms * norm weight; MODE_GATED: the tile's first 64 rows are gate rows (P.w0), the next
+// Inputs must stay within f16's range (|x| < 65504): a normalized residual (the chunk's RMSNorm
+// runs before, as rmsnorm.wgsl, once per token instead of once per workgroup), attention outputs and
+// FFN activations.
+// P.mode (activation.wgsl): MODE_GATED: the tile's first 64 rows are gate rows (P.w0), the next
 // 64 the up rows (P.w1) of the same outputs, and the epilogue writes act(gate) * up;
-// MODE_ACCUMULATE adds to Y.
-// With Z workgroups along z (a K-split, for matrices with few row tiles) workgroup z sums columns
-// z P.cols / Z .. and writes its (tokens, rows) partial at z n_tokens y_stride; split_sum.wgsl
-// adds the partials.
-// Needs P.cols % (Z KSTEP) == 0 and P.x_stride % 4 == 0.
+// MODE_ACCUMULATE adds to Y. MODE_NORM is not read here.
+// With Z workgroups along z (a K-split, for matrices with few row tiles) workgroup z sums steps
+// z S / Z .. (z + 1) S / Z of the S = P.cols / KSTEP and writes its (tokens, rows) partial at
+// z n_tokens y_stride; split_sum.wgsl adds the partials.
+// Needs P.cols % KSTEP == 0, Z <= P.cols / KSTEP and P.x_stride % 4 == 0.
 
 #include "matmul_params.wgsl"
 
@@ -43,8 +43,6 @@ const XS_STRIDE: u32 = 9u;
 
 var<workgroup> ws: array<mat2x4<f16>, KSTEP * WS_STRIDE>;  // (k, row quad q): rows of quads q | 16 + q
 var<workgroup> xs: array<mat2x4<f16>, KSTEP * XS_STRIDE>;  // (k, token quad q): tokens of quads q | 8 + q
-var<workgroup> inv_rms: array<f32, TILE_T>;
-var<workgroup> sums: array<f32, WG>;
 
 // What invocation (quad p = lid / 8, column quad lid % 8) loads per step, between the global loads
 // and the workgroup-memory stores: column e of each is 4 rows or tokens at column e.
@@ -82,13 +80,7 @@ fn fetch(lid: u32, k0: u32, src: array<u32, 12>) -> Fetched {
     let w1 = mat4x4<f32>(dq4(src[4] + blk, i), dq4(src[5] + blk, i), dq4(src[6] + blk, i), dq4(src[7] + blk, i));
     f.w0 = mat4x4<f16>(transpose(w0));
     f.w1 = mat4x4<f16>(transpose(w1));
-    var x = mat4x4<f32>(X[src[8] + c4], X[src[9] + c4], X[src[10] + c4], X[src[11] + c4]);
-    if ((P.mode & MODE_NORM) != 0u) {
-        let n = norm_weight(c4);
-        let t = 4u * (lid / 8u);
-        x = mat4x4<f32>(x[0] * (n * inv_rms[t]), x[1] * (n * inv_rms[t + 1u]),
-                        x[2] * (n * inv_rms[t + 2u]), x[3] * (n * inv_rms[t + 3u]));
-    }
+    let x = mat4x4<f32>(X[src[8] + c4], X[src[9] + c4], X[src[10] + c4], X[src[11] + c4]);
     f.x = mat4x4<f16>(transpose(x));
     return f;
 }
@@ -122,27 +114,6 @@ fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32, base: u3
     }
 }
 
-// 1 / rms of each of the tile's tokens into inv_rms: WG / TILE_T invocations per token row
-fn tile_norms(lid: u32, tok0: u32) {
-    let per = WG / TILE_T;
-    let x = x_row(tok0 + lid / per);
-    var sq = vec4<f32>(0.0);
-    for (var c = lid % per; c < P.cols / 4u; c += per) {
-        let v = X[x + c];
-        sq += v * v;
-    }
-    sums[lid] = sq.x + sq.y + sq.z + sq.w;
-    workgroupBarrier();
-    if (lid < TILE_T) {
-        var total = 0.0;
-        for (var j = 0u; j < per; j++) {
-            total += sums[lid * per + j];
-        }
-        inv_rms[lid] = inverseSqrt(total / f32(P.cols) + P.eps);
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) groups: vec3<u32>) {
@@ -166,13 +137,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     var a01 = mat4x4<f32>();  // rows 4 tr.., tokens 32 + 4 tc..
     var a10 = mat4x4<f32>();  // rows 64 + 4 tr..
     var a11 = mat4x4<f32>();
-    if ((P.mode & MODE_NORM) != 0u) {
-        tile_norms(lid, tok0);
-    }
-    let k_len = P.cols / groups.z;  // this workgroup's columns: k_first ..
-    let k_first = wid.z * k_len;
+    let steps = P.cols / KSTEP;  // this workgroup's columns: steps z steps / Z .. (z + 1) steps / Z
+    let k_first = wid.z * steps / groups.z * KSTEP;
+    let k_end = (wid.z + 1u) * steps / groups.z * KSTEP;
     let base = wid.z * S.n_tokens * P.y_stride;
-    for (var k0 = k_first; k0 < k_first + k_len; k0 += KSTEP) {
+    for (var k0 = k_first; k0 < k_end; k0 += KSTEP) {
         store(lid, fetch(lid, k0, src));
         workgroupBarrier();
         var p00 = mat4x4<f16>();

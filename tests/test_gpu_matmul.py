@@ -92,6 +92,18 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=Fa
     return out
 
 
+def normed_for(pipes, program, x, buffer, norm_at, mode):
+    """(input, mode) of a MODE_NORM matmul: gemm.wgsl reads x normalized by rmsnorm.wgsl first (the
+    layer's chunk_norm op), without MODE_NORM; the other programs normalize it themselves."""
+    if program != "gemm":
+        return x, mode
+    n_tokens, cols = x.shape
+    p = pl.pack_params("rmsnorm", n=cols, norm_w=norm_at, eps=1e-5, add=0, x_stride=cols, y_stride=cols)
+    (h,) = pl.run_once(pipes, "rmsnorm", None, [buffer, x, np.zeros_like(x), p, pl.pack_step(0, n_tokens)],
+                       (n_tokens, 1, 1))
+    return h, mode & ~pl.MODE_NORM
+
+
 def cols_for(qtype):
     return (2048, 256) if quant(qtype).gpu_block == 256 else (2048, 576, 896)
 
@@ -215,7 +227,8 @@ FUSED_CASES = [("gemv", 1), ("gemv", 5), ("gemm", 20), ("gemm", 77), ("gemm_rows
 @pytest.mark.parametrize("program,n_tokens", FUSED_CASES)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_norm_gated_activation(tiled, qtype, program, n_tokens, activation):
-    """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), the norm weight, gate and up in one buffer."""
+    """act(gate . rmsnorm(x)) * (up . rmsnorm(x)), the norm weight, gate and up in one buffer (for
+    gemm.wgsl, rmsnorm.wgsl normalizes first)."""
     rng = np.random.default_rng(1)
     rows, cols = 45, 512
     gate_w, gate = quantized(rng, rows, cols, qtype)
@@ -224,8 +237,9 @@ def test_norm_gated_activation(tiled, qtype, program, n_tokens, activation):
     buffer, (n_at, g_at, u_at) = aligned(norm, gate_w, up_w)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32) * 3
     mode = pl.MODE_NORM | pl.MODE_GATED | (pl.MODE_GELU if activation == "gelu_tanh" else 0)
+    x_in, mode = normed_for(tiled, program, x, buffer, n_at, mode)
     p = params(rows, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at)
-    got = run(tiled, program, qtype, buffer, x, rows, p, gated=True)
+    got = run(tiled, program, qtype, buffer, x_in, rows, p, gated=True)
     h = ref.rmsnorm(x, norm, 1e-5)
     close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), rtol(program, True, qtype))
 
@@ -242,9 +256,10 @@ def test_segments_norm_and_residual(shared, qtype, program, n_tokens):
     rows = 60
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     y = rng.standard_normal((n_tokens, rows + 4)).astype(np.float32)
-    p = params(rows, cols, parts[0][0].shape[1], pl.MODE_ACCUMULATE | pl.MODE_NORM, tuple(offsets[1:]), (36, 48),
+    x_in, mode = normed_for(shared, program, x, buffer, offsets[0], pl.MODE_ACCUMULATE | pl.MODE_NORM)
+    p = params(rows, cols, parts[0][0].shape[1], mode, tuple(offsets[1:]), (36, 48),
                norm_w=offsets[0], y_stride=rows + 4, y_off=4)
-    got = run(shared, program, qtype, buffer, x, rows, p, y=y.copy())
+    got = run(shared, program, qtype, buffer, x_in, rows, p, y=y.copy())
     want = y.copy()
     want[:, 4:] += ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
     close(got, want, rtol(program, True, qtype))
@@ -277,38 +292,43 @@ def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.BF16], ids=lambda q: q.name)
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_gemm_split_along_k(tiled, qtype, accumulate):
-    """Two workgroups along z: each sums half the columns into its own (tokens, rows) partial, and
-    split_sum.wgsl adds the partials into y (a column slice of a wider y, onto it with accumulate)."""
+@pytest.mark.parametrize("splits", [2, 3])
+def test_gemm_split_along_k(tiled, qtype, accumulate, splits):
+    """Workgroups along z: each sums its share of the 32-column steps (32 steps in 3: 10, 11, 11)
+    into its own (tokens, rows) partial, and split_sum.wgsl adds the partials into y (a column
+    slice of a wider y, onto it with accumulate)."""
     rng = np.random.default_rng(int(qtype) + accumulate)
     rows, cols, n_tok, y_stride, y_off = 45, 1024, 77, 50, 3
     words, dense = quantized(rng, rows, cols, qtype)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     step = pl.pack_step(0, n_tok)
-    (part,) = pl.run_once(tiled, "gemm", quant(qtype), [words, x, np.zeros((2, n_tok, rows), np.float32),
+    (part,) = pl.run_once(tiled, "gemm", quant(qtype), [words, x, np.zeros((splits, n_tok, rows), np.float32),
                                                         params(rows, cols, words.shape[1]), step],
-                          (1, pl.ceil_div(n_tok, pl.GEMM_TILE_TOKENS), 2))
-    half = cols // 2
-    want = np.stack([x[:, :half].astype(np.float64) @ dense[:, :half].T.astype(np.float64),
-                     x[:, half:].astype(np.float64) @ dense[:, half:].T.astype(np.float64)])
+                          (1, pl.ceil_div(n_tok, pl.GEMM_TILE_TOKENS), splits))
+    steps = cols // pl.GEMM_K
+    bounds = [z * steps // splits * pl.GEMM_K for z in range(splits + 1)]
+    want = np.stack([x[:, a:b].astype(np.float64) @ dense[:, a:b].T.astype(np.float64)
+                     for a, b in zip(bounds, bounds[1:])])
     close(part, want, RTOL_F16)
     y0 = rng.standard_normal((n_tok, y_stride)).astype(np.float32)
-    sums = pl.pack_params("split_sum", rows=rows, splits=2, y_stride=y_stride, y_off=y_off, accumulate=int(accumulate))
+    sums = pl.pack_params("split_sum", rows=rows, splits=splits, y_stride=y_stride, y_off=y_off,
+                          accumulate=int(accumulate))
     (y,) = pl.run_once(tiled, "split_sum", None, [part, y0, sums, step], (1, n_tok, 1))
     expected = y0.copy()
-    expected[:, y_off:y_off + rows] = part[0] + part[1] + (y0[:, y_off:y_off + rows] if accumulate else 0)
+    expected[:, y_off:y_off + rows] = part.sum(axis=0) + (y0[:, y_off:y_off + rows] if accumulate else 0)
     np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("rows,cols,gated,half,want", [
-    (2048, 8192, False, "f16", 2),   # ffn_down
+    (2048, 8192, False, "f16", 3),   # ffn_down: 3 parts of 2,048+ columns
+    (576, 1536, False, "f16", 2),    # SmolLM2's ffn_down: parts of 768
     (2048, 2048, False, "f16", 2),   # attn_output
     (3072, 2048, False, "f16", 2),   # QKV
     (4096, 2048, False, "f16", 2),   # 32 row tiles
     (4097, 2048, False, "f16", 1),   # 33
     (8192, 2048, True, "f16", 1),    # gate/up
     (128256, 2048, False, "f16", 1), # an LM head
-    (896, 4832, False, "f16", 1),    # columns not a multiple of 2 steps
+    (896, 4840, False, "f16", 1),    # columns not a multiple of a step
     (2048, 8192, False, "f32", 1),   # gemm_rows.wgsl's adapters
 ])
 def test_gemm_split_choice(tiled, rows, cols, gated, half, want):

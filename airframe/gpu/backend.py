@@ -69,7 +69,7 @@ class Scratch:
     head_step: object # uniform Step of the LM head: its own token count and first position
     part_bytes: int   # of one decode row
     logit_rows: int
-    split_width: int  # floats per token of `split`: 2 splits of the tallest matrix split (pipes.gemm_splits)
+    split_width: int  # floats per token of `split`: the most a split matrix needs (splits x rows, pipes.gemm_splits)
 
 
 class WebGPUBackend(Backend):
@@ -181,7 +181,8 @@ class WebGPUBackend(Backend):
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)
-        split_width = 2 * max(c.n_embd, c.n_q + 2 * c.n_head_kv * c.head_dim)  # 2 splits of the tallest split matrix
+        split_width = max(k.gemm_splits(rows, cols, False) * rows for rows, cols in  # QKV, output, down
+                          ((c.n_q + 2 * c.n_kv, c.n_embd), (c.n_embd, c.n_q), (c.n_embd, c.n_ff)))
         return Scratch(
             tokens=t,
             ids=k.storage(t * 4, "ids"),

@@ -33,24 +33,32 @@ class Op:
     when: Callable[[int, int], bool] | None = None
     gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
     k_splits: int = 1                # gemm.wgsl's workgroups along K for a chunk (pipes.gemm_splits)
-    split_group: object = None       # with 2+: the chunk's bind group, writing the partials
+    # gemm.wgsl's bind group where it differs: the normalized input (chunk_norm) and/or the partials
+    gemm_group: object = None
+
+    def program(self, pipes: pl.Pipelines, n_tokens: int) -> str:
+        """The shader this op runs for n_tokens."""
+        if self.shader != "matmul":
+            return self.shader
+        if pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > pipes.gemv_tokens and pipes.half != "f16"):
+            return "gemm_rows"  # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
+        return "gemv" if n_tokens <= pipes.gemv_tokens else "gemm"  # gemv: decode tokens or a short chunk
 
     def dispatch(self, pipes: pl.Pipelines, n_tokens: int, n_splits: int) -> pl.Dispatch:
         shape, group = self.shape, self.bind_group
+        shader = self.program(pipes, n_tokens)
         if self.shader != "matmul":
-            shader, grid = self.shader, self.grid(n_tokens, n_splits)
-        elif pipes.matmul == "rows" or self.cols % pl.GEMM_K or (n_tokens > pipes.gemv_tokens and pipes.half != "f16"):
-            # gemm.wgsl computes in f16: without shader-f16 chunks take gemm_rows.wgsl
+            grid = self.grid(n_tokens, n_splits)
+        elif shader == "gemm_rows":
             tokens = pl.rows_tokens(n_tokens)
-            shader, shape = "gemm_rows", {"ROWS_TOKENS": tokens}
+            shape = {"ROWS_TOKENS": tokens}
             grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
-        elif n_tokens <= pipes.gemv_tokens:  # a decode token, a batch of them, or a short chunk
+        elif shader == "gemv":
             rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens)
-            shader, grid = "gemv", (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
+            grid = (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
         else:
-            shader, shape = "gemm", None
             grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)
-            group = self.split_group or group
+            group = self.gemm_group or group
         out = None if self.output is None else (self.output[0], self.output[1] * n_tokens)
         return pl.Dispatch(self.label, pipes.pipeline(shader, self.quant, shape), group, grid, out)
 
@@ -76,7 +84,8 @@ class LayerOps:
 def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
             y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None) -> list[Op]:
     """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
-    split along K, also the split_sum.wgsl op that adds the partials into y."""
+    split along K, also the split_sum.wgsl op that adds the partials into y. With MODE_NORM,
+    gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead."""
     c = be.config
     first = weights[0]
     gated = mode & pl.MODE_GATED
@@ -88,20 +97,23 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
     rows = first.rows if gated else sum(w.rows for w in weights)
     k, s = be.pipes, be.scratch
 
-    def bind(out, out_mode: int, out_stride: int, out_off: int):
+    def bind(x_in, out, out_mode: int, out_stride: int, out_off: int):
         params = pl.pack_params(
             "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=out_mode,
             w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
             norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=out_stride, y_off=out_off)
-        return k.bind("gemv", [layer, x, out, k.uniform(params, label), s.step])
+        return k.bind("gemv", [layer, x_in, out, k.uniform(params, label), s.step])
 
-    op = Op(label, "matmul", first.quant, bind(y, mode, y_stride, y_off), rows=rows, cols=first.cols,
+    op = Op(label, "matmul", first.quant, bind(x, y, mode, y_stride, y_off), rows=rows, cols=first.cols,
             output=(y, y_stride), gated=bool(gated))
     splits = k.gemm_splits(rows, first.cols, bool(gated))
+    gemm_x, gemm_mode = (s.tmp, mode & ~pl.MODE_NORM) if mode & pl.MODE_NORM else (x, mode)
     if splits == 1:
+        if gemm_x is not x:
+            op.gemm_group = bind(gemm_x, y, gemm_mode, y_stride, y_off)
         return [op]
     assert splits * rows <= s.split_width, f"{label}: {splits} splits of {rows} rows outgrow the partials buffer"
-    op.k_splits, op.split_group = splits, bind(s.split, mode & ~pl.MODE_ACCUMULATE, rows, 0)
+    op.k_splits, op.gemm_group = splits, bind(gemm_x, s.split, gemm_mode & ~pl.MODE_ACCUMULATE, rows, 0)
     params = pl.pack_params("split_sum", rows=rows, splits=splits, y_stride=y_stride, y_off=y_off,
                             accumulate=int(bool(mode & pl.MODE_ACCUMULATE)))
     group = k.bind("split_sum", [s.split, y, k.uniform(params, f"{label}.split_sum"), s.step])
@@ -115,6 +127,14 @@ def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool)
     k = be.pipes
     group = k.bind("rmsnorm", [layer, x, y, k.uniform(params, label), be.scratch.step])
     return Op(label, "rmsnorm", None, group, grid=lambda t, s: (t, 1, 1), output=(y, n))
+
+
+def chunk_norm(be, label: str, layer, norm: PackedTensor, matmul: Op) -> Op:
+    """RMSNorm of each token of x into scratch tmp, where `matmul` runs as gemm.wgsl (which reads its
+    input normalized): once per token rather than once per workgroup of the matmul."""
+    op = _rmsnorm(be, label, layer, norm, be.scratch.x, be.scratch.tmp, be.config.n_embd, add=False)
+    op.when = lambda t, n: matmul.program(be.pipes, t) == "gemm"
+    return op
 
 
 def _qkv_groups(tensors: list[PackedTensor]) -> list[list[PackedTensor]]:
@@ -149,6 +169,7 @@ def build_layer(be, i: int) -> LayerOps:
         ops += _matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
                        pl.MODE_NORM, w["attn_norm"])
         col += sum(t.rows for t in group)
+    ops.insert(0, chunk_norm(be, f"blk.{i}.attn_norm", buf, w["attn_norm"], ops[0]))
 
     rope = pl.pack_params(
         "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
@@ -198,8 +219,9 @@ def build_layer(be, i: int) -> LayerOps:
         raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {gate.qtype.name} but ffn_up is "
                                f"{up.qtype.name}; the fused gate/up kernel expects one type")
     act = pl.MODE_GELU if c.activation == "gelu_tanh" else 0
-    ops += _matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
-                   mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"])
+    gate_up = _matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
+                      mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"])
+    ops += [chunk_norm(be, f"blk.{i}.ffn_norm", buf, w["ffn_norm"], gate_up[0])] + gate_up
     if c.post_norms:
         ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd)
         ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))

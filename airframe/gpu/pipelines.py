@@ -83,6 +83,7 @@ NO_SEGMENT = 0xFFFFFFFF
 GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
 GEMM_TILE_ROWS, GEMM_TILE_TOKENS = 128, 64  # gemm.wgsl's tile
 SPLIT_ROW_TILES = 32    # row tiles x 8 token tiles of a 512-token chunk below FULL_GPU: split along K
+SPLIT_COLS = 2048       # input columns each part of a third K-split sums at least
 WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
@@ -261,13 +262,14 @@ class Pipelines:
 
     def gemm_splits(self, rows: int, cols: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along K for a chunk's matrix (split_sum.wgsl adds the partials):
-        2 for one of SPLIT_ROW_TILES row tiles or fewer (every matrix of a chunk but gate/up and the
-        LM head), else 1. On the H200 (Llama 3.2 1B, 512 tokens, 16 layers) the output projection
-        took 3.98 ms a chunk against 4.92 unsplit, QKV 6.33 + 0.45 for the sums against 7.19; 4
-        splits lost on the output projection and ffn_down."""
-        if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % (2 * GEMM_K):
+        for one of SPLIT_ROW_TILES row tiles or fewer (every matrix of a chunk but gate/up and the
+        LM head) 2, or 3 where each part still sums SPLIT_COLS columns (ffn_down), else 1. Llama 3.2
+        1B, 512 tokens (docs/DECISIONS.md): 2 splits took the output projection from 4.92 to 3.98
+        ms a chunk (H200); ffn_down 667 us with 2, 628 with 3, 690 with 4, the output projection and
+        QKV fastest with 2 (H100, each with its sums)."""
+        if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % GEMM_K:
             return 1
-        return 2
+        return 3 if cols >= 3 * SPLIT_COLS else 2
 
     def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):
         """The compute pipeline of `shader` for `quant`, with `shape` filling the program's

@@ -265,22 +265,28 @@ def _weights(kern, qtype, rows, cols, rng):
 
 
 def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, n_tokens, mode=0, w1=0, norm_w=0,
-                  x_stride=None, program="gemm"):
+                  x_stride=None, program="gemm", splits=1):
     quant = gpu_quant(qtype)
     out_rows = rows // 2 if mode & K.MODE_GATED else rows
     params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
                            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=norm_w, eps=1e-5,
                            x_stride=x_stride or cols, y_stride=out_rows, y_off=0)
     group = kern.bind("gemm", [buf, x, y, kern.uniform(params), step])
-    grid = (kern.gemm_groups(out_rows, bool(mode & K.MODE_GATED)), K.ceil_div(n_tokens, K.GEMM_TILE_TOKENS), 1)
+    grid = (kern.gemm_groups(out_rows, bool(mode & K.MODE_GATED)), K.ceil_div(n_tokens, K.GEMM_TILE_TOKENS), splits)
     return K.Dispatch(program, kern.pipeline(program, quant), group, grid)
 
 
-def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
+def split_sum_dispatch(kern, part, y, step, rows, n_tokens, splits):
+    params = K.pack_params("split_sum", rows=rows, splits=splits, y_stride=rows, y_off=0, accumulate=0)
+    group = kern.bind("split_sum", [part, y, kern.uniform(params), step])
+    return K.Dispatch("split_sum", kern.pipeline("split_sum"), group, (K.ceil_div(rows, 256), n_tokens, 1))
+
+
+def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",), splits=(1,)) -> dict:
     kern = K.Pipelines(ctx, matmul="tiled")
     rng = np.random.default_rng(0)
     results = []
-    # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, norm and gating
+    # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, gating
     for program, qtype in [(p, q) for p in programs for q in types]:
         rows, cols, n_tok = 200, 512, 77
         buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
@@ -290,7 +296,7 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
         y = kern.storage(n_tok * rows * 4 * 2, "y")
         step = kern.uniform(K.pack_step(0, n_tok))
         checks = {}
-        for name, mode in (("plain", 0), ("norm", K.MODE_NORM), ("gated", K.MODE_GATED | K.MODE_NORM)):
+        for name, mode in (("plain", 0), ("gated", K.MODE_GATED)):
             d = gemm_dispatch(kern, qtype, buf, rw, 2 * rows, cols, x, y, step, n_tok, mode,
                               w1=rows * rw, norm_w=n_words, program=program)
             enc = ctx.device.create_command_encoder()
@@ -298,10 +304,7 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
             ctx.device.queue.submit([enc.finish()])
             out_rows = rows if mode & K.MODE_GATED else 2 * rows
             got = np.frombuffer(ctx.device.queue.read_buffer(y, 0, n_tok * out_rows * 4), np.float32).reshape(n_tok, out_rows)
-            xin = xv
-            if mode & K.MODE_NORM:
-                xin = xv / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + 1e-5) * norm
-            want = xin.astype(np.float64) @ w.astype(np.float64).T
+            want = xv.astype(np.float64) @ w.astype(np.float64).T
             if mode & K.MODE_GATED:
                 g, u = want[:, :rows], want[:, rows:]
                 want = g / (1 + np.exp(-g)) * u
@@ -312,25 +315,31 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",)) -> dict:
     if not speed:
         return {"rows": results}
     n_tok = 512
-    shapes = {"wo": (2048, 2048, 0), "gate_up": (16384, 2048, K.MODE_GATED | K.MODE_NORM), "down": (2048, 8192, 0),
-              "qkv": (3072, 2048, K.MODE_NORM)}
+    shapes = {"wo": (2048, 2048, 0), "gate_up": (16384, 2048, K.MODE_GATED), "down": (2048, 8192, 0),
+              "qkv": (3072, 2048, 0)}
     for qtype in types:
         for name, (rows, cols, mode) in shapes.items():
             buf, rw, n_words, _, _ = _weights(kern, qtype, rows, cols, rng)
             x = kern.storage(n_tok * cols * 4, "x")
             ctx.device.queue.write_buffer(x, 0, rng.normal(size=(n_tok, cols)).astype(np.float32))
-            y = kern.storage(n_tok * rows * 4, "y")
+            y = kern.storage(max(splits) * n_tok * rows * 4, "y")
+            y_sum = kern.storage(n_tok * rows * 4, "y_sum")
             step = kern.uniform(K.pack_step(0, n_tok))
-            for program in programs:
-                d = gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, n_tok, mode,
-                                  w1=rows // 2 * rw, norm_w=n_words, program=program)
-                warm_up(ctx, timer, [d], 0.25)
-                t = statistics.median(run_passes(ctx, timer, [d], 5, 5))
+            for program, z in itertools.product(programs, splits):
+                if z > 1 and mode & K.MODE_GATED:
+                    continue
+                ds = [gemm_dispatch(kern, qtype, buf, rw, rows, cols, x, y, step, n_tok, mode,
+                                    w1=rows // 2 * rw, norm_w=n_words, program=program, splits=z)]
+                if z > 1:  # the partials' sum is part of a split's cost
+                    ds.append(split_sum_dispatch(kern, y, y_sum, step, rows, n_tok, z))
+                warm_up(ctx, timer, ds, 0.25)
+                t = statistics.median(run_passes(ctx, timer, ds, 5, 5))
                 tflops = 2 * rows * cols * n_tok / t / 1e12
-                print(f"{program:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok}: {t * 1e6:8.1f} us  "
+                label = program if z == 1 else f"{program}/{z}"
+                print(f"{label:8} {qtype.name:5} {name:8} {rows}x{cols}x{n_tok}: {t * 1e6:8.1f} us  "
                       f"{tflops:5.1f} TFLOP/s")
-                results.append({"program": program, "qtype": qtype.name, "shape": name, "us": t * 1e6,
-                                "tflops": tflops})
+                results.append({"program": program, "splits": z, "qtype": qtype.name, "shape": name,
+                                "us": t * 1e6, "tflops": tflops})
     return {"rows": results}
 
 
@@ -383,6 +392,7 @@ def main() -> None:
     ap.add_argument("--types", default="BF16,Q8_0,Q4_K,Q6_K")
     ap.add_argument("--units", default="", help="gemv: other unit files of a type to compare (shaders/gemv/*.wgsl)")
     ap.add_argument("--tokens", default="1", help="gemv: tokens per dispatch to time, e.g. 1,8 (a batch of conversations)")
+    ap.add_argument("--splits", default="1", help="gemm: workgroups along K to time, e.g. 1,2,3 (with split_sum.wgsl)")
     ap.add_argument("--check-only", action="store_true", help="gemm: only the correctness checks")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -404,7 +414,8 @@ def main() -> None:
     if "fma" in parts:
         out["fma"] = fma(ctx, timer)
     if "gemm" in parts:
-        out["gemm"] = gemm(ctx, timer, types, speed=not args.check_only, programs=args.programs.split(","))
+        out["gemm"] = gemm(ctx, timer, types, speed=not args.check_only, programs=args.programs.split(","),
+                          splits=[int(n) for n in args.splits.split(",")])
     if "gemv" in parts:
         out["gemv"] = gemv(ctx, timer, types, bandwidth, [u for u in args.units.split(",") if u],
                            [int(n) for n in args.tokens.split(",")])
