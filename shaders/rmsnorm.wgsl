@@ -1,5 +1,6 @@
-// RMSNorm of each token's row: x / sqrt(mean(x^2) + eps) * w, workgroup per token.
-// P.add = 0: Y = norm(X) (the final norm before the LM head);
+// RMSNorm of each token's row: x / sqrt(mean(x^2) + eps) * w, workgroup per token (256 invocations:
+// with 64 a chunk's norm ran twice as long, bound by each invocation's chain of loads).
+// P.add = 0: Y = norm(X) (a chunk's input to gemm.wgsl, the final norm before the LM head);
 // P.add = 1: Y += norm(X) (Gemma's norms after attention and after the FFN, then the residual add).
 
 struct Params {
@@ -19,11 +20,11 @@ struct Params {
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<uniform> S: Step;
 
-const WG: u32 = 64u;
+const WG: u32 = 256u;
 
 #include "workgroup_reduce.wgsl"
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
     let token = wid.x;
