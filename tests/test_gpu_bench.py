@@ -55,9 +55,11 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
 
 
 def test_the_gpu_breakdown_covers_every_op_class(result):
-    decode, chunk = result["gpu"][0], result["gpu"][-1]
-    assert (decode["n_tokens"], chunk["n_tokens"]) == (1, 64)
-    for g in (decode, chunk):
+    """A decode token's pass, and a chunk's at depth 0 and at the deepest context asked for."""
+    decode, chunk, deep = result["gpu"][0], result["gpu"][-2], result["gpu"][-1]
+    assert (decode["n_tokens"], chunk["n_tokens"], deep["n_tokens"]) == (1, 64, 64)
+    assert (chunk["position"], deep["position"]) == (0, 70)
+    for g in (decode, chunk, deep):
         assert {"qkv", "attention", "attn_output", "ffn_gate_up", "ffn_down", "lm_head"} <= set(g["ops_ms"])
         assert all(ms >= 0 for ms in g["ops_ms"].values()) and g["total_ms"] > 0
     assert "rope" in chunk["ops_ms"] and "rope" not in decode["ops_ms"]  # a decode token's attention rotates

@@ -102,6 +102,7 @@ class WebGPUBackend(Backend):
         bar.update(1)
         self.n_slots = n_slots
         self.scratch = self._scratch()
+        self._group_partials = []  # group_partials
         self.layers: list[LayerPack] = []
         for i in range(config.n_layers):
             names = [f"blk.{i}.{t}" for t in config.layer_tensors]
@@ -310,6 +311,15 @@ class WebGPUBackend(Backend):
             log.warning("prefill chunk %d..%d (%d tokens): %.1f ms", self.n_past - ids.size,
                         self.n_past, ids.size, 1000 * (time.perf_counter() - started))
         return out
+
+    def group_partials(self, g: int):
+        """The K-split partials buffer of a layer's QKV group g: scratch split for the first, one
+        more of its size for each later group (made when a model has one)."""
+        if g == 0:
+            return self.scratch.split
+        while len(self._group_partials) < g:
+            self._group_partials.append(self.pipes.storage(self.scratch.split.size, f"k_split_partials_{g}"))
+        return self._group_partials[g - 1]
 
     def kv_offset(self, slot: int) -> int:
         """First vec4 of slot's K/V cache in its layer's K/V buffer (kv_group)."""
@@ -655,14 +665,21 @@ class WebGPUBackend(Backend):
         head = []
         if last and not all_logits:
             head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
-        encoder = device.create_command_encoder()
         if self.debug_raw:
-            self._run_debug(work + head)  # submits each dispatch alone, before this encoder
+            self._run_debug(work + head)  # submits each dispatch alone
+            parts = [[]]
         else:
-            pl.record(encoder, work + head)
-        if head and read:
-            self._copy_logits(encoder, 1)
-        device.queue.submit([encoder.finish()])
+            # the embedding and the first layer go first, so the GPU runs them while the host records
+            # the rest (recording a 16-layer chunk takes about a millisecond)
+            lead = len(self.globals_ops.embed_ops) + len(self.layer_ops[0].dispatches(n, self.n_splits(n)))
+            parts = [work[:lead], work[lead:] + head]
+        for i, part in enumerate(parts):
+            encoder = device.create_command_encoder()
+            if part:
+                pl.record(encoder, part)
+            if i == len(parts) - 1 and head and read:
+                self._copy_logits(encoder, 1)
+            device.queue.submit([encoder.finish()])
         if all_logits:
             logits = self._all_logits(n)
         elif head and read:

@@ -407,6 +407,10 @@ class Sizes:
     def n_ctx(self, ctx_list: list[int], steps: int) -> int:
         return max(max(ctx_list) + steps + 1, self.depth + self.prefill, self.ttft or 0)
 
+    def chunks(self) -> list[tuple[int, int, int]]:
+        """(tokens, position, repeats) of the chunks whose GPU time is broken down: at depth 0 and at depth."""
+        return [(self.prefill, 0, 1)] + ([(self.prefill, self.depth, 1)] if self.depth > 1 else [])
+
     def prompts(self) -> list[tuple[int, int]]:
         """(tokens, depth) of every prompt timed: the chunk, the chunk at depth, the long prompt."""
         return [(self.prefill, 0), (self.prefill, self.depth)] + ([(self.ttft, 0)] if self.ttft else [])
@@ -419,7 +423,7 @@ def estimate_seconds(be: WebGPUBackend, sizes: Sizes, ctx_list: list[int], steps
     probe = min(sizes.prefill, 32)
     per_prompt_token = prompt_seconds(be, probe, runs=1) / probe
     prompt_tokens = (PROMPT_RUNS + 1) * sum(n for n, _ in sizes.prompts())
-    prompt_tokens += 10 * sizes.prefill  # the chunk's GPU breakdown: 5 passes, 5 timestamped runs
+    prompt_tokens += 10 * sizes.prefill * len(sizes.chunks())  # a chunk's GPU breakdown: 5 passes, 5 timestamped runs
     tokens = len(ctx_list) * (105 + 7 * steps + 3)  # per context: the breakdown, then the decode runs
     return prompt_tokens * per_prompt_token + tokens * token_s
 
@@ -433,7 +437,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
     options = RunOptions.from_env(n_ctx=sizes.n_ctx(ctx_list, steps), progress=progress, matmul=matmul)
     be = open_backend("webgpu", open_model(path), options)  # the context checked against memory first
     timer = GpuTimer(ctx)
-    n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + 1 + 4 * len(ctx_list)
+    n_steps = 2 + len(sizes.prompts()) * (PROMPT_RUNS + 1) + len(ctx_list) + len(sizes.chunks()) + 4 * len(ctx_list)
     with tqdm(total=n_steps, desc="bench", unit="step", disable=not progress) as bar:
         bar.set_description("bench: streaming read")
         probe = streaming_bandwidth(ctx, timer)
@@ -459,7 +463,7 @@ def bench_webgpu(path, ctx_list: list[int], steps: int = 64, prefill_tokens: int
         bar.set_description("bench: GPU time per op class")
         warm_up(ctx, timer, be.token_dispatches(1), 0.2)
         result["gpu"] = []
-        for n_tokens, position, repeats in [(1, c - 1, 20) for c in ctx_list] + [(sizes.prefill, 0, 1)]:
+        for n_tokens, position, repeats in [(1, c - 1, 20) for c in ctx_list] + sizes.chunks():
             result["gpu"].append(gpu_breakdown(be, timer, n_tokens, position, repeats))
             bar.update(1)
         bar.set_description("bench: decode")

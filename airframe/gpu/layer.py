@@ -82,10 +82,10 @@ class LayerOps:
 
 
 def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
-            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None) -> list[Op]:
+            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None, qkv_group: int = 0) -> list[Op]:
     """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
-    split along K, also the split_sum.wgsl op that adds the partials into y. With MODE_NORM,
-    gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead."""
+    split along K, also the split_sum.wgsl op that adds the partials (be.group_partials(qkv_group))
+    into y. With MODE_NORM, gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead."""
     c = be.config
     first = weights[0]
     gated = mode & pl.MODE_GATED
@@ -113,10 +113,11 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
             op.gemm_group = bind(gemm_x, y, gemm_mode, y_stride, y_off)
         return [op]
     assert splits * rows <= s.split_width, f"{label}: {splits} splits of {rows} rows outgrow the partials buffer"
-    op.k_splits, op.gemm_group = splits, bind(gemm_x, s.split, gemm_mode & ~pl.MODE_ACCUMULATE, rows, 0)
+    part = be.group_partials(qkv_group)
+    op.k_splits, op.gemm_group = splits, bind(gemm_x, part, gemm_mode & ~pl.MODE_ACCUMULATE, rows, 0)
     params = pl.pack_params("split_sum", rows=rows, splits=splits, y_stride=y_stride, y_off=y_off,
                             accumulate=int(bool(mode & pl.MODE_ACCUMULATE)))
-    group = k.bind("split_sum", [s.split, y, k.uniform(params, f"{label}.split_sum"), s.step])
+    group = k.bind("split_sum", [part, y, k.uniform(params, f"{label}.split_sum"), s.step])
     return [op, Op(f"{label}.split_sum", "split_sum", None, group, grid=lambda t, n: (pl.ceil_div(rows, 256), t, 1),
                    output=(y, y_stride), when=lambda t, n: t > k.gemv_tokens)]
 
@@ -165,11 +166,16 @@ def build_layer(be, i: int) -> LayerOps:
     ops = []
     col = 0
     qkv = [w["attn_qkv"]] if c.fused_qkv else [w["attn_q"], w["attn_k"], w["attn_v"]]
-    for group in _qkv_groups(qkv):
-        ops += _matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
-                       pl.MODE_NORM, w["attn_norm"])
+    sums = []
+    # Q4_K_M's Q/K and V: each group's K-split partials in a buffer of its own and their sums after
+    # both, so that the GPU may run the two matmuls at once (no barrier between them)
+    for g, group in enumerate(_qkv_groups(qkv)):
+        matmul, *sum_op = _matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
+                                  pl.MODE_NORM, w["attn_norm"], qkv_group=g)
+        ops.append(matmul)
+        sums += sum_op
         col += sum(t.rows for t in group)
-    ops.insert(0, chunk_norm(be, f"blk.{i}.attn_norm", buf, w["attn_norm"], ops[0]))
+    ops = [chunk_norm(be, f"blk.{i}.attn_norm", buf, w["attn_norm"], ops[0])] + ops + sums
 
     rope = pl.pack_params(
         "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
