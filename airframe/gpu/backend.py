@@ -102,7 +102,7 @@ class WebGPUBackend(Backend):
         bar.update(1)
         self.n_slots = n_slots
         self.scratch = self._scratch()
-        self._group_partials = []  # group_partials
+        self._group_partials = []  # the K-split partials of later QKV groups (group_partials)
         self.layers: list[LayerPack] = []
         for i in range(config.n_layers):
             names = [f"blk.{i}.{t}" for t in config.layer_tensors]

@@ -289,7 +289,7 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",), splits=(1,))
     # correctness on an odd shape: rows not a multiple of the tile, tokens not of 64, gating
     for program, qtype in [(p, q) for p in programs for q in types]:
         rows, cols, n_tok = 200, 512, 77
-        buf, rw, n_words, w, norm = _weights(kern, qtype, 2 * rows, cols, rng)
+        buf, rw, n_words, w, _ = _weights(kern, qtype, 2 * rows, cols, rng)
         xv = rng.normal(size=(n_tok, cols)).astype(np.float32)
         x = kern.storage(xv.nbytes, "x")
         ctx.device.queue.write_buffer(x, 0, xv)
