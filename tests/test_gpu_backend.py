@@ -145,6 +145,12 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     assert gpu.pipes.matmul == "tiled"
     split = {op.label for op in gpu.slot_ops[0][0].ops if op.shader == "split_sum"}
     assert {"blk.0.attn_output.split_sum", "blk.0.ffn_down.split_sum"} <= split
+    if qtype == "Q4_K_M":  # layer 1's V is Q6_K: both QKV matmuls, then both sums, each group's partials apart
+        v = gpu.config.n_q + gpu.config.n_kv
+        labels = [op.label for op in gpu.slot_ops[0][1].ops[:5]]
+        assert labels == ["blk.1.attn_norm", "blk.1.qkv@0", f"blk.1.qkv@{v}", "blk.1.qkv@0.split_sum",
+                          f"blk.1.qkv@{v}.split_sum"]
+        assert gpu.group_partials(1) is not gpu.group_partials(0)
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
     want = ReferenceBackend.load(model, RunOptions(n_ctx=80)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=1e-2 * max(1.0, np.abs(want).max()))
