@@ -318,7 +318,8 @@ class WebGPUBackend(Backend):
         if g == 0:
             return self.scratch.split
         while len(self._group_partials) < g:
-            self._group_partials.append(self.pipes.storage(self.scratch.split.size, f"k_split_partials_{g}"))
+            label = f"k_split_partials_{len(self._group_partials) + 1}"
+            self._group_partials.append(self.pipes.storage(self.scratch.split.size, label))
         return self._group_partials[g - 1]
 
     def kv_offset(self, slot: int) -> int:
