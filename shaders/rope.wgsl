@@ -4,6 +4,9 @@
 // Angles come from a table made on the CPU in float64: cos/sin of p * base^(-2i/rope_dim) (/ freq factor).
 // Decode tokens skip this dispatch: attention_decode.wgsl does the same work for its one position.
 // With qkv_bias, the f32 biases in W are added to Q, K and V first (Qwen 2).
+// After K-split QKV matmuls (gemm.wgsl) it reads Q, K and V as the sums of their partials (P.splits0 ..):
+// the work of split_sum.wgsl, without its dispatch and its pass over QKV; the rotated Q still goes
+// to QKV, where attention reads it.
 
 #include "rope_params.wgsl"
 
@@ -15,6 +18,9 @@
 @group(0) @binding(3) var<storage, read_write> KV: array<f32>;     // K then V: (n_head_kv, n_ctx, head_dim) each
 @group(0) @binding(4) var<uniform> P: RopeParams;
 @group(0) @binding(5) var<uniform> S: Step;
+@group(0) @binding(6) var<storage, read> PART0: array<f32>;  // the QKV groups' partials (P.splits0 ..)
+@group(0) @binding(7) var<storage, read> PART1: array<f32>;
+@group(0) @binding(8) var<storage, read> PART2: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> head: array<f32, 512>;
@@ -29,6 +35,38 @@ fn inverse_rms(lid: u32) -> f32 {
     return inverseSqrt(workgroup_sum(sum, lid) / f32(P.head_dim) + P.eps);
 }
 
+// column c of the token's QKV row
+fn qkv_at(token: u32, c: u32) -> f32 {
+    var splits = P.splits0;
+    var start = 0u;
+    var end = P.start1;
+    if (c >= P.start2) {
+        splits = P.splits2;
+        start = P.start2;
+        end = P.qkv_stride;
+    } else if (c >= P.start1) {
+        splits = P.splits1;
+        start = P.start1;
+        end = P.start2;
+    }
+    if (splits == 0u) {
+        return QKV[token * P.qkv_stride + c];
+    }
+    let cols = end - start;
+    var sum = 0.0;
+    for (var s = 0u; s < splits; s++) {
+        let at = (s * S.n_tokens + token) * cols + c - start;
+        if (c >= P.start2) {
+            sum += PART2[at];
+        } else if (c >= P.start1) {
+            sum += PART1[at];
+        } else {
+            sum += PART0[at];
+        }
+    }
+    return sum;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lid3.x;
@@ -39,10 +77,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let n_q = P.n_head * P.head_dim;
     let n_kv = P.n_head_kv * P.head_dim;
     let kv_head = h - select(P.n_head, 0u, is_q);
-    let src = token * P.qkv_stride + select(n_q + kv_head * P.head_dim, h * P.head_dim, is_q);
+    let col = select(n_q + kv_head * P.head_dim, h * P.head_dim, is_q);
+    let src = token * P.qkv_stride + col;
     let bias = select(P.k_bias + kv_head * P.head_dim, P.q_bias + h * P.head_dim, is_q);
     for (var d = lid; d < P.head_dim; d += WG) {
-        head[d] = QKV[src + d];
+        head[d] = qkv_at(token, col + d);
         if (P.qkv_bias == 1u) {
             head[d] += bitcast<f32>(W[bias + d]);
         }
@@ -74,11 +113,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         return;
     }
     let cache = (kv_head * P.n_ctx + pos) * P.head_dim;
-    let v_src = token * P.qkv_stride + n_q + n_kv + kv_head * P.head_dim;
+    let v_col = n_q + n_kv + kv_head * P.head_dim;
     let v_cache = P.n_head_kv * P.n_ctx * P.head_dim + cache;
     for (var d = lid; d < P.head_dim; d += WG) {
         KV[cache + d] = head[d];
-        var v = QKV[v_src + d];
+        var v = qkv_at(token, v_col + d);
         if (P.qkv_bias == 1u) {
             v += bitcast<f32>(W[P.v_bias + kv_head * P.head_dim + d]);
         }

@@ -18,6 +18,14 @@ struct RopeParams {
     q_bias: u32,
     k_bias: u32,
     v_bias: u32,
+    // rope.wgsl: QKV's columns in up to three groups (a matmul each: Q4_K_M's Q and K, then V), from
+    // column 0, start1 and start2 (qkv_stride where there are fewer); group g with splits_g > 0 lies
+    // in PARTg as its K-split partials, split after split (tokens, the group's columns), else in QKV
+    splits0: u32,
+    splits1: u32,
+    splits2: u32,
+    start1: u32,
+    start2: u32,
 }
 
 // The pair (first, second) of dims rotated by angle index i.

@@ -59,7 +59,8 @@ class Rope:
         self.params = pl.pack_params(
             "rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=self.rope_dim, neox=int(style == "neox"),
             qk_norm=int(qk_norm), q_norm_w=0, k_norm_w=hd, eps=EPS, qkv_stride=n_q + 2 * n_k, n_ctx=n_ctx,
-            table=0, qkv_bias=int(bias), q_bias=2 * hd, k_bias=2 * hd + n_q, v_bias=2 * hd + n_q + n_k)
+            table=0, qkv_bias=int(bias), q_bias=2 * hd, k_bias=2 * hd + n_q, v_bias=2 * hd + n_q + n_k,
+            **pl.rope_groups(n_q + 2 * n_k))
 
     def apply(self, qkv, positions):
         """(q, k, v) of raw projections (tokens, stride) as the kernels must make them."""

@@ -143,14 +143,25 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     model = open_model(path)
     gpu = WebGPUBackend.load(model, RunOptions(n_ctx=80, matmul="tiled", reduce=reduce))
     assert gpu.pipes.matmul == "tiled"
-    split = {op.label for op in gpu.slot_ops[0][0].ops if op.shader == "split_sum"}
-    assert {"blk.0.attn_output.split_sum", "blk.0.ffn_down.split_sum"} <= split
-    if qtype == "Q4_K_M":  # layer 1's V is Q6_K: both QKV matmuls, then both sums, each group's partials apart
+    first, last = gpu.slot_ops[0][0], gpu.slot_ops[0][-1]
+    sums = {op.label for op in first.ops if op.shader == "split_sum"}
+    if gpu.config.post_norms:  # Gemma: the matrices write tmp, a norm adds it to the residual
+        assert {"blk.0.attn_output.split_sum", "blk.0.ffn_down.split_sum"} <= sums and first.carry is None
+    else:  # the sums into the residual go to the norm after them: the output projection's to ffn_norm,
+        # ffn_down's to the next layer's attn_norm, but the last layer's (the final norm runs on decode tokens too)
+        assert not sums & {"blk.0.attn_output.split_sum", "blk.0.ffn_down.split_sum"}
+        assert first.carry.label == "blk.0.ffn_down.split_sum" and last.carry is None
+        assert f"blk.{gpu.config.n_layers - 1}.ffn_down.split_sum" in {op.label for op in last.ops}
+        norm = next(op for op in gpu.slot_ops[0][1].ops if op.label == "blk.1.attn_norm")
+        assert norm.when is first.carry.when
+    if qtype == "Q4_K_M":  # layer 1's V is Q6_K: both QKV matmuls, then their sums, each group's partials apart
         v = gpu.config.n_q + gpu.config.n_kv
-        labels = [op.label for op in gpu.slot_ops[0][1].ops[:5]]
+        assert gpu.group_partials(1) is not gpu.group_partials(0)
+        labels = [d.label for d in gpu.slot_ops[0][1].dispatches(67, 1, decode=False)[:4]]
+        assert labels == ["blk.1.attn_norm", "blk.1.qkv@0", f"blk.1.qkv@{v}", "blk.1.rope"]  # rope.wgsl sums them
+        labels = [d.label for d in gpu.slot_ops[0][1].dispatches(9, 1, decode=True)[:5]]  # a batch of 9 decode tokens
         assert labels == ["blk.1.attn_norm", "blk.1.qkv@0", f"blk.1.qkv@{v}", "blk.1.qkv@0.split_sum",
                           f"blk.1.qkv@{v}.split_sum"]
-        assert gpu.group_partials(1) is not gpu.group_partials(0)
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
     want = ReferenceBackend.load(model, RunOptions(n_ctx=80)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=1e-2 * max(1.0, np.abs(want).max()))

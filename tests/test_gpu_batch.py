@@ -359,3 +359,22 @@ def test_the_reference_backend_runs_a_batch_slot_by_slot(models):
     be.reset()
     np.testing.assert_allclose(got[1], be.forward([9, 10]), rtol=1e-5, atol=1e-5)
     assert be.slot == 0
+
+
+def test_a_batch_past_gemv_tokens_runs_through_gemm(models):
+    """More decode tokens than gemv.wgsl takes (GEMV_TOKENS) run through gemm.wgsl and its K-splits,
+    whose QKV sums stay dispatches of their own in decode (a chunk's rope.wgsl sums them, and decode
+    has none): each row's logits are the ones its slot gets alone, within gemm.wgsl's f16 bound."""
+    slots = 10
+    be = WebGPUBackend.load(open_model(models["Q8_0"]), RunOptions(n_ctx=32, slots=slots, matmul="tiled"))
+    assert slots > be.pipes.gemv_tokens and be.group_slots == slots
+    assert any(op.shader == "split_sum" and op.phase == "decode" for op in be.slot_ops[0][0].ops)
+    prompts = {s: [s + 1, 2 * s + 7, 100 + s, 40 + 3 * s] for s in range(slots)}
+    want = {s: alone(be, s, prompt, 0)[0] for s, prompt in prompts.items()}
+    for s, prompt in prompts.items():
+        be.select_slot(s)
+        be.reset()
+        be.forward(prompt[:-1])
+    got = be.decode_batch([(s, prompt[-1]) for s, prompt in prompts.items()])
+    for s in prompts:
+        np.testing.assert_allclose(got[s], want[s], atol=1e-2 * max(1.0, np.abs(want[s]).max()))

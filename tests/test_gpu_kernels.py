@@ -23,26 +23,47 @@ def kernels():
     return pl.Pipelines(get_context())
 
 
-@pytest.mark.parametrize("add", [False, True])
-def test_rmsnorm(kernels, add):
+@pytest.mark.parametrize("add,splits", [(False, 0), (True, 0), (False, 2), (False, 3)])
+def test_rmsnorm(kernels, add, splits):
+    """Y (+)= RMSNorm(X); with K-split partials, X += their sum first (written back), as after a
+    split matmul that adds to the residual."""
     rng = np.random.default_rng(3)
     n, tokens = 576, 3
     w = rng.uniform(0.5, 1.5, n).astype(np.float32)
     x = rng.standard_normal((tokens, n)).astype(np.float32)
     y = rng.standard_normal((tokens, n)).astype(np.float32)
-    params = pl.pack_params("rmsnorm", n=n, norm_w=0, eps=1e-6, add=int(add), x_stride=n, y_stride=n)
-    (got,) = pl.run_once(kernels, "rmsnorm", None, [w.view(np.uint32), x, y.copy(), params,
-                                                   pl.pack_step(0, tokens)], (tokens, 1, 1))
-    close(got, ref.rmsnorm(x, w, 1e-6) + (y if add else 0), RTOL)
+    part = rng.standard_normal((max(splits, 1), tokens, n)).astype(np.float32)
+    params = pl.pack_params("rmsnorm", n=n, norm_w=0, eps=1e-6, add=int(add), x_stride=n, y_stride=n,
+                            splits=splits)
+    got_x, got = pl.run_once(kernels, "rmsnorm", None, [w.view(np.uint32), x, y.copy(), part, params,
+                                                        pl.pack_step(0, tokens)], (tokens, 1, 1))
+    want_x = x + part[:splits].sum(axis=0)
+    close(got_x, want_x, RTOL)
+    close(got, ref.rmsnorm(want_x, w, 1e-6) + (y if add else 0), RTOL)
 
 
-@pytest.mark.parametrize("style,qk_norm", [("normal", False), ("neox", True)])
-def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
-    """SmolLM2's 9 query / 3 K/V heads of 64 at positions 5..8 of a 16-position cache."""
+@pytest.mark.parametrize("style,qk_norm,groups", [("normal", False, ()), ("neox", True, ()),
+                                                  ("normal", False, ((0, 2),)), ("neox", True, ((0, 2), (768, 3))),
+                                                  ("normal", True, ((0, 0), (576, 2), (768, 2)))])
+def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm, groups):
+    """SmolLM2's 9 query / 3 K/V heads of 64 at positions 5..8 of a 16-position cache. With
+    `groups` (first column, K-splits) the QKV rows come as the sums of K-split partials per group
+    (a group of no splits lies in QKV), as after a chunk's split QKV matmuls."""
     rng = np.random.default_rng(4)
     n_head, n_kv, hd, n_ctx, n_past, tokens, base = 9, 3, 64, 16, 5, 4, 10000.0
     stride = (n_head + 2 * n_kv) * hd
     qkv = rng.standard_normal((tokens, stride)).astype(np.float32)
+    parts = [np.zeros(4, np.float32)] * 3
+    given = qkv.copy()  # what QKV holds: the columns of split groups are left stale
+    for g, (start, splits) in enumerate(groups):
+        end = groups[g + 1][0] if g + 1 < len(groups) else stride
+        if splits:
+            pieces = rng.standard_normal((splits, tokens, end - start)).astype(np.float32)
+            qkv[:, start:end] = 0.0
+            for piece in pieces:  # in the kernel's order: the values V must equal exactly
+                qkv[:, start:end] += piece
+            parts[g] = pieces
+            given[:, start:end] = np.nan
     norms = rng.uniform(0.5, 1.5, 2 * hd).astype(np.float32)
     theta = ref.rope_angles(np.arange(n_ctx), hd, base)
     table = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
@@ -50,9 +71,10 @@ def test_rope_qk_norm_and_cache_write(kernels, style, qk_norm):
     params = pl.pack_params("rope", n_head=n_head, n_head_kv=n_kv, head_dim=hd, rope_dim=hd,
                            neox=int(style == "neox"), qk_norm=int(qk_norm), q_norm_w=0, k_norm_w=hd, eps=1e-6,
                            qkv_stride=stride, n_ctx=n_ctx, table=0, qkv_bias=0, q_bias=0, k_bias=0,
-                            v_bias=0)
-    got_qkv, got_kv = pl.run_once(kernels, "rope", None, [norms.view(np.uint32), table, qkv, kv, params,
-                                                         pl.pack_step(n_past, tokens)], (n_head + n_kv, tokens, 1))
+                           v_bias=0, **pl.rope_groups(stride, list(groups)))
+    got_qkv, got_kv = pl.run_once(kernels, "rope", None, [norms.view(np.uint32), table, given, kv, params,
+                                                         pl.pack_step(n_past, tokens), *parts],
+                                  (n_head + n_kv, tokens, 1))
     pos = np.arange(n_past, n_past + tokens)
     q = qkv[:, :n_head * hd].reshape(tokens, n_head, hd)
     k = qkv[:, n_head * hd:(n_head + n_kv) * hd].reshape(tokens, n_kv, hd)

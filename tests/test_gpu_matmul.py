@@ -98,9 +98,10 @@ def normed_for(pipes, program, x, buffer, norm_at, mode):
     if program != "gemm":
         return x, mode
     n_tokens, cols = x.shape
-    p = pl.pack_params("rmsnorm", n=cols, norm_w=norm_at, eps=1e-5, add=0, x_stride=cols, y_stride=cols)
-    (h,) = pl.run_once(pipes, "rmsnorm", None, [buffer, x, np.zeros_like(x), p, pl.pack_step(0, n_tokens)],
-                       (n_tokens, 1, 1))
+    p = pl.pack_params("rmsnorm", n=cols, norm_w=norm_at, eps=1e-5, add=0, x_stride=cols, y_stride=cols, splits=0)
+    no_partials = np.zeros(4, np.float32)
+    _, h = pl.run_once(pipes, "rmsnorm", None, [buffer, x, np.zeros_like(x), no_partials, p,
+                                                pl.pack_step(0, n_tokens)], (n_tokens, 1, 1))
     return h, mode & ~pl.MODE_NORM
 
 
@@ -322,6 +323,8 @@ def test_gemm_split_along_k(tiled, qtype, accumulate, splits):
 @pytest.mark.parametrize("rows,cols,gated,half,want", [
     (2048, 8192, False, "f16", 3),   # ffn_down: 3 parts of 2,048+ columns
     (576, 1536, False, "f16", 2),    # SmolLM2's ffn_down: parts of 768
+    (512, 2048, False, "f16", 4),    # Q4_K_M's V, a QKV matmul of its own: 4 row tiles
+    (128, 64, False, "f16", 2),      # as many as the 2 steps of 32 columns
     (2048, 2048, False, "f16", 2),   # attn_output
     (3072, 2048, False, "f16", 2),   # QKV
     (4096, 2048, False, "f16", 2),   # 32 row tiles

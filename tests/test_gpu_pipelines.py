@@ -60,13 +60,13 @@ def test_the_matmul_programs_share_one_layout():
 def test_pack_params_follows_the_wgsl():
     fields = pl.signature("rmsnorm").params
     assert fields == (("n", "u32"), ("norm_w", "u32"), ("eps", "f32"), ("add", "u32"), ("x_stride", "u32"),
-                      ("y_stride", "u32"))
-    packed = pl.pack_params("rmsnorm", n=576, norm_w=64, eps=1e-6, add=1, x_stride=576, y_stride=576)
+                      ("y_stride", "u32"), ("splits", "u32"))
+    packed = pl.pack_params("rmsnorm", n=576, norm_w=64, eps=1e-6, add=1, x_stride=576, y_stride=576, splits=0)
     assert len(packed) == 32 and struct.unpack("<IIfIII", packed[:24])[:2] == (576, 64)
     with pytest.raises(AssertionError, match="unknown {'nope'}"):
-        pl.pack_params("rmsnorm", n=1, norm_w=0, eps=0.0, add=0, x_stride=1, y_stride=1, nope=2)
+        pl.pack_params("rmsnorm", n=1, norm_w=0, eps=0.0, add=0, x_stride=1, y_stride=1, splits=0, nope=2)
     with pytest.raises(AssertionError, match="missing {'y_stride'}"):
-        pl.pack_params("rmsnorm", n=1, norm_w=0, eps=0.0, add=0, x_stride=1)
+        pl.pack_params("rmsnorm", n=1, norm_w=0, eps=0.0, add=0, x_stride=1, splits=0)
 
 
 def test_mode_bits_are_the_shaders():

@@ -123,7 +123,10 @@ class WebGPUBackend(Backend):
             at = self.kv_offset(slot) * 16
             self.kv = [(buffer, at, self.slot_bytes) for buffer in self.kv_group]
             self.slot_kv.append(self.kv)
-            self.slot_ops.append([build_layer(self, i) for i in range(config.n_layers)])
+            layers: list[LayerOps] = []
+            for i in range(config.n_layers):
+                layers.append(build_layer(self, i, layers[-1].carry if layers else None))
+            self.slot_ops.append(layers)
         self.slot_past = [0] * n_slots  # each slot's n_past while another is selected
         self.kv, self.layer_ops = self.slot_kv[0], self.slot_ops[0]
         self.globals_ops = build_globals(self)

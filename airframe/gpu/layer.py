@@ -35,6 +35,7 @@ class Op:
     k_splits: int = 1                # gemm.wgsl's workgroups along K for a chunk (pipes.gemm_splits)
     # gemm.wgsl's bind group where it differs: the normalized input (chunk_norm) and/or the partials
     gemm_group: object = None
+    partials: tuple | None = None    # split_sum: (partials buffer, splits), for a norm that adds them itself
 
     def program(self, pipes: pl.Pipelines, n_tokens: int) -> str:
         """The shader this op runs for n_tokens."""
@@ -67,6 +68,8 @@ class Op:
 class LayerOps:
     pipes: pl.Pipelines
     ops: list[Op]
+    # the split_sum of this layer's ffn_down, left to the next layer's attn_norm (chunk_norm)
+    carry: Op | None = None
     _cache: dict = field(default_factory=dict)
 
     def dispatches(self, n_tokens: int, n_splits: int, decode: bool | None = None) -> list[pl.Dispatch]:
@@ -119,23 +122,33 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
                             accumulate=int(bool(mode & pl.MODE_ACCUMULATE)))
     group = k.bind("split_sum", [part, y, k.uniform(params, f"{label}.split_sum"), s.step])
     return [op, Op(f"{label}.split_sum", "split_sum", None, group, grid=lambda t, n: (pl.ceil_div(rows, 256), t, 1),
-                   output=(y, y_stride), when=lambda t, n: t > k.gemv_tokens)]
+                   output=(y, y_stride), when=lambda t, n: t > k.gemv_tokens, partials=(part, splits))]
 
 
-def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool) -> Op:
+def _rmsnorm(be, label: str, layer, norm: PackedTensor, x, y, n: int, add: bool,
+             partials: tuple | None = None) -> Op:
+    part, splits = partials or (be.scratch.split, 0)
     params = pl.pack_params("rmsnorm", n=n, norm_w=norm.offset, eps=be.config.rms_eps, add=int(add),
-                           x_stride=n, y_stride=n)
+                           x_stride=n, y_stride=n, splits=splits)
     k = be.pipes
-    group = k.bind("rmsnorm", [layer, x, y, k.uniform(params, label), be.scratch.step])
+    group = k.bind("rmsnorm", [layer, x, y, part, k.uniform(params, label), be.scratch.step])
     return Op(label, "rmsnorm", None, group, grid=lambda t, s: (t, 1, 1), output=(y, n))
 
 
-def chunk_norm(be, label: str, layer, norm: PackedTensor, matmul: Op) -> Op:
+def chunk_norm(be, label: str, layer, norm: PackedTensor, matmul: Op, sums: Op | None = None) -> Op:
     """RMSNorm of each token of x into scratch tmp, where `matmul` runs as gemm.wgsl (which reads its
-    input normalized): once per token rather than once per workgroup of the matmul."""
-    op = _rmsnorm(be, label, layer, norm, be.scratch.x, be.scratch.tmp, be.config.n_embd, add=False)
-    op.when = lambda t, n: matmul.program(be.pipes, t) == "gemm"
+    input normalized): once per token rather than once per workgroup of the matmul. With `sums`, the
+    split_sum op of the matmul before it (adding to x), the norm adds those partials to x itself and
+    runs wherever that op would: one dispatch and one pass over x fewer."""
+    op = _rmsnorm(be, label, layer, norm, be.scratch.x, be.scratch.tmp, be.config.n_embd, add=False,
+                  partials=sums.partials if sums else None)
+    op.when = sums.when if sums else (lambda t, n: matmul.program(be.pipes, t) == "gemm")
     return op
+
+
+def _split_sum(ops: list[Op]) -> tuple[list[Op], Op | None]:
+    """A matmul's ops (_matmul) without its split_sum op, and that op (None without a K-split)."""
+    return ops[:1], (ops[1] if len(ops) > 1 else None)
 
 
 def _qkv_groups(tensors: list[PackedTensor]) -> list[list[PackedTensor]]:
@@ -155,7 +168,8 @@ def _row_halves(t: PackedTensor, rows: int) -> tuple[PackedTensor, PackedTensor]
             replace(t, name=f"{t.name}[up]", rows=rows, offset=t.offset + rows * t.row_words))
 
 
-def build_layer(be, i: int) -> LayerOps:
+def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
+    """Layer i's ops; `carried`: the previous layer's LayerOps.carry, whose sums its attn_norm does."""
     c = be.config
     s = be.scratch
     pack = be.layers[i]
@@ -166,29 +180,47 @@ def build_layer(be, i: int) -> LayerOps:
     ops = []
     col = 0
     qkv = [w["attn_qkv"]] if c.fused_qkv else [w["attn_q"], w["attn_k"], w["attn_v"]]
-    sums = []
-    # Q4_K_M's Q/K and V: each group's K-split partials in a buffer of its own and their sums after
-    # both, so that the GPU may run the two matmuls at once (no barrier between them)
+    groups = []  # (first column, split_sum op or None) per QKV matmul
+    # Q4_K_M's Q/K and V: each group's K-split partials in a buffer of its own, summed after both
+    # (by rope.wgsl in a chunk), so that the GPU may run the two matmuls at once (no barrier between)
     for g, group in enumerate(_qkv_groups(qkv)):
-        matmul, *sum_op = _matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv, col,
-                                  pl.MODE_NORM, w["attn_norm"], qkv_group=g)
-        ops.append(matmul)
-        sums += sum_op
+        matmul, sum_op = _split_sum(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv,
+                                            col, pl.MODE_NORM, w["attn_norm"], qkv_group=g))
+        ops += matmul
+        groups.append((col, sum_op))
         col += sum(t.rows for t in group)
-    ops = [chunk_norm(be, f"blk.{i}.attn_norm", buf, w["attn_norm"], ops[0])] + ops + sums
+    sums = [op for _, op in groups if op]
+    for op in sums:  # a chunk's rope.wgsl sums the partials; a batch of decode tokens keeps the op
+        op.phase = "decode"
+    ops = [chunk_norm(be, f"blk.{i}.attn_norm", buf, w["attn_norm"], ops[0], carried)] + ops + sums
 
-    rope = pl.pack_params(
-        "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
-        neox=int(c.rope_style == "neox"), qk_norm=int(c.qk_norm),
-        q_norm_w=w["attn_q_norm"].offset if c.qk_norm else 0, k_norm_w=w["attn_k_norm"].offset if c.qk_norm else 0,
-        eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)],
-        qkv_bias=int(c.qkv_bias), q_bias=w["attn_q.bias"].offset if c.qkv_bias else 0,
-        k_bias=w["attn_k.bias"].offset if c.qkv_bias else 0, v_bias=w["attn_v.bias"].offset if c.qkv_bias else 0)
-    rope_params = k.uniform(rope)
-    group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], rope_params, s.step])
-    # a decode token's attention does this work itself
-    ops.append(Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
-                  output=(s.qkv, n_qkv), phase="prefill"))
+    def rope(parts: list[tuple[int, int]]) -> bytes:
+        return pl.pack_params(
+            "rope", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, rope_dim=c.rope_dim,
+            neox=int(c.rope_style == "neox"), qk_norm=int(c.qk_norm),
+            q_norm_w=w["attn_q_norm"].offset if c.qk_norm else 0, k_norm_w=w["attn_k_norm"].offset if c.qk_norm else 0,
+            eps=c.rms_eps, qkv_stride=n_qkv, n_ctx=be.n_ctx, table=be.table_offsets[c.layer_rope_base(i)],
+            qkv_bias=int(c.qkv_bias), q_bias=w["attn_q.bias"].offset if c.qkv_bias else 0,
+            k_bias=w["attn_k.bias"].offset if c.qkv_bias else 0, v_bias=w["attn_v.bias"].offset if c.qkv_bias else 0,
+            **pl.rope_groups(n_qkv, parts))
+
+    rope_params = k.uniform(rope([]))
+    parts = [s.split] * 3
+
+    def rope_op(params, when=None) -> Op:
+        group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], params, s.step, *parts])
+        # a decode token's attention does this work itself
+        return Op(f"blk.{i}.rope", "rope", None, group, grid=lambda t, n: (c.n_head + c.n_head_kv, t, 1),
+                  output=(s.qkv, n_qkv), phase="prefill", when=when)
+
+    if not sums:
+        ops.append(rope_op(rope_params))
+    else:  # where the matmuls are split (sums[0].when), rope.wgsl reads their partials
+        split = sums[0].when
+        for g, (_, op) in enumerate(groups):
+            parts[g] = op.partials[0] if op else s.split
+        ops.append(rope_op(rope_params, lambda t, n: not split(t, n)))
+        ops.append(rope_op(k.uniform(rope([(start, op.partials[1] if op else 0) for start, op in groups])), split))
 
     window = c.sliding_window if c.is_local_layer(i) else 0
     attn = k.uniform(pl.pack_params("attention_decode", n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim,
@@ -212,13 +244,15 @@ def build_layer(be, i: int) -> LayerOps:
     ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group, grid=lambda t, n: (c.n_head, t, 1),
                   output=(s.attn, c.n_q), phase="decode", when=lambda t, n: n > 1))
 
+    wo_sum = None  # the output projection's split_sum, left to ffn_norm
     if c.post_norms:
         ops += _matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.tmp, c.n_embd)
         ops.append(_rmsnorm(be, f"blk.{i}.post_attention_norm", buf, w["post_attention_norm"], s.tmp, s.x,
                             c.n_embd, add=True))
     else:
-        ops += _matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q, s.x, c.n_embd,
-                       mode=pl.MODE_ACCUMULATE)
+        wo, wo_sum = _split_sum(_matmul(be, f"blk.{i}.attn_output", buf, [w["attn_output"]], s.attn, c.n_q,
+                                        s.x, c.n_embd, mode=pl.MODE_ACCUMULATE))
+        ops += wo
 
     gate, up = _row_halves(w["ffn_up"], c.n_ff) if c.fused_gate_up else (w["ffn_gate"], w["ffn_up"])
     if gate.qtype != up.qtype:
@@ -227,14 +261,17 @@ def build_layer(be, i: int) -> LayerOps:
     act = pl.MODE_GELU if c.activation == "gelu_tanh" else 0
     gate_up = _matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
                       mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"])
-    ops += [chunk_norm(be, f"blk.{i}.ffn_norm", buf, w["ffn_norm"], gate_up[0])] + gate_up
+    ops += [chunk_norm(be, f"blk.{i}.ffn_norm", buf, w["ffn_norm"], gate_up[0], wo_sum)] + gate_up
     if c.post_norms:
         ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd)
         ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))
-    else:
-        ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
-                       mode=pl.MODE_ACCUMULATE)
-    return LayerOps(k, ops)
+        return LayerOps(k, ops)
+    down = _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
+                   mode=pl.MODE_ACCUMULATE)
+    if i == c.n_layers - 1:  # the final norm runs on decode tokens too: the last layer sums its own
+        return LayerOps(k, ops + down)
+    down, down_sum = _split_sum(down)
+    return LayerOps(k, ops + down, carry=down_sum)
 
 
 @dataclass

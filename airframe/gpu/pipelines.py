@@ -84,6 +84,7 @@ GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
 GEMM_TILE_ROWS, GEMM_TILE_TOKENS = 128, 64  # gemm.wgsl's tile
 SPLIT_ROW_TILES = 32    # row tiles x 8 token tiles of a 512-token chunk below FULL_GPU: split along K
 SPLIT_COLS = 2048       # input columns each part of a third K-split sums at least
+TINY_ROW_TILES = 4      # a matrix of this many row tiles or fewer (Q4_K_M's V beside Q and K) takes 4 K-splits
 WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200: 132 SMs)
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
@@ -119,6 +120,14 @@ def _params_layout(shader: str) -> tuple:
     size = sum(struct.calcsize(_FORMATS[kind]) for _, kind in fields)
     layout = "<" + "".join(_FORMATS[kind].lstrip("<") for _, kind in fields) + f"{-size % 16}x"
     return dict.fromkeys(name for name, _ in fields).keys(), struct.Struct(layout)
+
+
+def rope_groups(qkv_stride: int, groups: list[tuple[int, int]] = ()) -> dict:
+    """rope.wgsl's Params fields saying where QKV's columns lie: `groups` (first column, K-splits)
+    per QKV matmul whose K-split partials rope.wgsl sums itself; none: all in QKV."""
+    starts = [start for start, _ in groups[1:]] + [qkv_stride] * (3 - max(len(groups), 1))
+    splits = [n for _, n in groups] + [0] * (3 - len(groups))
+    return dict(splits0=splits[0], splits1=splits[1], splits2=splits[2], start1=starts[0], start2=starts[1])
 
 
 def pack_step(n_past: int, n_tokens: int, lm_first: int = 0, split_len: int = 256) -> bytes:
@@ -263,12 +272,15 @@ class Pipelines:
     def gemm_splits(self, rows: int, cols: int, gated: bool) -> int:
         """gemm.wgsl's workgroups along K for a chunk's matrix (split_sum.wgsl adds the partials):
         for one of SPLIT_ROW_TILES row tiles or fewer (every matrix of a chunk but gate/up and the
-        LM head) 2, or 3 where each part still sums SPLIT_COLS columns (ffn_down), else 1. Llama 3.2
-        1B, 512 tokens (docs/DECISIONS.md): 2 splits took the output projection from 4.92 to 3.98
-        ms a chunk (H200); ffn_down 667 us with 2, 628 with 3, 690 with 4, the output projection and
-        QKV fastest with 2 (H100, each with its sums)."""
+        LM head) 2, or 3 where each part still sums SPLIT_COLS columns (ffn_down), 4 for one of
+        TINY_ROW_TILES or fewer, else 1. Llama 3.2 1B, 512 tokens (docs/DECISIONS.md): 2 splits took
+        the output projection from 4.92 to 3.98 ms a chunk (H200); ffn_down 667 us with 2, 628 with
+        3, 690 with 4, the output projection and QKV fastest with 2 (H100, each with its sums); 4 for
+        Q4_K_M's V (4 row tiles, beside Q and K) took its chunk from 42.20 to 41.92 ms."""
         if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % GEMM_K:
             return 1
+        if self.gemm_groups(rows, gated) <= TINY_ROW_TILES:
+            return min(4, cols // GEMM_K)
         return 3 if cols >= 3 * SPLIT_COLS else 2
 
     def pipeline(self, shader: str, quant: QuantType | None = None, shape: dict | None = None):

@@ -68,7 +68,7 @@ def main() -> None:
                                         window=0, scale=HD ** -0.5, qkv_stride=stride, softcap=0.0))
     rope = pipes.uniform(pl.pack_params("rope", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, rope_dim=HD, neox=0,
                                         qk_norm=0, q_norm_w=0, k_norm_w=0, eps=1e-5, qkv_stride=stride, n_ctx=N_CTX,
-                                        table=0, qkv_bias=0, q_bias=0, k_bias=0, v_bias=0))
+                                        table=0, qkv_bias=0, q_bias=0, k_bias=0, v_bias=0, **pl.rope_groups(stride)))
     decode_shape, _ = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]),
                                           pipes.half)
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention").glob("*.wgsl"))]
