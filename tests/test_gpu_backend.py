@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from airframe.errors import ContextOverflowError, ParameterError
+from airframe.gpu import pipelines as pl
 from airframe.gpu.backend import WebGPUBackend
 from airframe.model import open_model
 from airframe.options import RunOptions
@@ -65,6 +66,29 @@ def test_chunked_prefill_equals_unchunked(tiny_llama):
     np.testing.assert_allclose(a, b, atol=1e-4)
     np.testing.assert_allclose(a, want, atol=1e-3)
     assert chunked.n_past == 1100
+
+
+def test_a_full_chunk_starts_from_the_lead_recorded_ahead(tiny_llama, monkeypatch):
+    """A full chunk records the next full chunk's first command buffer (embedding, first layer) for
+    its slot; the next prompt submits it instead of recording one, with the same logits; another
+    slot records its own."""
+    tokens = list(np.random.default_rng(2).integers(0, 512, 21))
+    gpu = WebGPUBackend.load(tiny_llama, RunOptions(n_ctx=32, prefill_chunk=8, slots=2))
+    first = gpu.forward(tokens)
+    assert gpu._next_lead is not None and gpu._next_lead[0] == 0
+    recorded = []
+    record = pl.record
+    monkeypatch.setattr(pl, "record", lambda encoder, work, *a: (recorded.append(len(work)), record(encoder, work, *a)))
+    gpu.reset()
+    np.testing.assert_array_equal(gpu.forward(tokens), first)
+    lead = len(gpu.globals_ops.embed_ops) + len(gpu.layer_ops[0].dispatches(8, 1))
+    rest = len(gpu.layer_dispatches(8)) - lead
+    # chunks 1 and 2: their rest, then the next lead; chunk 3 (5 tokens) records its own two parts
+    assert recorded[:4] == [rest, lead, rest, lead] and len(recorded) == 6
+    gpu.select_slot(1)
+    gpu.reset()
+    np.testing.assert_array_equal(gpu.forward(tokens), first)
+    assert gpu._next_lead[0] == 1
 
 
 QTYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"]

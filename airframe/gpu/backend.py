@@ -144,6 +144,9 @@ class WebGPUBackend(Backend):
         # keyed by (attention splits, whether the logits are copied for the host)
         self._next_decode: tuple[tuple[int, bool], object] | None = None
         self._next_reduce = None  # the next reduction's command buffer, recorded while a forward runs
+        # a full prefill chunk's first command buffer (embedding, first layer), recorded while the
+        # GPU runs the chunk before, keyed by slot: what a long prompt's first chunk would wait for
+        self._next_lead: tuple[int, object] | None = None
         self._token_lists: dict = {}  # (slot, n_tokens, n_splits): token_dispatches
         self._batch_lists: dict = {}  # _batch_work's key: its dispatches
         self._next_batch: tuple[tuple, object] | None = None  # a batch step recorded ahead, by key
@@ -351,6 +354,8 @@ class WebGPUBackend(Backend):
         same list for the same attention splits: do not change it)."""
         key = (self.slot, n_tokens, self.n_splits(n_tokens))  # each slot binds its own K/V cache
         if key not in self._token_lists:  # a decode token's list is built once, not per token
+            if len(self._token_lists) > 64:  # a chunk of each length adds one
+                self._token_lists.clear()
             self._token_lists[key] = (self.layer_dispatches(n_tokens) + self.globals_ops.final_norm(n_tokens)
                                       + self.globals_ops.lm_head(1))
         return self._token_lists[key]
@@ -662,32 +667,38 @@ class WebGPUBackend(Backend):
         if n == 1 and last and not all_logits and not self.debug_raw:
             return self._decode(int(ids[0]), read)
         device = self.ctx.device
-        device.queue.write_buffer(self.scratch.ids, 0, ids.astype(np.uint32))
+        pl.write(device.queue, self.scratch.ids, ids.astype(np.uint32))
         self.write_step(n)
         self.write_head_step(1, n - 1)
-        work = self.layer_dispatches(n)
-        head = []
-        if last and not all_logits:
-            head = self.globals_ops.final_norm(n) + self.globals_ops.lm_head(1)
+        head = last and not all_logits  # the LM head of the last position
+        work = self.token_dispatches(n) if head else self.layer_dispatches(n)
+        full = n == self.scratch.tokens and not self.debug_raw  # a shorter chunk leaves the lead recorded ahead
         if self.debug_raw:
-            self._run_debug(work + head)  # submits each dispatch alone
+            self._run_debug(work)  # submits each dispatch alone
             parts = [[]]
         else:
             # the embedding and the first layer go first, so the GPU runs them while the host records
             # the rest (recording a 16-layer chunk takes about a millisecond)
             lead = len(self.globals_ops.embed_ops) + len(self.layer_ops[0].dispatches(n, self.n_splits(n)))
-            parts = [work[:lead], work[lead:] + head]
+            parts = [work[:lead], work[lead:]]
+            if full and self._next_lead is not None and self._next_lead[0] == self.slot:
+                pl.submit(device.queue, [self._next_lead[1]])
+                parts = parts[1:]
         for i, part in enumerate(parts):
             encoder = device.create_command_encoder()
             if part:
                 pl.record(encoder, part)
             if i == len(parts) - 1 and head and read:
                 self._copy_logits(encoder, 1)
-            device.queue.submit([encoder.finish()])
+            index = pl.submit(device.queue, [encoder.finish()])
+        if full:  # the next full chunk's lead, recorded while the GPU runs this one
+            encoder = device.create_command_encoder()
+            pl.record(encoder, work[:lead])
+            self._next_lead = (self.slot, encoder.finish())
         if all_logits:
             logits = self._all_logits(n)
         elif head and read:
-            logits = self._read_logits(1)
+            logits = self._read_logits(1, index)
         else:
             logits = None
         self.n_past += n
@@ -716,8 +727,11 @@ class WebGPUBackend(Backend):
         encoder.copy_buffer_to_buffer(self.scratch.logits, 0, self.scratch.staging, 0,
                                       rows * self.config.vocab_size * 4)
 
-    def _read_logits(self, rows: int) -> np.ndarray:
-        data = pl.read_mapped(self.scratch.staging, rows * self.config.vocab_size * 4, np.float32)
+    def _read_logits(self, rows: int, index: int | None = None) -> np.ndarray:
+        """The logits copied for the host (_copy_logits), once submission `index` (pl.submit) has run;
+        with none, once everything submitted has."""
+        data = pl.read_after(self.ctx.device, self.scratch.staging, rows * self.config.vocab_size * 4, np.float32,
+                             index)
         cap = self.config.final_logit_softcap
         if cap:  # Gemma 2's final soft-capping, on the CPU: the logits are read back anyway
             data = (np.float32(cap) * np.tanh(data / np.float32(cap))).astype(np.float32)

@@ -201,7 +201,7 @@ def prompt_seconds(be: WebGPUBackend, n_tokens: int, depth: int = 0, runs: int =
     """Seconds from a prompt of n_tokens after `depth` cached positions (their K/V contents do not
     change the speed) to the logits of its last position on the host, median of `runs`; `bar`
     (a tqdm) advances by one per run."""
-    ids = list(np.random.default_rng(0).integers(0, be.config.vocab_size, n_tokens))
+    ids = np.random.default_rng(0).integers(0, be.config.vocab_size, n_tokens).tolist()  # ints, as a tokenizer's
     times = []
     for _ in range(runs + 1):  # the first run compiles the pipelines of this prompt's chunks
         be.reset()
