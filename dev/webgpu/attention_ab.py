@@ -2,7 +2,8 @@
 dev/webgpu/<program>/*.wgsl, one layer's dispatch of the Llama 3.2 1B shape (32 query heads, 8 K/V
 heads of 64) repeated in one pass (decode: over 16 layers' caches, which together outgrow the L2
 as a token's do), GPU time per dispatch, and each variant's output against the shipped program's
-(variants that drop work differ). Decode (attention_decode.wgsl): one token at
+(variants that drop work differ); decode also times attention_merge.wgsl's copies in
+dev/webgpu/attention_merge/ after the shipped attention. Decode (attention_decode.wgsl): one token at
 each of --positions. Prefill (attention_prefill.wgsl): a chunk of --tokens after each of --depths.
 
     python dev/webgpu/attention_ab.py [--positions 0,511,4095]
@@ -72,6 +73,7 @@ def main() -> None:
     decode_shape, _ = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]),
                                           pipes.half)
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention").glob("*.wgsl"))]
+    merges = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention_merge").glob("*.wgsl"))]
     merge = pipes.uniform(pl.pack_params("attention_merge", n_head=N_HEAD, head_dim=HD))
     for position in (int(p) for p in args.positions.split(",")):
         per_split = max(-(-(position + 1) // (SPLIT_WORKGROUPS // N_KV)), MIN_SPLIT_LEN)
@@ -96,6 +98,17 @@ def main() -> None:
                 diff = float(np.abs(got - reference).max())
                 print(f"position {position:5} ({n_splits:3} splits of {split_len:4}): {name:12} {t * 1e6:7.2f} us a "
                       f"dispatch, {both * 1e6:7.2f} with the merge, max difference from shipped {diff:.2e}")
+            if n_splits == 1:
+                continue
+            layers = [pl.Dispatch("shipped", pipeline(pipes, None, decode_shape), g, (n_splits, N_KV, 1)) for g in groups]
+            for name, path in merges:
+                m = pl.Dispatch(name, pipeline(pipes, path, {}, "attention_merge"), merged.bind_group, (N_HEAD, 1, 1))
+                pairs = [d for layer in layers for d in (layer, m)]
+                warm_up(ctx, timer, pairs, 0.2)
+                both = time_passes(ctx, timer, pairs, 20) / LAYERS
+                got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
+                print(f"position {position:5} ({n_splits:3} splits of {split_len:4}): merge {name:12} {both * 1e6:7.2f} us "
+                      f"with the shipped attention, max difference from shipped {float(np.abs(got - reference).max()):.2e}")
 
 
 def prefill(ctx, pipes, timer, rng, tokens: int, depths: list[int]) -> None:
