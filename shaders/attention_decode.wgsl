@@ -36,6 +36,7 @@
 
 var<private> kv0: u32;    // the row's cache: its first vec4 in KV
 var<private> qkv0: u32;   // the row's projections: its first float in QKV
+var<private> lanes: u32;  // lanes of a subgroup, found once
 
 const WG: u32 = 128u;
 const GROUP: u32 = {ATTN_GROUP}u;     // query heads per K/V head
@@ -71,12 +72,17 @@ fn heads(v: f32) -> Heads {
 
 // per head, the maximum (is_max) or the sum of v over the workgroup
 fn heads_total(v: Heads, lid: u32, is_max: bool) -> Heads {
-    let lanes = lane_count();
-    var out: Heads;
+    var out = v;  // heads 4-7 only where the group has them
     if (is_max) {
-        out = Heads(lanes_max4(v.lo, lid), lanes_max4(v.hi, lid));
+        out.lo = lanes_max4(v.lo, lid);
+        if (GROUP > 4u) {
+            out.hi = lanes_max4(v.hi, lid);
+        }
     } else {
-        out = Heads(lanes_sum4(v.lo, lid), lanes_sum4(v.hi, lid));
+        out.lo = lanes_sum4(v.lo, lid);
+        if (GROUP > 4u) {
+            out.hi = lanes_sum4(v.hi, lid);
+        }
     }
     workgroupBarrier();  // the previous exchange has been read
     if (lid % lanes == 0u) {
@@ -194,6 +200,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         return;  // a shorter row of the batch: the whole workgroup leaves before any barrier
     }
     kv0 = row.kv;
+    lanes = lane_count();
     qkv0 = wid.z * P.qkv_stride;
     let pos = row.n_past;
     let split_len = row.split_len;
@@ -240,11 +247,19 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         }
         let block_max = heads_total(top, lid, true);
         let new_m = Heads(max(m.lo, block_max.lo), max(m.hi, block_max.hi));
-        let c = Heads(exp(m.lo - new_m.lo), exp(m.hi - new_m.hi));  // the old sums' correction
+        var c = heads(1.0);  // the old sums' correction
+        c.lo = exp(m.lo - new_m.lo);
+        if (GROUP > 4u) {
+            c.hi = exp(m.hi - new_m.hi);
+        }
         m = new_m;
         var sums = heads(0.0);
         for (var j = lid; j < n; j += WG) {
-            let p = Heads(exp(probs[j].lo - m.lo), exp(probs[j].hi - m.hi));
+            var p = heads(0.0);
+            p.lo = exp(probs[j].lo - m.lo);
+            if (GROUP > 4u) {
+                p.hi = exp(probs[j].hi - m.hi);
+            }
             probs[j] = p;
             sums = Heads(sums.lo + p.lo, sums.hi + p.hi);
         }
