@@ -37,14 +37,17 @@ fn inverse_rms(lid: u32) -> f32 {
 
 // column c of the token's QKV row
 fn qkv_at(token: u32, c: u32) -> f32 {
+    var g = 0u;  // the column's group: its splits and columns start .. end
     var splits = P.splits0;
     var start = 0u;
     var end = P.start1;
     if (c >= P.start2) {
+        g = 2u;
         splits = P.splits2;
         start = P.start2;
         end = P.qkv_stride;
     } else if (c >= P.start1) {
+        g = 1u;
         splits = P.splits1;
         start = P.start1;
         end = P.start2;
@@ -52,13 +55,12 @@ fn qkv_at(token: u32, c: u32) -> f32 {
     if (splits == 0u) {
         return QKV[token * P.qkv_stride + c];
     }
-    let cols = end - start;
     var sum = 0.0;
     for (var s = 0u; s < splits; s++) {
-        let at = (s * S.n_tokens + token) * cols + c - start;
-        if (c >= P.start2) {
+        let at = (s * S.n_tokens + token) * (end - start) + c - start;
+        if (g == 2u) {
             sum += PART2[at];
-        } else if (c >= P.start1) {
+        } else if (g == 1u) {
             sum += PART1[at];
         } else {
             sum += PART0[at];

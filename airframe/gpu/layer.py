@@ -205,7 +205,8 @@ def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
             **pl.rope_groups(n_qkv, parts))
 
     rope_params = k.uniform(rope([]))
-    parts = [s.split] * 3
+    # each group's partials buffer for rope.wgsl (scratch split where it has none: bound, not read)
+    parts = [op.partials[0] if op else s.split for _, op in groups] + [s.split] * (3 - len(groups))
 
     def rope_op(params, when=None) -> Op:
         group = k.bind("rope", [buf, be.rope_table, s.qkv, be.kv[i], params, s.step, *parts])
@@ -217,8 +218,6 @@ def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
         ops.append(rope_op(rope_params))
     else:  # where the matmuls are split (sums[0].when), rope.wgsl reads their partials
         split = sums[0].when
-        for g, (_, op) in enumerate(groups):
-            parts[g] = op.partials[0] if op else s.split
         ops.append(rope_op(rope_params, lambda t, n: not split(t, n)))
         ops.append(rope_op(k.uniform(rope([(start, op.partials[1] if op else 0) for start, op in groups])), split))
 

@@ -277,9 +277,10 @@ class Pipelines:
         the output projection from 4.92 to 3.98 ms a chunk (H200); ffn_down 667 us with 2, 628 with
         3, 690 with 4, the output projection and QKV fastest with 2 (H100, each with its sums); 4 for
         Q4_K_M's V (4 row tiles, beside Q and K) took its chunk from 42.20 to 41.92 ms."""
-        if self.half != "f16" or gated or self.gemm_groups(rows, gated) > SPLIT_ROW_TILES or cols % GEMM_K:
+        tiles = self.gemm_groups(rows, gated)
+        if self.half != "f16" or gated or tiles > SPLIT_ROW_TILES or cols % GEMM_K:
             return 1
-        if self.gemm_groups(rows, gated) <= TINY_ROW_TILES:
+        if tiles <= TINY_ROW_TILES:
             return min(4, cols // GEMM_K)
         return 3 if cols >= 3 * SPLIT_COLS else 2
 
