@@ -13,7 +13,9 @@
 // Scores: an invocation per position (a K row as HD / 4 vec4); the block's maxima and sums go across
 // subgroups (lanes_{REDUCE}.wgsl), then once through workgroup memory. P V: invocation (slice, dim
 // quad) takes every SLICES-th position, then the slices are added. With one split the workgroup
-// writes the normalized output itself and the runtime skips attention_merge.wgsl.
+// writes the normalized output itself. With more, each writes its partial output, running max and
+// sum to PART and counts itself in ARRIVED; the last of a K/V head's splits to arrive combines
+// them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the largest m_s (no merge dispatch).
 // Per-head values live in vec4 lanes (heads 0-3 in .lo, 4-7 in .hi, Heads) and the outputs in
 // named variables: no private array is indexed, which the H200's compiler put in local memory
 // (1.9 times slower). A group has at most 8 query heads.
@@ -28,11 +30,12 @@
 @group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases
 @group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table
 @group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // per slot, K then V: (n_head_kv, n_ctx, head_dim / 4)
-@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // per row, (n_head, splits, head_dim + 2)
-@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (rows, n_head * head_dim), one split only
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // per row and K/V head (head_part)
+@group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (rows, n_head * head_dim)
 @group(0) @binding(6) var<uniform> P: Params;
 @group(0) @binding(7) var<uniform> R: RopeParams;
 @group(0) @binding(8) var<storage, read> ROWS: array<DecodeRow>;
+@group(0) @binding(9) var<storage, read_write> ARRIVED: array<atomic<u32>>;  // (rows, n_head_kv), 0 between dispatches
 
 var<private> kv0: u32;    // the row's cache: its first vec4 in KV
 var<private> qkv0: u32;   // the row's projections: its first float in QKV
@@ -49,6 +52,10 @@ const PAIRS: u32 = (FRESH * HD / 2u + WG - 1u) / WG;  // rotated pairs per invoc
 const HEADS_PASS: u32 = 4u;           // heads whose P V slices are added at once: one vec4 of Heads
 const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 const MAX_SUBGROUPS: u32 = 32u;       // WG / the narrowest subgroup (4 lanes)
+const MAX_SPLITS: u32 = 256u;         // splits of a decode token at most (backend.MAX_SPLITS)
+const STRIDE: u32 = HD + 2u;          // a split's partial: its output, then m and l
+const OUTS: u32 = GROUP * HD4;        // the merge's outputs: a dim quad of a query head
+const MERGE_SLICES: u32 = max(1u, WG / OUTS);  // the merge's invocations per output
 
 #include "lanes_{REDUCE}.wgsl"
 
@@ -58,7 +65,9 @@ var<workgroup> fresh_v: array<vec4<f32>, HD4>;             // the new value (spl
 var<workgroup> row_scale: array<f32, FRESH>;               // 1 / rms of each fresh head (QK-norm)
 var<workgroup> probs: array<Heads, BLOCK>;                 // scores, then probabilities, of the block's positions
 var<workgroup> xchg: array<Heads, MAX_SUBGROUPS>;          // each subgroup's maxima or sums
-var<workgroup> part_o: array<vec4<f32>, SLICES * HEADS_PASS * HD4>;  // (slice, head of the pass, dim quad)
+// (slice, head of the pass, dim quad); in the merge, each split's weights (2 vec4)
+var<workgroup> part_o: array<vec4<f32>, max(SLICES * HEADS_PASS * HD4, 2u * MAX_SPLITS)>;
+var<workgroup> arrivals: u32;                              // splits of the K/V head done before this one
 
 // the values of a group's 8 query heads at most: heads 0-3 in lo, 4-7 in hi
 struct Heads {
@@ -298,6 +307,120 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     if (GROUP > 4u) {
         write_heads(lid, dq, slice, 4u, o4, o5, o6, o7, m.hi, l.hi, kv_head, split, n_splits, part, out);
     }
+    if (n_splits == 1u) {
+        return;
+    }
+    // the barrier's device scope (naga: OpControlBarrier with Device memory scope) orders every
+    // invocation's partials before the count, and the count before the last split's reads
+    storageBarrier();
+    let counter = wid.z * R.n_head_kv + kv_head;
+    if (lid == 0u) {
+        arrivals = atomicAdd(&ARRIVED[counter], 1u);
+    }
+    if (workgroupUniformLoad(&arrivals) + 1u < n_splits) {
+        return;
+    }
+    storageBarrier();
+    merge(lid, kv_head, n_splits, part, out);
+    if (lid == 0u) {
+        atomicStore(&ARRIVED[counter], 0u);  // ready for the next layer
+    }
+}
+
+// first float of query head h's partials in the row's PART: the K/V head's splits of all its query
+// heads, each K/V head's in whole 128-byte lines (no line holds two heads' partials, so no cached
+// line of one K/V head's can be stale for another's merge)
+fn head_part(part: u32, h: u32, n_splits: u32) -> u32 {
+    let heads_floats = (GROUP * n_splits * STRIDE + 31u) / 32u * 32u;
+    return part + (h / GROUP) * heads_floats + (h % GROUP) * n_splits * STRIDE;
+}
+
+// query head g's value at offset `at` of split s's partial, for the group's heads at once
+fn split_heads(first: u32, n_splits: u32, at: u32, fill: f32) -> Heads {
+    var v = heads(fill);
+    for (var g = 0u; g < min(GROUP, 4u); g++) {
+        v.lo[g] = PART[first + g * n_splits * STRIDE + at];
+    }
+    for (var g = 4u; g < GROUP; g++) {
+        v.hi[g - 4u] = PART[first + g * n_splits * STRIDE + at];
+    }
+    return v;
+}
+
+fn part4(at: u32) -> vec4<f32> {
+    return vec4<f32>(PART[at], PART[at + 1u], PART[at + 2u], PART[at + 3u]);
+}
+
+// the K/V head's query heads' outputs from every split's partial (the last split to finish)
+fn merge(lid: u32, kv_head: u32, n_splits: u32, part: u32, row_out: u32) {
+    let first = head_part(part, kv_head * GROUP, n_splits);
+    var top = heads(EMPTY);
+    for (var s = lid; s < n_splits; s += WG) {
+        let m = split_heads(first, n_splits, s * STRIDE + HD, EMPTY);
+        top = Heads(max(top.lo, m.lo), max(top.hi, m.hi));
+    }
+    let big = heads_total(top, lid, true);
+    var sums = heads(0.0);
+    for (var s = lid; s < n_splits; s += WG) {
+        let m = split_heads(first, n_splits, s * STRIDE + HD, EMPTY);
+        let l = split_heads(first, n_splits, s * STRIDE + HD + 1u, 0.0);
+        let w = Heads(exp(m.lo - big.lo), exp(m.hi - big.hi));
+        part_o[2u * s] = w.lo;
+        part_o[2u * s + 1u] = w.hi;
+        sums = Heads(sums.lo + l.lo * w.lo, sums.hi + l.hi * w.hi);
+    }
+    let total = heads_total(sums, lid, false);  // its barriers also publish the weights
+    // invocation (slice, head, dim quad) adds every MERGE_SLICES-th split, four loaded at a time
+    for (var i = lid; i < OUTS * MERGE_SLICES; i += WG) {
+        let o = i % OUTS;
+        let g = o / HD4;
+        let at = first + g * n_splits * STRIDE + 4u * (o % HD4);
+        var acc = vec4<f32>(0.0);
+        var s = i / OUTS;
+        for (; s + 3u * MERGE_SLICES < n_splits; s += 4u * MERGE_SLICES) {
+            let a = part4(at + s * STRIDE);
+            let b = part4(at + (s + MERGE_SLICES) * STRIDE);
+            let c = part4(at + (s + 2u * MERGE_SLICES) * STRIDE);
+            let d = part4(at + (s + 3u * MERGE_SLICES) * STRIDE);
+            acc += a * weight(s, g) + b * weight(s + MERGE_SLICES, g) + c * weight(s + 2u * MERGE_SLICES, g)
+                 + d * weight(s + 3u * MERGE_SLICES, g);
+        }
+        for (; s < n_splits; s += MERGE_SLICES) {
+            acc += part4(at + s * STRIDE) * weight(s, g);
+        }
+        if (MERGE_SLICES == 1u) {
+            write_out(row_out, kv_head, o, acc, total);
+        } else {
+            probs[i].lo = acc;
+        }
+    }
+    if (MERGE_SLICES > 1u) {
+        workgroupBarrier();
+        for (var o = lid; o < OUTS; o += WG) {
+            var acc = vec4<f32>(0.0);
+            for (var k = 0u; k < MERGE_SLICES; k++) {
+                acc += probs[k * OUTS + o].lo;
+            }
+            write_out(row_out, kv_head, o, acc, total);
+        }
+    }
+}
+
+// split s's weight e^(m_s - M) for query head g of the group
+fn weight(s: u32, g: u32) -> f32 {
+    return select(part_o[2u * s + 1u][g % 4u], part_o[2u * s][g % 4u], g < 4u);
+}
+
+// output o (query head o / HD4 of the K/V head, dim quad o % HD4) over the heads' totals
+fn write_out(row_out: u32, kv_head: u32, o: u32, acc: vec4<f32>, total: Heads) {
+    let g = o / HD4;
+    let l = select(total.hi[g % 4u], total.lo[g % 4u], g < 4u);
+    let at = row_out + (kv_head * GROUP + g) * HD + 4u * (o % HD4);
+    let v = acc / l;
+    OUT[at] = v.x;
+    OUT[at + 1u] = v.y;
+    OUT[at + 2u] = v.z;
+    OUT[at + 3u] = v.w;
 }
 
 // heads g0 .. g0 + 3 (those below GROUP): the slices added, the partial output written (and the
@@ -321,7 +444,7 @@ fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32
                 o += part_o[s * HEADS_PASS * HD4 + i];
             }
             let h = kv_head * GROUP + g0 + g;
-            let out = part + (h * n_splits + split) * (HD + 2u);
+            let out = head_part(part, h, n_splits) + split * STRIDE;
             let at = 4u * (i % HD4);
             for (var e = 0u; e < 4u; e++) {
                 PART[out + at + e] = o[e];

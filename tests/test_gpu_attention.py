@@ -1,7 +1,8 @@
 """The attention programs against numpy (airframe/reference.py) on lavapipe.
 
 - attention_decode.wgsl: one token, its bias, QK-norm, RoPE and K/V write done inside, split along
-  the cache and merged by attention_merge.wgsl (or written directly with one split); at 1, 63, 64,
+  the cache, the splits combined by the last to finish of each K/V head (its arrival counters back
+  at zero after), or the output written directly with one split; at 1, 63, 64,
   65, 300, 4096 and 8192 positions, splits of one or several blocks, sliding windows, soft-caps;
   a batch of tokens in several slots at different lengths, each as it runs alone.
 - attention_prefill.wgsl: a chunk's queries over the cache (flash attention, causal), tokens not a
@@ -77,7 +78,7 @@ class Rope:
 
 
 def decode(pipes, qkv, kv, n_past, split_len, rope, window=0, softcap=0.0):
-    """(output, cache) of one decode token at n_past: attention_decode, then the merge when split."""
+    """(output, cache) of one decode token at n_past."""
     out, cache = decode_rows(pipes, qkv, kv[None], [(0, n_past)], split_len, rope, window, softcap)
     return out[0], cache[0]
 
@@ -88,21 +89,21 @@ def decode_rows(pipes, qkv, kv, rows, split_len, rope, window=0, softcap=0.0):
     n_head, n_kv, hd = rope.n_head, rope.n_kv, rope.hd
     n_ctx = kv.shape[3]
     splits = [pl.ceil_div(n_past + 1, split_len) for _, n_past in rows]
-    part_floats = n_head * max(splits) * (hd + 2)
+    # each K/V head's partials in whole 128-byte lines (attention_decode.wgsl's head_part)
+    kv_floats = -(-(n_head // n_kv) * max(splits) * (hd + 2) // 32) * 32
+    part_floats = n_kv * kv_floats
     table = np.frombuffer(pl.pack_rows([(slot * kv[0].size // 4, n_past, split_len, r * part_floats)
                                         for r, (slot, n_past) in enumerate(rows)]), np.uint32)
     part = np.zeros(len(rows) * part_floats, np.float32)
     out = np.full((len(rows), n_head * hd), 7.0, np.float32)
+    arrived = np.zeros((len(rows), n_kv), np.uint32)
     decode_shape, _ = shapes(pipes, n_head, n_kv, hd)
-    cache, part, direct = pl.run_once(
+    cache, part, out, arrived = pl.run_once(
         pipes, "attention_decode", None,
         [qkv, rope.words, rope.table, kv, part, out, attn_params(n_head, n_kv, hd, n_ctx, window, softcap),
-         rope.params, table], (max(splits), n_kv, len(rows)), decode_shape)
-    if max(splits) == 1:
-        return direct, cache
-    merge = pl.pack_params("attention_merge", n_head=n_head, head_dim=hd)
-    (merged,) = pl.run_once(pipes, "attention_merge", None, [part, direct, merge, table], (n_head, len(rows), 1))
-    return merged, cache
+         rope.params, table, arrived], (max(splits), n_kv, len(rows)), decode_shape)
+    assert not arrived.any(), "the last split of each K/V head sets its counter back to 0"
+    return out, cache
 
 
 def decode_case(rng, shape, n_past, **rope_kw):
@@ -127,9 +128,10 @@ def decode_reference(rope, qkv, kv, n_past, window=0, softcap=0.0):
 
 @pytest.mark.parametrize("shape", [SMOLLM2, QWEN, LLAMA, GEMMA, TINY], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("n_past,split_len", [(0, 64), (62, 64), (63, 64), (64, 64), (300, 64), (300, 512),
-                                              (4095, 256)])
+                                              (4095, 256), (511, 2)])
 def test_decode_at_every_length(pipes, shape, n_past, split_len):
-    """1, 63, 64, 65, 301 and 4096 positions; 1 to 16 splits; a split of several blocks (512)."""
+    """1, 63, 64, 65, 301 and 4096 positions; 1 to 16 splits; a split of several blocks (512); the
+    most splits a token has (backend.MAX_SPLITS, more than the workgroup's invocations)."""
     rng = np.random.default_rng(n_past)
     rope, qkv, kv = decode_case(rng, shape, n_past)
     got, cache = decode(pipes, qkv, kv, n_past, split_len, rope)

@@ -2,8 +2,9 @@
 
 Load packs the weights (pack.py), builds every pipeline, bind group, scratch buffer and the F32
 K/V cache once. A forward over T tokens records one compute pass: embedding, then per layer
-  QKV matmul (RMSNorm fused) -> QK-norm + RoPE + K/V write -> attention splits -> merge
-  (a decode token's attention does the RoPE and K/V write itself; one split needs no merge)
+  QKV matmul (RMSNorm fused) -> QK-norm + RoPE + K/V write -> attention
+  (a decode token's attention does the RoPE and K/V write itself, split along the cache, the
+  last split of each K/V head to finish combining them)
   -> output projection (+ residual, or post-norm + residual) -> gate/up (+ norm, activation)
   -> down projection (+ residual, or post-norm + residual),
 then the final norm and the LM head (chunked by rows). T = 1 uses gemv.wgsl, longer chunks gemm.wgsl.
@@ -42,7 +43,7 @@ from .pack import LayerPack, pack_rows, pack_tensors
 from .layer import LayerOps, build_globals, build_layer
 
 log = logging.getLogger("airframe.gpu")
-MAX_SPLITS = 256         # attention splits of a decode token: attention_merge.wgsl's MAX_SPLITS
+MAX_SPLITS = 256         # attention splits of a decode token: attention_decode.wgsl's MAX_SPLITS
 SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
@@ -60,7 +61,8 @@ class Scratch:
     qkv: object       # (tokens, n_q + 2 n_kv)
     attn: object      # (tokens, n_q)
     ffn: object       # (tokens, n_ff)
-    part: object      # (rows, n_head, MAX_SPLITS, head_dim + 2): decode tokens' attention partials
+    part: object      # (rows, part_bytes): decode tokens' attention partials (attention_decode.wgsl's head_part)
+    arrived: object   # (rows, n_head_kv) u32: splits of a decode token's K/V head done (attention_decode.wgsl)
     rows: object      # (rows,) DecodeRow (decode_rows.wgsl): each decode token's slot, position and splits
     split: object     # (2, tokens, rows): a chunk matmul's K-split partials
     logits: object    # (logit_rows, vocab)
@@ -184,7 +186,8 @@ class WebGPUBackend(Backend):
     def _scratch(self) -> Scratch:
         c = self.config
         t = min(self.prefill_chunk, self.n_ctx)
-        part_bytes = MAX_SPLITS * c.n_head * (c.head_dim + 2) * 4
+        # each K/V head's partials in whole 128-byte lines (attention_decode.wgsl's head_part)
+        part_bytes = MAX_SPLITS * c.n_head * (c.head_dim + 2) * 4 + c.n_head_kv * 128
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)
@@ -199,6 +202,7 @@ class WebGPUBackend(Backend):
             attn=k.storage(t * c.n_q * 4, "attn"),
             ffn=k.storage(t * c.n_ff * 4, "ffn"),
             part=k.storage(self.n_slots * part_bytes, "attention_partials"),
+            arrived=k.storage(self.n_slots * c.n_head_kv * 4, "attention_arrivals"),
             rows=k.storage(self.n_slots * pl.ROW_BYTES, "decode_rows"),
             split=k.storage(t * split_width * 4, "k_split_partials"),
             logits=k.storage(logit_rows * c.vocab_size * 4, "logits"),

@@ -29,7 +29,7 @@ class Op:
     output: tuple | None = None      # (buffer, floats per token) for SHIMMY_DEBUG_RAW
     shape: dict | None = None        # the program's model-shape placeholders (pl.attention_shapes)
     phase: str | None = None         # "decode" or "prefill": runs only in that phase
-    # runs only for these (n_tokens, n_splits): the merge needs 2+ splits, split_sum gemm.wgsl's partials
+    # runs only for these (n_tokens, n_splits): split_sum where gemm.wgsl leaves partials
     when: Callable[[int, int], bool] | None = None
     gated: bool = False              # MODE_GATED: rows are gate rows, each with an up row
     k_splits: int = 1                # gemm.wgsl's workgroups along K for a chunk (pipes.gemm_splits)
@@ -229,19 +229,14 @@ def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
     # decode tokens: QK-norm, RoPE and the K/V write inside their attention, split along the cache;
     # each token's row (s.rows) says where its slot's cache lies in the layer's K/V buffer
     group = k.bind("attention_decode", [s.qkv, buf, be.rope_table, be.kv_group[i], s.part, s.attn, attn, rope_params,
-                                        s.rows])
+                                        s.rows, s.arrived])
     ops.append(Op(f"blk.{i}.attention", "attention_decode", None, group, grid=lambda t, n: (n, c.n_head_kv, t),
-                  shape=decode_shape, phase="decode"))
+                  output=(s.attn, c.n_q), shape=decode_shape, phase="decode"))
     group = k.bind("attention_prefill", [s.qkv, be.kv[i], s.attn, attn, s.step])
     rows = c.n_head // c.n_head_kv  # query rows per token and K/V head
     ops.append(Op(f"blk.{i}.attention", "attention_prefill", None, group,
                   grid=lambda t, n: (pl.ceil_div(t * rows, 64), c.n_head_kv, 1), shape=prefill_shape,
                   output=(s.attn, c.n_q), phase="prefill"))
-    merge = pl.pack_params("attention_merge", n_head=c.n_head, head_dim=c.head_dim)
-    group = k.bind("attention_merge", [s.part, s.attn, k.uniform(merge), s.rows])
-    # with one split attention_decode.wgsl writes its output itself (n: the longest row's splits)
-    ops.append(Op(f"blk.{i}.attention_merge", "attention_merge", None, group, grid=lambda t, n: (c.n_head, t, 1),
-                  output=(s.attn, c.n_q), phase="decode", when=lambda t, n: n > 1))
 
     wo_sum = None  # the output projection's split_sum, left to ffn_norm
     if c.post_norms:

@@ -2,9 +2,8 @@
 dev/webgpu/<program>/*.wgsl, one layer's dispatch of the Llama 3.2 1B shape (32 query heads, 8 K/V
 heads of 64) repeated in one pass (decode: over 16 layers' caches, which together outgrow the L2
 as a token's do), GPU time per dispatch, and each variant's output against the shipped program's
-(variants that drop work differ); decode also times attention_merge.wgsl's copies in
-dev/webgpu/attention_merge/ after the shipped attention. Decode (attention_decode.wgsl): one token at
-each of --positions. Prefill (attention_prefill.wgsl): a chunk of --tokens after each of --depths.
+(variants that drop work differ). Decode (attention_decode.wgsl, its splits combined inside): one
+token at each of --positions. Prefill (attention_prefill.wgsl): a chunk of --tokens after each of --depths.
 
     python dev/webgpu/attention_ab.py [--positions 0,511,4095]
     python dev/webgpu/attention_ab.py --program prefill [--tokens 512] [--depths 0,4096]
@@ -63,7 +62,8 @@ def main() -> None:
     kvs = [pipes.storage(2 * N_KV * N_CTX * HD * 4, f"kv#{i}") for i in range(LAYERS)]
     for kv in kvs:
         ctx.device.queue.write_buffer(kv, 0, rng.standard_normal(2 * N_KV * N_CTX * HD).astype(np.float32))
-    part = pipes.storage(256 * N_HEAD * (HD + 2) * 4, "part")
+    part = pipes.storage(256 * N_HEAD * (HD + 2) * 4 + N_KV * 128, "part")
+    arrived = pipes.storage(N_KV * 4, "arrived")
     out = pipes.storage(N_HEAD * HD * 4, "out")
     attn = pipes.uniform(pl.pack_params("attention_decode", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, n_ctx=N_CTX,
                                         window=0, scale=HD ** -0.5, qkv_stride=stride, softcap=0.0))
@@ -73,8 +73,6 @@ def main() -> None:
     decode_shape, _ = pl.attention_shapes(N_HEAD, N_KV, HD, int(ctx.limits["max-compute-workgroup-storage-size"]),
                                           pipes.half)
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention").glob("*.wgsl"))]
-    merges = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention_merge").glob("*.wgsl"))]
-    merge = pipes.uniform(pl.pack_params("attention_merge", n_head=N_HEAD, head_dim=HD))
     for position in (int(p) for p in args.positions.split(",")):
         per_split = max(-(-(position + 1) // (SPLIT_WORKGROUPS // N_KV)), MIN_SPLIT_LEN)
         lens = [int(n) for n in args.split_lens.split(",")] if args.split_lens else [-(-per_split // 64) * 64]
@@ -82,33 +80,19 @@ def main() -> None:
             n_splits = -(-(position + 1) // split_len)
             rows = pipes.storage(pl.ROW_BYTES, "rows")  # one decode row: the cache at 0, its partials at 0
             ctx.device.queue.write_buffer(rows, 0, pl.pack_rows([(0, position, split_len, 0)]))
-            groups = [pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, rows]) for kv in kvs]
-            merged = pl.Dispatch("merge", pipes.pipeline("attention_merge"),
-                                 pipes.bind("attention_merge", [part, out, merge, rows]), (N_HEAD, 1, 1))
+            groups = [pipes.bind("attention_decode", [qkv, words, table, kv, part, out, attn, rope, rows, arrived])
+                      for kv in kvs]
             reference = None
             for name, path in variants:
                 program = pipeline(pipes, path, decode_shape)
                 layers = [pl.Dispatch(name, program, g, (n_splits, N_KV, 1)) for g in groups]
-                pairs = [d for layer in layers for d in ([layer, merged] if n_splits > 1 else [layer])]
-                warm_up(ctx, timer, pairs, 0.2)
+                warm_up(ctx, timer, layers, 0.2)
                 t = time_passes(ctx, timer, layers, 20) / LAYERS
-                both = time_passes(ctx, timer, pairs, 20) / LAYERS
                 got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
                 reference = got if reference is None else reference
                 diff = float(np.abs(got - reference).max())
                 print(f"position {position:5} ({n_splits:3} splits of {split_len:4}): {name:12} {t * 1e6:7.2f} us a "
-                      f"dispatch, {both * 1e6:7.2f} with the merge, max difference from shipped {diff:.2e}")
-            if n_splits == 1:
-                continue
-            layers = [pl.Dispatch("shipped", pipeline(pipes, None, decode_shape), g, (n_splits, N_KV, 1)) for g in groups]
-            for name, path in merges:
-                m = pl.Dispatch(name, pipeline(pipes, path, {}, "attention_merge"), merged.bind_group, (N_HEAD, 1, 1))
-                pairs = [d for layer in layers for d in (layer, m)]
-                warm_up(ctx, timer, pairs, 0.2)
-                both = time_passes(ctx, timer, pairs, 20) / LAYERS
-                got = np.frombuffer(ctx.device.queue.read_buffer(out), np.float32).copy()
-                print(f"position {position:5} ({n_splits:3} splits of {split_len:4}): merge {name:12} {both * 1e6:7.2f} us "
-                      f"with the shipped attention, max difference from shipped {float(np.abs(got - reference).max()):.2e}")
+                      f"dispatch, max difference from shipped {diff:.2e}")
 
 
 def prefill(ctx, pipes, timer, rng, tokens: int, depths: list[int]) -> None:
