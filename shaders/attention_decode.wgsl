@@ -30,7 +30,7 @@
 @group(0) @binding(1) var<storage, read> W: array<u32>;              // the layer: QK-norm weights, biases
 @group(0) @binding(2) var<storage, read> T: array<f32>;              // RoPE angle table
 @group(0) @binding(3) var<storage, read_write> KV: array<vec4<f32>>; // per slot, K then V: (n_head_kv, n_ctx, head_dim / 4)
-@group(0) @binding(4) var<storage, read_write> PART: array<f32>;     // per row and K/V head (head_part)
+@group(0) @binding(4) var<storage, read_write> PART: array<vec4<f32>>; // per row and K/V head (head_part)
 @group(0) @binding(5) var<storage, read_write> OUT: array<f32>;      // (rows, n_head * head_dim)
 @group(0) @binding(6) var<uniform> P: Params;
 @group(0) @binding(7) var<uniform> R: RopeParams;
@@ -53,7 +53,7 @@ const HEADS_PASS: u32 = 4u;           // heads whose P V slices are added at onc
 const EMPTY: f32 = -1.0e30;           // finite "minus infinity": exp(EMPTY - m) is 0 without NaNs
 const MAX_SUBGROUPS: u32 = 32u;       // WG / the narrowest subgroup (4 lanes)
 const MAX_SPLITS: u32 = 256u;         // splits of a decode token at most (backend.MAX_SPLITS)
-const STRIDE: u32 = HD + 2u;          // a split's partial: its output, then m and l
+const STRIDE: u32 = HD4 + 1u;         // a split's partial in vec4: its output, then (m, l, 0, 0)
 const OUTS: u32 = GROUP * HD4;        // the merge's outputs: a dim quad of a query head
 const MERGE_SLICES: u32 = max(1u, WG / OUTS);  // the merge's invocations per output
 
@@ -327,66 +327,78 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     }
 }
 
-// first float of query head h's partials in the row's PART: the K/V head's splits of all its query
+// first vec4 of query head h's partials in the row's PART: the K/V head's splits of all its query
 // heads, each K/V head's in whole 128-byte lines (no line holds two heads' partials, so no cached
 // line of one K/V head's can be stale for another's merge)
 fn head_part(part: u32, h: u32, n_splits: u32) -> u32 {
-    let heads_floats = (GROUP * n_splits * STRIDE + 31u) / 32u * 32u;
-    return part + (h / GROUP) * heads_floats + (h % GROUP) * n_splits * STRIDE;
+    let heads_vec4 = (GROUP * n_splits * STRIDE + 7u) / 8u * 8u;
+    return part / 4u + (h / GROUP) * heads_vec4 + (h % GROUP) * n_splits * STRIDE;
 }
 
-// query head g's value at offset `at` of split s's partial, for the group's heads at once
-fn split_heads(first: u32, n_splits: u32, at: u32, fill: f32) -> Heads {
-    var v = heads(fill);
-    for (var g = 0u; g < min(GROUP, 4u); g++) {
-        v.lo[g] = PART[first + g * n_splits * STRIDE + at];
+// the running max (x) and sum (y) of split s for the group's query heads: (m, l)
+fn split_ml(first: u32, n_splits: u32, s: u32) -> array<Heads, 2> {
+    var m = heads(EMPTY);
+    var l = heads(0.0);
+    if (s < n_splits) {
+        for (var g = 0u; g < min(GROUP, 4u); g++) {
+            let v = PART[first + g * n_splits * STRIDE + s * STRIDE + HD4];
+            m.lo[g] = v.x;
+            l.lo[g] = v.y;
+        }
+        for (var g = 4u; g < GROUP; g++) {
+            let v = PART[first + g * n_splits * STRIDE + s * STRIDE + HD4];
+            m.hi[g - 4u] = v.x;
+            l.hi[g - 4u] = v.y;
+        }
     }
-    for (var g = 4u; g < GROUP; g++) {
-        v.hi[g - 4u] = PART[first + g * n_splits * STRIDE + at];
-    }
-    return v;
+    return array<Heads, 2>(m, l);
 }
 
-fn part4(at: u32) -> vec4<f32> {
-    return vec4<f32>(PART[at], PART[at + 1u], PART[at + 2u], PART[at + 3u]);
-}
-
-// the K/V head's query heads' outputs from every split's partial (the last split to finish)
+// the K/V head's query heads' outputs from every split's partial (the last split to finish); each
+// invocation takes splits lid and lid + WG (MAX_SPLITS <= 2 WG)
 fn merge(lid: u32, kv_head: u32, n_splits: u32, part: u32, row_out: u32) {
     let first = head_part(part, kv_head * GROUP, n_splits);
-    var top = heads(EMPTY);
-    for (var s = lid; s < n_splits; s += WG) {
-        let m = split_heads(first, n_splits, s * STRIDE + HD, EMPTY);
-        top = Heads(max(top.lo, m.lo), max(top.hi, m.hi));
-    }
+    let a = split_ml(first, n_splits, lid);
+    let b = split_ml(first, n_splits, lid + WG);
+    let top = Heads(max(a[0].lo, b[0].lo), max(a[0].hi, b[0].hi));
     let big = heads_total(top, lid, true);
-    var sums = heads(0.0);
-    for (var s = lid; s < n_splits; s += WG) {
-        let m = split_heads(first, n_splits, s * STRIDE + HD, EMPTY);
-        let l = split_heads(first, n_splits, s * STRIDE + HD + 1u, 0.0);
-        let w = Heads(exp(m.lo - big.lo), exp(m.hi - big.hi));
-        part_o[2u * s] = w.lo;
-        part_o[2u * s + 1u] = w.hi;
-        sums = Heads(sums.lo + l.lo * w.lo, sums.hi + l.hi * w.hi);
+    let wa = Heads(exp(a[0].lo - big.lo), exp(a[0].hi - big.hi));
+    let wb = Heads(exp(b[0].lo - big.lo), exp(b[0].hi - big.hi));
+    if (lid < n_splits) {
+        part_o[2u * lid] = wa.lo;
+        part_o[2u * lid + 1u] = wa.hi;
     }
+    if (lid + WG < n_splits) {
+        part_o[2u * (lid + WG)] = wb.lo;
+        part_o[2u * (lid + WG) + 1u] = wb.hi;
+    }
+    let sums = Heads(a[1].lo * wa.lo + b[1].lo * wb.lo, a[1].hi * wa.hi + b[1].hi * wb.hi);
     let total = heads_total(sums, lid, false);  // its barriers also publish the weights
-    // invocation (slice, head, dim quad) adds every MERGE_SLICES-th split, four loaded at a time
+    // invocation (slice, head, dim quad) adds every MERGE_SLICES-th split, eight loaded at a time
     for (var i = lid; i < OUTS * MERGE_SLICES; i += WG) {
         let o = i % OUTS;
         let g = o / HD4;
-        let at = first + g * n_splits * STRIDE + 4u * (o % HD4);
+        let at = first + g * n_splits * STRIDE + o % HD4;
         var acc = vec4<f32>(0.0);
         var s = i / OUTS;
-        for (; s + 3u * MERGE_SLICES < n_splits; s += 4u * MERGE_SLICES) {
-            let a = part4(at + s * STRIDE);
-            let b = part4(at + (s + MERGE_SLICES) * STRIDE);
-            let c = part4(at + (s + 2u * MERGE_SLICES) * STRIDE);
-            let d = part4(at + (s + 3u * MERGE_SLICES) * STRIDE);
-            acc += a * weight(s, g) + b * weight(s + MERGE_SLICES, g) + c * weight(s + 2u * MERGE_SLICES, g)
-                 + d * weight(s + 3u * MERGE_SLICES, g);
+        let step = MERGE_SLICES * STRIDE;
+        for (; s + 7u * MERGE_SLICES < n_splits; s += 8u * MERGE_SLICES) {
+            let p = at + s * STRIDE;
+            let v0 = PART[p];
+            let v1 = PART[p + step];
+            let v2 = PART[p + 2u * step];
+            let v3 = PART[p + 3u * step];
+            let v4 = PART[p + 4u * step];
+            let v5 = PART[p + 5u * step];
+            let v6 = PART[p + 6u * step];
+            let v7 = PART[p + 7u * step];
+            acc += v0 * weight(s, g) + v1 * weight(s + MERGE_SLICES, g) + v2 * weight(s + 2u * MERGE_SLICES, g)
+                 + v3 * weight(s + 3u * MERGE_SLICES, g) + v4 * weight(s + 4u * MERGE_SLICES, g)
+                 + v5 * weight(s + 5u * MERGE_SLICES, g) + v6 * weight(s + 6u * MERGE_SLICES, g)
+                 + v7 * weight(s + 7u * MERGE_SLICES, g);
         }
         for (; s < n_splits; s += MERGE_SLICES) {
-            acc += part4(at + s * STRIDE) * weight(s, g);
+            acc += PART[at + s * STRIDE] * weight(s, g);
         }
         if (MERGE_SLICES == 1u) {
             write_out(row_out, kv_head, o, acc, total);
@@ -423,8 +435,8 @@ fn write_out(row_out: u32, kv_head: u32, o: u32, acc: vec4<f32>, total: Heads) {
     OUT[at + 3u] = v.w;
 }
 
-// heads g0 .. g0 + 3 (those below GROUP): the slices added, the partial output written (and the
-// normalized output, with one split)
+// heads g0 .. g0 + 3 (those below GROUP): the slices added; the normalized output written with one
+// split, else the partial output with its running max and sum
 fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>,
                m: vec4<f32>, l: vec4<f32>, kv_head: u32, split: u32, n_splits: u32, part: u32, row_out: u32) {
     workgroupBarrier();
@@ -444,17 +456,19 @@ fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32
                 o += part_o[s * HEADS_PASS * HD4 + i];
             }
             let h = kv_head * GROUP + g0 + g;
-            let out = head_part(part, h, n_splits) + split * STRIDE;
-            let at = 4u * (i % HD4);
-            for (var e = 0u; e < 4u; e++) {
-                PART[out + at + e] = o[e];
-                if (n_splits == 1u) {
-                    OUT[row_out + h * HD + at + e] = o[e] / l[g];
+            if (n_splits == 1u) {
+                let at = row_out + h * HD + 4u * (i % HD4);
+                let v = o / l[g];
+                OUT[at] = v.x;
+                OUT[at + 1u] = v.y;
+                OUT[at + 2u] = v.z;
+                OUT[at + 3u] = v.w;
+            } else {
+                let out = head_part(part, h, n_splits) + split * STRIDE;
+                PART[out + i % HD4] = o;
+                if (i % HD4 == 0u) {
+                    PART[out + HD4] = vec4<f32>(m[g], l[g], 0.0, 0.0);
                 }
-            }
-            if (i % HD4 == 0u) {
-                PART[out + HD] = m[g];
-                PART[out + HD + 1u] = l[g];
             }
         }
     }

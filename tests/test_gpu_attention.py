@@ -90,7 +90,7 @@ def decode_rows(pipes, qkv, kv, rows, split_len, rope, window=0, softcap=0.0):
     n_ctx = kv.shape[3]
     splits = [pl.ceil_div(n_past + 1, split_len) for _, n_past in rows]
     # each K/V head's partials in whole 128-byte lines (attention_decode.wgsl's head_part)
-    kv_floats = -(-(n_head // n_kv) * max(splits) * (hd + 2) // 32) * 32
+    kv_floats = -(-(n_head // n_kv) * max(splits) * (hd + 4) // 32) * 32
     part_floats = n_kv * kv_floats
     table = np.frombuffer(pl.pack_rows([(slot * kv[0].size // 4, n_past, split_len, r * part_floats)
                                         for r, (slot, n_past) in enumerate(rows)]), np.uint32)

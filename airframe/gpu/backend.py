@@ -187,7 +187,7 @@ class WebGPUBackend(Backend):
         c = self.config
         t = min(self.prefill_chunk, self.n_ctx)
         # each K/V head's partials in whole 128-byte lines (attention_decode.wgsl's head_part)
-        part_bytes = MAX_SPLITS * c.n_head * (c.head_dim + 2) * 4 + c.n_head_kv * 128
+        part_bytes = MAX_SPLITS * c.n_head * (c.head_dim + 4) * 4 + c.n_head_kv * 128
         logit_rows = max(1, min(t, min(LOGITS_BYTES, self.ctx.max_binding) // (c.vocab_size * 4)))
         k = self.pipes
         wide = max(c.n_embd, c.n_q)

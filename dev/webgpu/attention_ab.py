@@ -62,7 +62,7 @@ def main() -> None:
     kvs = [pipes.storage(2 * N_KV * N_CTX * HD * 4, f"kv#{i}") for i in range(LAYERS)]
     for kv in kvs:
         ctx.device.queue.write_buffer(kv, 0, rng.standard_normal(2 * N_KV * N_CTX * HD).astype(np.float32))
-    part = pipes.storage(256 * N_HEAD * (HD + 2) * 4 + N_KV * 128, "part")
+    part = pipes.storage(256 * N_HEAD * (HD + 4) * 4 + N_KV * 128, "part")
     arrived = pipes.storage(N_KV * 4, "arrived")
     out = pipes.storage(N_HEAD * HD * 4, "out")
     attn = pipes.uniform(pl.pack_params("attention_decode", n_head=N_HEAD, n_head_kv=N_KV, head_dim=HD, n_ctx=N_CTX,
