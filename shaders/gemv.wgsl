@@ -28,6 +28,8 @@ const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or
 const QUADS: u32 = ROWS_WG / 4u;
 const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 4
 
+var<private> quad_row: u32;  // the first of the 4 rows this invocation sums (a unit mixing types reads it)
+
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
 #include "lanes_{REDUCE}.wgsl"
@@ -117,6 +119,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         let quad = first + sub / split;
         let row = wid.x * ROWS_WG + 4u * quad;
         let busy = sub / split < per_pass && quad < QUADS && row < P.rows;
+        quad_row = row;
         let a = row_words(row, false);
         let b = row_words(row, true);
         // zero for every pass: wgpu 0.32's naga keeps a loop's `var` without an initializer from

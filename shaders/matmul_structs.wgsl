@@ -17,6 +17,7 @@ struct Params {
     x_stride: u32,   // floats between two tokens of X
     y_stride: u32,   // floats between two tokens of Y
     y_off: u32,      // first float of this output inside a token's row of Y
+    row_words2: u32, // u32 words per weight row of segment 2 (gemv/q4_k_q6_k.wgsl: another type's)
 }
 
 #include "step.wgsl"
@@ -24,7 +25,7 @@ struct Params {
 // first word of output row `row`, across up to three weight segments
 fn row_base(row: u32) -> u32 {
     if (row >= P.seg2) {
-        return P.w2 + (row - P.seg2) * P.row_words;
+        return P.w2 + (row - P.seg2) * P.row_words2;
     }
     if (row >= P.seg1) {
         return P.w1 + (row - P.seg1) * P.row_words;

@@ -188,6 +188,11 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
         labels = [d.label for d in gpu.slot_ops[0][1].dispatches(9, 1, decode=True)[:5]]  # a batch of 9 decode tokens
         assert labels == ["blk.1.attn_norm", "blk.1.qkv@0", f"blk.1.qkv@{v}", "blk.1.qkv@0.split_sum",
                           f"blk.1.qkv@{v}.split_sum"]
+        # decode tokens (gemv.wgsl, up to 8) take Q, K and V in one dispatch (gemv/q4_k_q6_k.wgsl): 5 a layer
+        for n_tokens, n_splits in ((1, 1), (1, 3), (8, 2)):
+            dispatches = gpu.slot_ops[0][1].dispatches(n_tokens, n_splits, decode=True)
+            assert [d.label for d in dispatches] == ["blk.1.qkv", "blk.1.attention", "blk.1.attn_output",
+                                                     "blk.1.ffn_gate_up", "blk.1.ffn_down"]
     got = np.concatenate([gpu.forward(tokens[:67], all_logits=True)] + [gpu.forward([t])[None] for t in tokens[67:]])
     want = ReferenceBackend.load(model, RunOptions(n_ctx=80)).forward(tokens, all_logits=True)
     np.testing.assert_allclose(got, want, atol=1e-2 * max(1.0, np.abs(want).max()))

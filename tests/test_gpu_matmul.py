@@ -51,10 +51,10 @@ def shared():
 
 
 def params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(pl.NO_SEGMENT, pl.NO_SEGMENT), norm_w=0,
-           x_stride=None, y_stride=None, y_off=0):
+           x_stride=None, y_stride=None, y_off=0, row_words2=None):
     return pl.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=mode, w0=w[0], w1=w[1], w2=w[2],
                           seg1=segs[0], seg2=segs[1], norm_w=norm_w, eps=1e-5, x_stride=x_stride or cols,
-                          y_stride=y_stride or rows, y_off=y_off)
+                          y_stride=y_stride or rows, y_off=y_off, row_words2=row_words2 or row_words)
 
 
 def aligned(*parts):
@@ -71,14 +71,15 @@ def aligned(*parts):
 
 
 def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
-        n_tokens=None, lm_first=0):
-    """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x."""
+        n_tokens=None, lm_first=0, unit=None):
+    """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x; gemv with
+    `unit` (shaders/gemv/<unit>.wgsl) else the type's own or the generic one."""
     n_tokens = n_tokens or x.shape[0]
     q = quant(qtype)
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_group)
-        shape = pipes.gemv_shape(q.shader if q.gemv_unit else "generic", rows_wg, tokens, x.shape[1])
+        shape = pipes.gemv_shape(unit or (q.shader if q.gemv_unit else "generic"), rows_wg, tokens, x.shape[1])
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None
@@ -264,6 +265,27 @@ def test_segments_norm_and_residual(shared, qtype, program, n_tokens):
     want = y.copy()
     want[:, 4:] += ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
     close(got, want, rtol(program, True, qtype))
+
+
+@pytest.mark.parametrize("variant", ["tiled", "shared"])
+@pytest.mark.parametrize("n_tokens,rows_wg", [(1, 8), (3, 16), (8, 8), (8, 32)])
+def test_mixed_q4_k_q6_k_segments(request, variant, n_tokens, rows_wg):
+    """Q4_K_M's QKV in one gemv (gemv/q4_k_q6_k.wgsl): Q4_K q and k, then a Q6_K v with rows of
+    another length, the input normalized, each quad of rows on its own type's unit."""
+    pipes = request.getfixturevalue(variant)
+    rng = np.random.default_rng(5)
+    cols = 512
+    parts = [quantized(rng, r, cols, t) for r, t in ((36, Q.Q4_K), (12, Q.Q4_K), (12, Q.Q6_K))]
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer, offsets = aligned(norm, *[p[0] for p in parts])
+    rows = 60
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    p = params(rows, cols, parts[0][0].shape[1], pl.MODE_NORM, tuple(offsets[1:]), (36, 48), norm_w=offsets[0],
+               row_words2=parts[2][0].shape[1])
+    assert parts[2][0].shape[1] != parts[0][0].shape[1]
+    got = run(pipes, "gemv", Q.Q4_K, buffer, x, rows, p, rows_wg=rows_wg, unit="q4_k_q6_k")
+    want = ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
+    close(got, want, RTOL_INT8)
 
 
 @pytest.mark.parametrize("program,n_tokens", [("gemv", 1), ("gemv", 3), ("gemm", 3), ("gemm_rows", 3)])

@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from airframe.gpu import pipelines as pl
+from airframe.gpu.layer import MIXED_UNITS
 from airframe.gpu.device import get_context
 from airframe.gpu.shaders import load_wgsl
 from airframe.quants import SUPPORTED, quant
@@ -29,6 +30,9 @@ def variants(program):
             q = quant(qtype)
             unit = q.shader if q.gemv_unit else "generic"
             yield q, {**SHAPE, "GEMV_UNIT": unit}
+        if "{GEMV_UNIT}" in text:  # the units that take two types in one dispatch (layer.MIXED_UNITS)
+            for (first, _), unit in MIXED_UNITS.items():
+                yield next(quant(t) for t in SUPPORTED if quant(t).shader == first), {**SHAPE, "GEMV_UNIT": unit}
     else:
         yield None, SHAPE
 

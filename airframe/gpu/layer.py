@@ -36,6 +36,7 @@ class Op:
     # gemm.wgsl's bind group where it differs: the normalized input (chunk_norm) and/or the partials
     gemm_group: object = None
     partials: tuple | None = None    # split_sum: (partials buffer, splits), for a norm that adds them itself
+    unit: str | None = None          # gemv.wgsl's unit file where it is not the quant type's own (MIXED_UNITS)
 
     def program(self, pipes: pl.Pipelines, n_tokens: int) -> str:
         """The shader this op runs for n_tokens."""
@@ -55,7 +56,7 @@ class Op:
             shape = {"ROWS_TOKENS": tokens}
             grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
         elif shader == "gemv":
-            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens)
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens, self.unit)
             grid = (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
         else:
             grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)
@@ -85,7 +86,8 @@ class LayerOps:
 
 
 def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
-            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None, qkv_group: int = 0) -> list[Op]:
+            y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None, qkv_group: int = 0,
+            unit: str | None = None) -> list[Op]:
     """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
     split along K, also the split_sum.wgsl op that adds the partials (be.group_partials(qkv_group))
     into y. With MODE_NORM, gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead."""
@@ -104,11 +106,12 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
         params = pl.pack_params(
             "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=out_mode,
             w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
-            norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=out_stride, y_off=out_off)
+            norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=out_stride, y_off=out_off,
+            row_words2=weights[-1].row_words)
         return k.bind("gemv", [layer, x_in, out, k.uniform(params, label), s.step])
 
     op = Op(label, "matmul", first.quant, bind(x, y, mode, y_stride, y_off), rows=rows, cols=first.cols,
-            output=(y, y_stride), gated=bool(gated))
+            output=(y, y_stride), gated=bool(gated), unit=unit)
     splits = k.gemm_splits(rows, first.cols, bool(gated))
     gemm_x, gemm_mode = (s.tmp, mode & ~pl.MODE_NORM) if mode & pl.MODE_NORM else (x, mode)
     if splits == 1:
@@ -151,6 +154,18 @@ def _split_sum(ops: list[Op]) -> tuple[list[Op], Op | None]:
     return ops[:1], (ops[1] if len(ops) > 1 else None)
 
 
+# gemv units for Q, K of one quant type and V of another in one dispatch: (Q/K type, V type) -> unit
+MIXED_UNITS = {("q4_k", "q6_k"): "q4_k_q6_k"}
+
+
+def _mixed_unit(groups: list[list[PackedTensor]]) -> str | None:
+    """The gemv unit that takes a layer's QKV groups in one dispatch (Q4_K_M's Q4_K Q and K with a
+    Q6_K V), or None."""
+    if len(groups) != 2 or len(groups[0]) != 2 or len(groups[1]) != 1:
+        return None
+    return MIXED_UNITS.get((groups[0][0].quant.shader, groups[1][0].quant.shader))
+
+
 def _qkv_groups(tensors: list[PackedTensor]) -> list[list[PackedTensor]]:
     """Consecutive tensors of one quant type go into one dispatch."""
     groups: list[list[PackedTensor]] = []
@@ -183,12 +198,21 @@ def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
     groups = []  # (first column, split_sum op or None) per QKV matmul
     # Q4_K_M's Q/K and V: each group's K-split partials in a buffer of its own, summed after both
     # (by rope.wgsl in a chunk), so that the GPU may run the two matmuls at once (no barrier between)
-    for g, group in enumerate(_qkv_groups(qkv)):
+    qkv_groups = _qkv_groups(qkv)
+    for g, group in enumerate(qkv_groups):
         matmul, sum_op = _split_sum(_matmul(be, f"blk.{i}.qkv@{col}", buf, group, s.x, c.n_embd, s.qkv, n_qkv,
                                             col, pl.MODE_NORM, w["attn_norm"], qkv_group=g))
         ops += matmul
         groups.append((col, sum_op))
         col += sum(t.rows for t in group)
+    unit = _mixed_unit(qkv_groups)
+    if unit:  # decode tokens take the groups in one gemv; chunks (gemm.wgsl) one matrix type at a time
+        mixed = _matmul(be, f"blk.{i}.qkv", buf, qkv, s.x, c.n_embd, s.qkv, n_qkv, 0, pl.MODE_NORM, w["attn_norm"],
+                        unit=unit)[0]
+        for op in ops:
+            op.when = lambda t, n, op=op: op.program(k, t) != "gemv"
+        mixed.when = lambda t, n: mixed.program(k, t) == "gemv"
+        ops.insert(0, mixed)
     sums = [op for _, op in groups if op]
     for op in sums:  # a chunk's rope.wgsl sums the partials; a batch of decode tokens keeps the op
         op.phase = "decode"
@@ -307,7 +331,7 @@ def build_globals(be) -> GlobalOps:
         params = pl.pack_params(
             "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=pl.MODE_X_STEP, w0=0, w1=0, w2=0,
             seg1=pl.NO_SEGMENT, seg2=pl.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
-            y_stride=c.vocab_size, y_off=chunk.first_row)
+            y_stride=c.vocab_size, y_off=chunk.first_row, row_words2=h.row_words)
         group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.head_step])
         head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,
                            output=(s.logits, c.vocab_size)))

@@ -197,12 +197,13 @@ class Pipelines:
             self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
         return self._layouts[kinds]
 
-    def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1) -> tuple[int, dict]:
+    def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1,
+                      unit: str | None = None) -> tuple[int, dict]:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
         workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
-        per workgroup, its placeholders), with the type's own unit (shaders/gemv/<type>.wgsl) or the
-        generic one."""
-        name = quant.shader if quant.gemv_unit else "generic"
+        per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own
+        unit or the generic one."""
+        name = unit or (quant.shader if quant.gemv_unit else "generic")
         rows_wg = self.gemv_rows(rows, cols, name)
         return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
 

@@ -6,3 +6,8 @@
 fn norm_vec4(i: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(W[P.norm_w / 4u + i]);
 }
+
+// vec4 i of the weights (words 4i..4i+3)
+fn quad_at(i: u32) -> vec4<u32> {
+    return W[i];
+}

@@ -28,6 +28,13 @@ struct X8 {
     sq: f32,       // the sum of squares of the 16 values before the norm weight (MODE_NORM)
 }
 
+// the x of a K-quant unit: two runs of 16 (each against one sub-block's quants)
+struct X8x2 {
+    lo: X8,
+    hi: X8,
+    sq: f32,
+}
+
 fn chunk_units(n_units: u32) -> u32 {
     if (STAGE_X == 0u) {
         return n_units;
@@ -70,6 +77,13 @@ fn x8(x: u32, b: u32) -> X8 {
     }
     let s = x_s[x + b];
     return X8(x_q[x + b], s.x, bitcast<i32>(s.w), s.y, s.z);
+}
+
+// the x of a K-quant unit: blocks lo and hi of the row at `x` (token_x)
+fn x8x2(x: u32, lo: u32, hi: u32) -> X8x2 {
+    let a = x8(x, lo);
+    let b = x8(x, hi);
+    return X8x2(a, b, a.sq + b.sq);
 }
 
 // block b of the row of X at vec4 `row`, rounded
