@@ -42,8 +42,8 @@ def test_bench_reports_prefill_decode_and_the_floor(result):
     for d in result["decode"]:  # the constrained tokens chained on the GPU, each answer's first on the host
         assert d["constrained_tokens"]["drawn"] >= 4 - d["constrained_tokens"]["restarts"]
         assert d["constrained_tokens"]["host"] >= 1
-    # two layers: one attention merge each beyond 64 positions
-    assert result["decode"][1]["dispatches"] == result["decode"][0]["dispatches"] + 2
+    # as many beyond 64 positions: the attention's splits are combined inside its own dispatch
+    assert result["decode"][1]["dispatches"] == result["decode"][0]["dispatches"]
     low, high = result["bandwidth_spread_GBps"]
     assert low <= result["bandwidth_GBps"] <= high
     text = bench.format_result(result)
