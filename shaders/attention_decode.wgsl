@@ -427,8 +427,11 @@ fn weight(s: u32, g: u32) -> f32 {
 fn write_out(row_out: u32, kv_head: u32, o: u32, acc: vec4<f32>, total: Heads) {
     let g = o / HD4;
     let l = select(total.hi[g % 4u], total.lo[g % 4u], g < 4u);
-    let at = row_out + (kv_head * GROUP + g) * HD + 4u * (o % HD4);
-    let v = acc / l;
+    out4(row_out + (kv_head * GROUP + g) * HD + 4u * (o % HD4), acc / l);
+}
+
+// floats at..at + 3 of OUT
+fn out4(at: u32, v: vec4<f32>) {
     OUT[at] = v.x;
     OUT[at + 1u] = v.y;
     OUT[at + 2u] = v.z;
@@ -457,12 +460,7 @@ fn write_heads(lid: u32, dq: u32, slice: u32, g0: u32, a: vec4<f32>, b: vec4<f32
             }
             let h = kv_head * GROUP + g0 + g;
             if (n_splits == 1u) {
-                let at = row_out + h * HD + 4u * (i % HD4);
-                let v = o / l[g];
-                OUT[at] = v.x;
-                OUT[at + 1u] = v.y;
-                OUT[at + 2u] = v.z;
-                OUT[at + 3u] = v.w;
+                out4(row_out + h * HD + 4u * (i % HD4), o / l[g]);
             } else {
                 let out = head_part(part, h, n_splits) + split * STRIDE;
                 PART[out + i % HD4] = o;

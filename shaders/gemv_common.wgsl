@@ -1,6 +1,6 @@
 // What the decode matmul's units (gemv/<type>.wgsl) share: small integers to floats without
 // conversion instructions, and 16 values of x prepared for a unit. Needs the includer's P, S, X and
-// the unit file's norm_vec4(i) (vec4 i of the f32 norm weight).
+// the unit file's quad_at(i) (vec4 i of the weights: gemv/quads.wgsl or gemv/words.wgsl).
 
 // 2^23 as an f32. OR an integer below 2^23 into its mantissa, subtract 2^23, and the result is that
 // integer as a float, exactly: two cheap instructions instead of an int-to-float conversion, which
@@ -10,6 +10,11 @@ const TWO23: f32 = 8388608.0;
 
 fn as_floats(bits: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bits | vec4<u32>(MAGIC)) - vec4<f32>(TWO23);
+}
+
+// vec4 i of the f32 norm weight (MODE_NORM; every tensor starts 16-byte aligned)
+fn norm_vec4(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(quad_at(P.norm_w / 4u + i));
 }
 
 // 16 consecutive values of x (4 vec4 as matrix columns) and their sum of squares
