@@ -6,7 +6,7 @@ import pytest
 
 from airframe.errors import ContextOverflowError, ParameterError
 from airframe.gpu import pipelines as pl
-from airframe.gpu.backend import WebGPUBackend
+from airframe.gpu.backend import WebGPUBackend, split_length
 from airframe.model import open_model
 from airframe.options import RunOptions
 from airframe.reference import ReferenceBackend
@@ -136,6 +136,14 @@ def test_decode_dispatch_count(tiny_llama):
     assert per_layer == 5
     assert len(gpu.layer_ops[0].dispatches(1, 4)) == 5
     assert gpu.dispatch_count(1) == gpu.config.n_layers * per_layer + len(gpu.token_embd.chunks) + 1 + len(gpu.output.chunks)
+
+
+def test_split_length_keeps_short_splits_to_one_wave():
+    """64-position splits while a decode token's splits fit one wave of workgroups (264), 128 past
+    it; then as before: 512 workgroups' worth, at most 256 splits (Llama 3.2 1B: 8 K/V heads)."""
+    assert [split_length(kv, 8) for kv in (1, 64, 65, 2112, 2113, 4096, 4097, 8192, 8193)] == \
+        [64, 64, 64, 64, 128, 128, 128, 128, 192]
+    assert split_length(16384, 1) == 64 and split_length(16385, 1) == 128  # Gemma 3: 256 splits at most
 
 
 def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, caplog):

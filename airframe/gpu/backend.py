@@ -45,9 +45,25 @@ from .layer import LayerOps, build_globals, build_layer
 log = logging.getLogger("airframe.gpu")
 MAX_SPLITS = 256         # attention splits of a decode token: attention_decode.wgsl's MAX_SPLITS
 SPLIT_WORKGROUPS = 512   # splits x K/V heads that keep a large GPU busy
+WAVE_WORKGROUPS = 2 * pl.WAVE  # attention workgroups a large GPU runs at once: two an SM
 MIN_SPLIT_LEN = 64       # K/V positions per split at least
 LOGITS_BYTES = 64 << 20  # logits scratch: how many positions' logits one read-back holds
 ROW_ID, ROW_CANDIDATES, ROW_LOGITS = range(3)  # what a decode batch row reads back
+
+
+def split_length(kv_total: int, n_head_kv: int) -> int:
+    """K/V positions per attention split of a decode token over kv_total cached positions: enough
+    splits to keep SPLIT_WORKGROUPS workgroups busy, each of at least MIN_SPLIT_LEN positions, in
+    multiples of 64, at most MAX_SPLITS of them; but twice MIN_SPLIT_LEN where splits that short
+    would take more than one wave of workgroups (WAVE_WORKGROUPS): a second wave cost more than
+    splits twice as long (H100: a layer's attention at 4,096 positions 24.6 us with 32 splits of
+    128 against 33.4 with 64 of 64, docs/DECISIONS.md)."""
+    wanted = pl.ceil_div(SPLIT_WORKGROUPS, n_head_kv)
+    per_split = max(pl.ceil_div(kv_total, wanted), pl.ceil_div(kv_total, MAX_SPLITS), MIN_SPLIT_LEN)
+    length = pl.ceil_div(per_split, 64) * 64
+    if length == MIN_SPLIT_LEN and pl.ceil_div(kv_total, length) * n_head_kv > WAVE_WORKGROUPS:
+        length = 2 * MIN_SPLIT_LEN
+    return length
 
 
 @dataclass
@@ -338,12 +354,8 @@ class WebGPUBackend(Backend):
 
     def split_len(self, n_tokens: int, n_past: int | None = None) -> int:
         """K/V positions per attention split of a decode token at n_past (the current slot's by
-        default): enough splits to keep SPLIT_WORKGROUPS workgroups busy, each of at least
-        MIN_SPLIT_LEN positions, at most MAX_SPLITS of them."""
-        kv_total = (self.n_past if n_past is None else n_past) + n_tokens
-        wanted = pl.ceil_div(SPLIT_WORKGROUPS, self.config.n_head_kv)
-        per_split = max(pl.ceil_div(kv_total, wanted), pl.ceil_div(kv_total, MAX_SPLITS), MIN_SPLIT_LEN)
-        return pl.ceil_div(per_split, 64) * 64
+        default): split_length of its cache."""
+        return split_length((self.n_past if n_past is None else n_past) + n_tokens, self.config.n_head_kv)
 
     def layer_dispatches(self, n_tokens: int) -> list[pl.Dispatch]:
         """Every dispatch of a forward over n_tokens positions starting at n_past, LM head excluded."""

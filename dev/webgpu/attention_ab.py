@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from airframe.gpu import pipelines as pl
-from airframe.gpu.backend import MIN_SPLIT_LEN, SPLIT_WORKGROUPS
+from airframe.gpu.backend import split_length
 from airframe.gpu.device import get_context
 from airframe.gpu.shaders import load_wgsl
 
@@ -74,8 +74,7 @@ def main() -> None:
                                           pipes.half)
     variants = [("shipped", None)] + [(p.stem, p) for p in sorted((HERE / "attention").glob("*.wgsl"))]
     for position in (int(p) for p in args.positions.split(",")):
-        per_split = max(-(-(position + 1) // (SPLIT_WORKGROUPS // N_KV)), MIN_SPLIT_LEN)
-        lens = [int(n) for n in args.split_lens.split(",")] if args.split_lens else [-(-per_split // 64) * 64]
+        lens = [int(n) for n in args.split_lens.split(",")] if args.split_lens else [split_length(position + 1, N_KV)]
         for split_len in lens:
             n_splits = -(-(position + 1) // split_len)
             rows = pipes.storage(pl.ROW_BYTES, "rows")  # one decode row: the cache at 0, its partials at 0
