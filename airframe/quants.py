@@ -2,10 +2,10 @@
 
 For each GGML type: its block in the GGUF file (elements and bytes, from the `gguf` package), how
 the GPU lays a block out (`gpu_block` elements re-laid into `gpu_words` 32-bit words, as a list of
-segments of the file block, see airframe/gpu/pack.py), its decoder `shaders/quant/<shader>.wgsl`,
-whether the decode matmul has a unit of its own (`shaders/gemv/<shader>.wgsl`), where its f16
-scales sit in a file block (quant-verify plants values there), and the type llama.cpp's quantizer
-falls back to when a row is not a whole number of blocks. airframe/quantize.py holds the numpy
+segments of the file block, see airframe/gpu/pack.py), its decoder `shaders/quant/<shader>.wgsl`
+and decode matmul unit `shaders/gemv/<shader>.wgsl`, where its f16 scales sit in a file block
+(quant-verify plants values there), and the type llama.cpp's quantizer falls back to when a row
+is not a whole number of blocks. airframe/quantize.py holds the numpy
 encoders and `gguf.quants` the decoders that serve as the oracle.
 """
 
@@ -39,7 +39,6 @@ class QuantType:
     gpu_words: int                  # u32 words per re-laid block (BLOCK_WORDS in the shaders)
     segments: tuple[Segment, ...]   # the re-laid block, in order, as pieces of the file block
     scales: tuple[int, ...] = ()    # byte offsets of the f16 scales in a file block
-    gemv_unit: bool = False         # shaders/gemv/<shader>.wgsl exists
     fallback: GGMLQuantizationType | None = None  # llama.cpp's choice when a row is not whole blocks
 
     @property
@@ -81,7 +80,7 @@ _TYPES = (
     # float formats: GPU blocks of 4 elements, stored as in the file
     QuantType(T.F32, "float", 4, 4, (_copy(0, 16),)),
     QuantType(T.F16, "float", 4, 2, (_copy(0, 8),)),
-    QuantType(T.BF16, "float", 4, 2, (_copy(0, 8),), gemv_unit=True),
+    QuantType(T.BF16, "float", 4, 2, (_copy(0, 8),)),
     # d f16 | 16 B nibbles  ->  d f32 | 4 words
     QuantType(T.Q4_0, "legacy", 32, 5, (_widen(0), _copy(2, 18)), (0,), fallback=T.F16),
     # d f16, m f16 | 16 B nibbles: already aligned
@@ -91,13 +90,13 @@ _TYPES = (
     # d f16, m f16 | qh 4 B | 16 B nibbles: already aligned
     QuantType(T.Q5_1, "legacy", 32, 6, (_copy(0, 24),), (0, 2), fallback=T.F16),
     # d f16 | 32 int8  ->  d f32 | 8 words
-    QuantType(T.Q8_0, "legacy", 32, 9, (_widen(0), _copy(2, 34)), (0,), gemv_unit=True, fallback=T.F16),
+    QuantType(T.Q8_0, "legacy", 32, 9, (_widen(0), _copy(2, 34)), (0,), fallback=T.F16),
     # d, dmin f16 | 12 B packed 6-bit scales and mins | 128 B nibbles: already aligned
-    QuantType(T.Q4_K, "k", 256, 36, (_copy(0, 144),), (0, 2), gemv_unit=True, fallback=T.Q5_0),
+    QuantType(T.Q4_K, "k", 256, 36, (_copy(0, 144),), (0, 2), fallback=T.Q5_0),
     # d, dmin f16 | 12 B scales | qh 32 B | 128 B nibbles: already aligned
     QuantType(T.Q5_K, "k", 256, 44, (_copy(0, 176),), (0, 2), fallback=T.Q5_1),
     # ql 128 B | qh 64 B | 16 int8 scales | d f16  ->  d f32 | ql | qh | scales
-    QuantType(T.Q6_K, "k", 256, 53, (_widen(208), _copy(0, 208)), (208,), gemv_unit=True, fallback=T.Q8_0),
+    QuantType(T.Q6_K, "k", 256, 53, (_widen(208), _copy(0, 208)), (208,), fallback=T.Q8_0),
 )
 QUANTS: dict[GGMLQuantizationType, QuantType] = {q.qtype: q for q in _TYPES}
 SUPPORTED: tuple[GGMLQuantizationType, ...] = tuple(QUANTS)

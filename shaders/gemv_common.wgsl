@@ -35,19 +35,6 @@ fn x16(row: u32, i: u32) -> X16 {
     return X16(v, sq);
 }
 
-// 32 values of x as two runs of 16 (at vec4 lo and hi), and their sum of squares
-struct X32 {
-    lo: X16,
-    hi: X16,
-    sq: f32,
-}
-
-fn x32(row: u32, lo: u32, hi: u32) -> X32 {
-    let a = x16(row, lo);
-    let b = x16(row, hi);
-    return X32(a, b, a.sq + b.sq);
-}
-
 // first vec4 of the input row of `token` (MODE_X_STEP: the LM head reads position S.lm_first on)
 fn x_row(token: u32) -> u32 {
     var x_token = token;

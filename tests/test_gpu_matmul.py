@@ -1,5 +1,5 @@
-"""The matmul programs against numpy on lavapipe: gemv.wgsl (decode, each type's unit or the generic
-one, subgroup and workgroup-memory sums), gemm.wgsl (prefill chunks) and gemm_rows.wgsl (CPU adapters).
+"""The matmul programs against numpy on lavapipe: gemv.wgsl (decode, each type's unit, subgroup
+and workgroup-memory sums), gemm.wgsl (prefill chunks) and gemm_rows.wgsl (CPU adapters).
 
 Reference: gguf's dequantized weights times float32 inputs, in float64. Tolerance: 2e-5 of the
 largest output magnitude for plain products (float32 sums in another order), 1e-4 where an RMSNorm
@@ -28,7 +28,7 @@ RTOL, RTOL_FUSED, RTOL_F16, RTOL_INT8 = 2e-5, 1e-4, 3e-3, 2e-2
 def x_rounded(qtype) -> bool:
     """Whether the type's gemv unit rounds x to 8 bits."""
     q = quant(qtype)
-    return q.gemv_unit and pl.shader_constant(f"gemv/{q.shader}.wgsl", "INT8_X") == 1  # gemv/x_int8.wgsl
+    return pl.shader_constant(f"gemv/{q.shader}.wgsl", "INT8_X") == 1  # gemv/x_int8.wgsl
 
 
 def rtol(program: str, fused: bool = False, qtype=None) -> float:
@@ -73,13 +73,13 @@ def aligned(*parts):
 def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
         n_tokens=None, lm_first=0, unit=None):
     """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x; gemv with
-    `unit` (shaders/gemv/<unit>.wgsl) else the type's own or the generic one."""
+    `unit` (shaders/gemv/<unit>.wgsl) else the type's own."""
     n_tokens = n_tokens or x.shape[0]
     q = quant(qtype)
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_group)
-        shape = pipes.gemv_shape(unit or (q.shader if q.gemv_unit else "generic"), rows_wg, tokens, x.shape[1])
+        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, x.shape[1])
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None
@@ -307,7 +307,7 @@ def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
     (Q.Q6_K, 2048, 8192, (8, "q6_k")),      # the same with 1 unit a lane: two quads, 4 subgroups each
     (Q.Q4_K, 3072, 2048, (16, "q4_k")),     # 64 units a row keep only 2 subgroups busy
     (Q.Q8_0, 16384, 2048, (32, "q8_0")), (Q.BF16, 3072, 2048, (8, "bf16")),
-    (Q.Q4_0, 8192, 2048, (16, "generic")), (Q.Q5_K, 100, 256, (32, "generic"))])
+    (Q.Q4_0, 8192, 2048, (16, "q4_0")), (Q.Q5_K, 100, 256, (32, "q5_k"))])
 def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
     rows_wg, shape = tiled.decode_matmul(rows, cols, quant(qtype))
     assert (rows_wg, shape["GEMV_UNIT"]) == want and shape["GEMV_ROWS_WG"] == rows_wg

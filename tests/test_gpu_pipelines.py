@@ -28,8 +28,7 @@ def variants(program):
     if "{QUANT}" in text or "{GEMV_UNIT}" in text:
         for qtype in SUPPORTED:
             q = quant(qtype)
-            unit = q.shader if q.gemv_unit else "generic"
-            yield q, {**SHAPE, "GEMV_UNIT": unit}
+            yield q, {**SHAPE, "GEMV_UNIT": q.shader}
         if "{GEMV_UNIT}" in text:  # the units that take two types in one dispatch (layer.MIXED_UNITS)
             for (first, _), unit in MIXED_UNITS.items():
                 yield next(quant(t) for t in SUPPORTED if quant(t).shader == first), {**SHAPE, "GEMV_UNIT": unit}
@@ -92,5 +91,4 @@ def test_gemv_units_declare_their_size():
     """decode_matmul reads UNIT from the unit file; every unit the registry names exists."""
     for qtype in SUPPORTED:
         q = quant(qtype)
-        name = q.shader if q.gemv_unit else "generic"
-        assert pl.shader_constant(f"gemv/{name}.wgsl", "UNIT") in (16, 32)
+        assert pl.shader_constant(f"gemv/{q.shader}.wgsl", "UNIT") in (16, 32)

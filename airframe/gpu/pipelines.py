@@ -26,7 +26,7 @@ R, RW, U = "read-only-storage", "storage", "uniform"  # binding kinds
 
 # Placeholder values that let any program be read for its signature: the bindings and Params of a
 # program do not depend on them (tests/test_gpu_pipelines.py checks every variant).
-SIGNATURE_DEFINES = {"QUANT": "f32", "GEMV_UNIT": "generic", "REDUCE": "shared", "DECODER": "quant/f32.wgsl",
+SIGNATURE_DEFINES = {"QUANT": "f32", "GEMV_UNIT": "f32", "REDUCE": "shared", "DECODER": "quant/f32.wgsl",
                      "HALF": "f32"}
 _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<(\w+)(?:,\s*(\w+))?>")
 _PARAMS_TYPE = re.compile(r"var<uniform>\s+P\s*:\s*(\w+)\s*;")
@@ -201,9 +201,8 @@ class Pipelines:
                       unit: str | None = None) -> tuple[int, dict]:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
         workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
-        per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own
-        unit or the generic one."""
-        name = unit or (quant.shader if quant.gemv_unit else "generic")
+        per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own."""
+        name = unit or quant.shader
         rows_wg = self.gemv_rows(rows, cols, name)
         return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
 

@@ -1,39 +1,9 @@
-// gemv.wgsl's unit for BF16: 16 weights, two vec4 of words (two bfloat16 per word, element 2k in
-// the low half; a bfloat16 is the high half of an f32, so decoding only moves bits). W is bound as
-// vec4: rows of a multiple of 16 weights are 16-byte aligned.
+// gemv.wgsl's unit for BF16 (gemv/halves.wgsl): a bfloat16 is the high half of an f32, so decoding
+// only moves bits.
 
-#include "gemv/quads.wgsl"
-#include "gemv/x_float.wgsl"
-
-const UNIT: u32 = 16u;
-alias XU = X16;
-
-fn unit_x(x: u32, u: u32) -> XU {
-    return x16(x, 4u * u);
-}
+#include "gemv/halves.wgsl"
 
 // the 2 bfloat16 of each of two words as 4 floats
-fn bf16x4(a: u32, b: u32) -> vec4<f32> {
+fn halves4(a: u32, b: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xFFFF0000u, b << 16u, b & 0xFFFF0000u));
-}
-
-fn unit_dot(w0: vec4<u32>, w1: vec4<u32>, x: X16) -> f32 {
-    let acc = bf16x4(w0.x, w0.y) * x.v[0] + bf16x4(w0.z, w0.w) * x.v[1]
-            + bf16x4(w1.x, w1.y) * x.v[2] + bf16x4(w1.z, w1.w) * x.v[3];
-    return dot(acc, vec4<f32>(1.0));
-}
-
-// unit u of the 4 rows starting at words `rows`, dotted with its x
-fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
-    let b = rows / 4u + vec4<u32>(2u * u);
-    // all 8 loads first, so that they are in flight together
-    let a0 = W[b.x];
-    let a1 = W[b.y];
-    let a2 = W[b.z];
-    let a3 = W[b.w];
-    let c0 = W[b.x + 1u];
-    let c1 = W[b.y + 1u];
-    let c2 = W[b.z + 1u];
-    let c3 = W[b.w + 1u];
-    return vec4<f32>(unit_dot(a0, c0, x), unit_dot(a1, c1, x), unit_dot(a2, c2, x), unit_dot(a3, c3, x));
 }

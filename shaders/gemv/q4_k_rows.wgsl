@@ -1,11 +1,12 @@
-// Q4_K rows for gemv.wgsl's units (gemv/q4_k.wgsl, gemv/q4_k_q6_k.wgsl). A unit is one quant vec4
-// of a block, 32 weights: 16 of sub-block 2c in its low nibbles and 16 of sub-block 2c + 1 in its
-// high nibbles (c = t / 2, t = u % 8), so 8 units share a super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and the 12 bytes of
-// 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. The unit's x is rounded to 8 bits
-// (gemv/x_int8.wgsl) and each quant word's nibbles, masked into bytes, are dotted with it four at a
-// time; the minimums come off the rounded x's sum, so a row's sum is the exact product of its
-// weights with the rounded x. The weights are read as vec4 (blocks and rows are 16-byte aligned)
-// through the includer's quad_at.
+// Q4_K rows for gemv.wgsl's units (gemv/q4_k.wgsl, gemv/q4_k_q6_k.wgsl; gemv/q5_k.wgsl reads its
+// scales and x the same way). A unit is one quant vec4 of a block, 32 weights: 16 of sub-block 2c
+// in its low nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so 8
+// units share a super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and
+// the 12 bytes of 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. The unit's x is rounded
+// to 8 bits (gemv/x_int8.wgsl) and each quant word's nibbles, masked into bytes, are dotted with it
+// four at a time; the minimums come off the rounded x's sum, so a row's sum is the exact product of
+// its weights with the rounded x. The weights are read as vec4 (blocks and rows are 16-byte
+// aligned) through the includer's quad_at.
 
 const Q4K_BLOCK_VEC4: u32 = 9u;
 
@@ -29,14 +30,18 @@ fn q4k_scales_mins(head: vec4<u32>, c: u32) -> vec4<f32> {
     return as_floats(vec4<u32>(sc, mn, sc >> 8u, mn >> 8u) & vec4<u32>(0xFFu));
 }
 
-// d sc (q . x) - dmin m sum(x), for both sub-blocks of unit t of one row
-fn q4k_dot(head: vec4<u32>, q: vec4<u32>, t: u32, x: X8x2) -> f32 {
+// d sc (q . x) - dmin m sum(x), for both sub-blocks of unit t of one row, their quants as bytes
+// (lo: sub-block 2c's, hi: 2c + 1's; Q5_K's with their fifth bits)
+fn q4k_dot(head: vec4<u32>, lo: vec4<u32>, hi: vec4<u32>, t: u32, x: X8x2) -> f32 {
     let d = unpack2x16float(head.x);
     let sm = q4k_scales_mins(head, t >> 1u);
-    let lo = int_float(dot4(q & vec4<u32>(0x0F0F0F0Fu), x.lo.q));
-    let hi = int_float(dot4((q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu), x.hi.q));
-    return d.x * (sm.x * x.lo.step * lo + sm.z * x.hi.step * hi)
+    return d.x * (sm.x * x.lo.step * int_float(dot4(lo, x.lo.q)) + sm.z * x.hi.step * int_float(dot4(hi, x.hi.q)))
          - d.y * (sm.y * x.lo.scaled + sm.w * x.hi.scaled);
+}
+
+// q4k_dot of quant vec4 q
+fn q4k_quad_dot(head: vec4<u32>, q: vec4<u32>, t: u32, x: X8x2) -> f32 {
+    return q4k_dot(head, low_nibbles(q), high_nibbles(q), t, x);
 }
 
 // unit u of the 4 rows whose first words are `rows`
@@ -52,5 +57,6 @@ fn q4k_rows(rows: vec4<u32>, u: u32, x: X8x2) -> vec4<f32> {
     let q1 = quad_at(b.y + 1u + t);
     let q2 = quad_at(b.z + 1u + t);
     let q3 = quad_at(b.w + 1u + t);
-    return vec4<f32>(q4k_dot(h0, q0, t, x), q4k_dot(h1, q1, t, x), q4k_dot(h2, q2, t, x), q4k_dot(h3, q3, t, x));
+    return vec4<f32>(q4k_quad_dot(h0, q0, t, x), q4k_quad_dot(h1, q1, t, x), q4k_quad_dot(h2, q2, t, x),
+                     q4k_quad_dot(h3, q3, t, x));
 }

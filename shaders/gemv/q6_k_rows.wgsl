@@ -43,9 +43,8 @@ fn q6k_load(blk: u32, t: u32) -> Q6kUnit {
 fn q6k_dot(w: Q6kUnit, t: u32, x: X8x2) -> f32 {
     let a = t & 3u;
     let m = w.qh >> vec4<u32>(2u * (a >> 1u));
-    let q_lo = (w.ql & vec4<u32>(0x0F0F0F0Fu)) | ((m & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
-    let q_hi = ((w.ql >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu))
-             | (((m >> vec4<u32>(4u)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let q_lo = low_nibbles(w.ql) | ((m & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let q_hi = high_nibbles(w.ql) | (((m >> vec4<u32>(4u)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
     let lo = int_float(dot4(q_lo, x.lo.q) - 32 * x.lo.sum);
     let hi = int_float(dot4(q_hi, x.hi.q) - 32 * x.hi.sum);
     return w.d * (q6k_int8_at(w.sc_lo, a) * x.lo.step * lo + q6k_int8_at(w.sc_hi, a) * x.hi.step * hi);

@@ -1,5 +1,5 @@
-// gemv.wgsl's x for the float units: each unit reads its own from X (gemv_common.wgsl's x16 and
-// x32), so nothing is staged and a row is one chunk.
+// gemv.wgsl's x for the float units: each unit reads its own from X (gemv_common.wgsl's x16), so
+// nothing is staged and a row is one chunk.
 
 const INT8_X: u32 = 0u;
 

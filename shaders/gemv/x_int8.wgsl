@@ -108,6 +108,15 @@ fn dot4(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
+// the low and high nibbles of 16 quant bytes, each as a byte
+fn low_nibbles(q: vec4<u32>) -> vec4<u32> {
+    return q & vec4<u32>(0x0F0F0F0Fu);
+}
+
+fn high_nibbles(q: vec4<u32>) -> vec4<u32> {
+    return (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+}
+
 // an integer of magnitude below 2^22 as a float
 fn int_float(i: i32) -> f32 {
     return bitcast<f32>(i + ROUND_BITS) - ROUND;
