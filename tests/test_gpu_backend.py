@@ -162,7 +162,7 @@ def test_debug_raw_logs_every_op_and_keeps_results(tiny_llama, monkeypatch, capl
 
 
 @pytest.mark.parametrize("family,qtype", [("llama", "Q4_0"), ("gemma3", "Q4_0"), ("llama", "Q4_K_M"),
-                                          ("llama", "Q8_0"), ("llama", "BF16"), ("qwen2", "Q5_0")])
+                                          ("llama", "Q5_K_M"), ("llama", "Q8_0"), ("llama", "BF16"), ("qwen2", "Q5_0")])
 @pytest.mark.parametrize("reduce", ["subgroup", "shared"])
 def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     """gemv.wgsl for decode and gemm.wgsl for chunks, the GPU path, end to end (lavapipe otherwise
@@ -171,7 +171,8 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
     gemm.wgsl's f16 products (3e-3 of a matmul's largest output) set the bound: 1e-2 of the largest
     logit, the decode tokens included, as they attend to the prefilled K/V."""
     # K-quant rows need 256 columns
-    shape = {"preset": "tiny256", "n_ff": 1024} if qtype == "Q4_K_M" else {"preset": "tiny", "n_ff": 256}
+    mix = qtype.endswith("_K_M")
+    shape = {"preset": "tiny256", "n_ff": 1024} if mix else {"preset": "tiny", "n_ff": 256}
     path = write_synthetic_gguf(tmp_path / "m.gguf", family, shape, qtype)
     tokens = list(np.random.default_rng(4).integers(0, 512, 70))
     model = open_model(path)
@@ -188,7 +189,7 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
         assert f"blk.{gpu.config.n_layers - 1}.ffn_down.split_sum" in {op.label for op in last.ops}
         norm = next(op for op in gpu.slot_ops[0][1].ops if op.label == "blk.1.attn_norm")
         assert norm.when is first.carry.when
-    if qtype == "Q4_K_M":  # layer 1's V is Q6_K: both QKV matmuls, then their sums, each group's partials apart
+    if mix:  # layer 1's V is Q6_K: both QKV matmuls, then their sums, each group's partials apart
         v = gpu.config.n_q + gpu.config.n_kv
         assert gpu.group_partials(1) is not gpu.group_partials(0)
         labels = [d.label for d in gpu.slot_ops[0][1].dispatches(67, 1, decode=False)[:4]]
@@ -196,7 +197,7 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
         labels = [d.label for d in gpu.slot_ops[0][1].dispatches(9, 1, decode=True)[:5]]  # a batch of 9 decode tokens
         assert labels == ["blk.1.attn_norm", "blk.1.qkv@0", f"blk.1.qkv@{v}", "blk.1.qkv@0.split_sum",
                           f"blk.1.qkv@{v}.split_sum"]
-        # decode tokens (gemv.wgsl, up to 8) take Q, K and V in one dispatch (gemv/q4_k_q6_k.wgsl): 5 a layer
+        # decode tokens (gemv.wgsl, up to 8) take Q, K and V in one dispatch (layer.MIXED_UNITS): 5 a layer
         for n_tokens, n_splits in ((1, 1), (1, 3), (8, 2)):
             dispatches = gpu.slot_ops[0][1].dispatches(n_tokens, n_splits, decode=True)
             assert [d.label for d in dispatches] == ["blk.1.qkv", "blk.1.attention", "blk.1.attn_output",
@@ -238,19 +239,22 @@ def test_real_model_prefill_through_the_f16_gemm(model):
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_model_decode_through_the_gpu_kernels(model):
-    """Token by token through gemv.wgsl, as on discrete GPUs (SmolLM2: its Q8_0 LM head of 576
-    columns; Gemma 3: Q4_K attn_output and ffn_down, Q6_K ffn_down, Q8_0 attn_v and the 262,144-row
-    Q8_0 LM head in two binding chunks) against the numpy reference. The Q8_0 and K-quant units
-    round x to 8 bits, as llama.cpp's GPU mat-vec kernels do, so the bound is the distribution's,
-    not float32's: the same argmax at every position, each position's logits within 3% of its
-    largest (1.0-2.5% measured), the mean KL divergence from the reference below 5e-3 nats
-    (4e-4 and 3.5e-3 measured)."""
+    """Token by token through gemv.wgsl, as on discrete GPUs (SmolLM2: Q4_1 layers and its Q8_0 LM
+    head of 576 columns; Gemma 3: Q5_0, Q4_K, Q6_K and Q8_0 matrices and the 262,144-row Q8_0 LM
+    head in two binding chunks) against the numpy reference. Every quantized type's unit rounds x
+    to 8 bits, as llama.cpp's GPU mat-vec kernels do, so the bound is the distribution's, not
+    float32's: the same argmax wherever the reference's two best logits are more than 0.5% of the
+    largest apart, each position's logits within 4% of its largest (1.3-3.6% measured), the mean
+    KL divergence from the reference below 7.5e-3 nats (2.7e-3 and 4.7e-3 measured)."""
     opened = open_model(model)
     tokens = [2, 651, 6037, 603, 1105, 578] if model == "gemma3-270m" else [504, 2365, 314, 253, 1345, 28]
     gpu = WebGPUBackend.load(opened, RunOptions(n_ctx=16, matmul="tiled"))
     got = np.stack([gpu.forward([t]) for t in tokens])
     want = ReferenceBackend.load(opened, RunOptions(n_ctx=16)).forward(tokens, all_logits=True)
-    np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
-    assert (np.abs(got - want).max(1) <= 0.03 * np.abs(want).max(1)).all()
+    largest = np.abs(want).max(1)
+    best2 = np.sort(want, axis=1)[:, -2:]
+    clear = best2[:, 1] - best2[:, 0] > 5e-3 * largest
+    np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
+    assert (np.abs(got - want).max(1) <= 0.04 * largest).all()
     p, q = _log_softmax(want), _log_softmax(got)
-    assert (np.exp(p) * (p - q)).sum(1).mean() < 5e-3
+    assert (np.exp(p) * (p - q)).sum(1).mean() < 7.5e-3

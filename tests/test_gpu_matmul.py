@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from airframe import reference as ref
 from airframe.gpu import pipelines as pl
 from airframe.gpu.device import get_context
+from airframe.gpu.layer import MIXED_UNITS
 from airframe.gpu.pack import relayout
 from airframe.quantize import quantize
 from airframe.quants import SUPPORTED, quant
@@ -267,15 +268,17 @@ def test_segments_norm_and_residual(shared, qtype, program, n_tokens):
     close(got, want, rtol(program, True, qtype))
 
 
+@pytest.mark.parametrize("first", [Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("variant", ["tiled", "shared"])
 @pytest.mark.parametrize("n_tokens,rows_wg", [(1, 8), (3, 16), (8, 8), (8, 32)])
-def test_mixed_q4_k_q6_k_segments(request, variant, n_tokens, rows_wg):
-    """Q4_K_M's QKV in one gemv (gemv/q4_k_q6_k.wgsl): Q4_K q and k, then a Q6_K v with rows of
-    another length, the input normalized, each quad of rows on its own type's unit."""
+def test_mixed_k_q6_k_segments(request, first, variant, n_tokens, rows_wg):
+    """Q4_K_M's and Q5_K_M's QKV in one gemv (layer.MIXED_UNITS): Q4_K or Q5_K q and k, then a
+    Q6_K v with rows of another length, the input normalized, each quad of rows on its own type's
+    unit."""
     pipes = request.getfixturevalue(variant)
     rng = np.random.default_rng(5)
     cols = 512
-    parts = [quantized(rng, r, cols, t) for r, t in ((36, Q.Q4_K), (12, Q.Q4_K), (12, Q.Q6_K))]
+    parts = [quantized(rng, r, cols, t) for r, t in ((36, first), (12, first), (12, Q.Q6_K))]
     norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     buffer, offsets = aligned(norm, *[p[0] for p in parts])
     rows = 60
@@ -283,7 +286,8 @@ def test_mixed_q4_k_q6_k_segments(request, variant, n_tokens, rows_wg):
     p = params(rows, cols, parts[0][0].shape[1], pl.MODE_NORM, tuple(offsets[1:]), (36, 48), norm_w=offsets[0],
                row_words2=parts[2][0].shape[1])
     assert parts[2][0].shape[1] != parts[0][0].shape[1]
-    got = run(pipes, "gemv", Q.Q4_K, buffer, x, rows, p, rows_wg=rows_wg, unit="q4_k_q6_k")
+    unit = MIXED_UNITS[(quant(first).shader, "q6_k")]
+    got = run(pipes, "gemv", first, buffer, x, rows, p, rows_wg=rows_wg, unit=unit)
     want = ref.rmsnorm(x, norm, 1e-5) @ np.concatenate([p[1] for p in parts]).T
     close(got, want, RTOL_INT8)
 

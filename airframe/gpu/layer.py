@@ -90,7 +90,8 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
             unit: str | None = None) -> list[Op]:
     """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
     split along K, also the split_sum.wgsl op that adds the partials (be.group_partials(qkv_group))
-    into y. With MODE_NORM, gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead."""
+    into y. With MODE_NORM, gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead. With
+    `unit` (a decode-only gemv unit, MIXED_UNITS) only the gemv.wgsl op."""
     c = be.config
     first = weights[0]
     gated = mode & pl.MODE_GATED
@@ -112,6 +113,8 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
 
     op = Op(label, "matmul", first.quant, bind(x, y, mode, y_stride, y_off), rows=rows, cols=first.cols,
             output=(y, y_stride), gated=bool(gated), unit=unit)
+    if unit:
+        return [op]
     splits = k.gemm_splits(rows, first.cols, bool(gated))
     gemm_x, gemm_mode = (s.tmp, mode & ~pl.MODE_NORM) if mode & pl.MODE_NORM else (x, mode)
     if splits == 1:
@@ -155,12 +158,12 @@ def _split_sum(ops: list[Op]) -> tuple[list[Op], Op | None]:
 
 
 # gemv units for Q, K of one quant type and V of another in one dispatch: (Q/K type, V type) -> unit
-MIXED_UNITS = {("q4_k", "q6_k"): "q4_k_q6_k"}
+MIXED_UNITS = {("q4_k", "q6_k"): "q4_k_q6_k", ("q5_k", "q6_k"): "q5_k_q6_k"}
 
 
 def _mixed_unit(groups: list[list[PackedTensor]]) -> str | None:
     """The gemv unit that takes a layer's QKV groups in one dispatch (Q4_K_M's Q4_K Q and K with a
-    Q6_K V), or None."""
+    Q6_K V, Q5_K_M's Q5_K with Q6_K), or None."""
     if len(groups) != 2 or len(groups[0]) != 2 or len(groups[1]) != 1:
         return None
     return MIXED_UNITS.get((groups[0][0].quant.shader, groups[1][0].quant.shader))
