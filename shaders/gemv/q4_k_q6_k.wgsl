@@ -1,27 +1,11 @@
-// gemv.wgsl's unit for Q4_K rows followed by Q6_K rows in one output (Q4_K_M's attn_q and attn_k
-// with a Q6_K attn_v): rows from P.seg2 on are Q6_K, with P.row_words2 words a row. Each quad of
-// rows lies on one side (the segments start at multiples of 4), so a subgroup runs one type's
-// unit (gemv.wgsl's quad_row says which). W is bound as words, the Q6_K blocks being 210 bytes.
+// gemv.wgsl's unit for Q4_K rows followed by Q6_K rows (Q4_K_M's QKV): gemv/k_q6_k.wgsl.
 
 #include "gemv/words.wgsl"
 #include "gemv/x_int8.wgsl"
 #include "gemv/q4_k_rows.wgsl"
-#include "gemv/q6_k_rows.wgsl"
 
-const UNIT: u32 = 32u;
-
-alias XU = X8x2;
-
-fn unit_x(x: u32, u: u32) -> XU {
-    if (quad_row >= P.seg2) {
-        return q6k_x(x, u);
-    }
-    return q4k_x(x, u);
-}
-
-fn unit_rows(rows: vec4<u32>, u: u32, x: XU) -> vec4<f32> {
-    if (quad_row >= P.seg2) {
-        return q6k_rows(rows, u, x);
-    }
+fn k_rows(rows: vec4<u32>, u: u32, x: X8x2) -> vec4<f32> {
     return q4k_rows(rows, u, x);
 }
+
+#include "gemv/k_q6_k.wgsl"
