@@ -8,8 +8,9 @@
 // the units (UNIT weights each, decoded by gemv/{GEMV_UNIT}.wgsl), keep 4 partial sums in a vec4
 // and add them across the subgroup (lanes_{REDUCE}.wgsl); the subgroups of a quad then meet once
 // in workgroup memory, every token's at once between one pair of barriers. The unit's x is read
-// once for the 4 rows: from X by the float units, and by the 8-bit units from workgroup memory,
-// where the workgroup rounds each token's x once, a chunk of the row at a time (gemv/x_int8.wgsl).
+// once for the 4 rows: from X by the float units, and by the quantized types' units from workgroup
+// memory, where the workgroup rounds each token's x once, a chunk of the row at a time
+// (gemv/x_int8.wgsl).
 // Each token has its own sums, made by one call of add_unit per token written out (TOKENS is a
 // constant, so the calls it does not reach are removed).
 // P.mode fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,

@@ -1,4 +1,4 @@
-// gemv.wgsl's x for the units of the 8-bit and K-quant types: each token's x rounded to 8 bits for
+// gemv.wgsl's x for the units of the quantized types: each token's x rounded to 8 bits for
 // dot4I8Packed, one step per 16 values (their largest magnitude / 127), so a product of weights and
 // x is exact up to x's rounding, about 4e-3 of the largest output (tests/test_gpu_matmul.py).
 // With STAGE_X the workgroup rounds x once, XBLOCKS blocks of 16 values per token at a time, into
