@@ -5,8 +5,8 @@ the GPU lays a block out (`gpu_block` elements re-laid into `gpu_words` 32-bit w
 segments of the file block, see airframe/gpu/pack.py), its decoder `shaders/quant/<shader>.wgsl`
 and decode matmul unit `shaders/gemv/<shader>.wgsl`, where its f16 scales sit in a file block
 (quant-verify plants values there), and the type llama.cpp's quantizer falls back to when a row
-is not a whole number of blocks. airframe/quantize.py holds the numpy
-encoders and `gguf.quants` the decoders that serve as the oracle.
+is not a whole number of blocks. airframe/quantize.py holds the numpy encoders and `gguf.quants`
+the decoders that serve as the oracle.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ struct Params {
     x_stride: u32,   // floats between two tokens of X
     y_stride: u32,   // floats between two tokens of Y
     y_off: u32,      // first float of this output inside a token's row of Y
-    row_words2: u32, // u32 words per weight row of segment 2 (gemv/q4_k_q6_k.wgsl: another type's)
+    row_words2: u32, // u32 words per weight row of segment 2 (gemv/k_q6_k.wgsl: another type's)
 }
 
 #include "step.wgsl"

@@ -159,11 +159,12 @@ def test_batch_every_type(tiled, qtype, program):
     check_batch(tiled, qtype, program, cols_for(qtype)[-1], rows_wg=8)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_batch_staged_x(tiled, qtype):
-    """The same with 32 rows per workgroup, where the quantized types' units round x once into workgroup memory
-    (gemv/x_int8.wgsl): a token alone in one chunk of the row, 4 tokens in several where workgroup
-    memory is lavapipe's 32 KiB or less; a lane's units, so its sums, are the same either way."""
+    """The same with 32 rows per workgroup, where the quantized types' units round x once into
+    workgroup memory (gemv/x_int8.wgsl): a token alone in one chunk of the row, 4 tokens in several
+    where workgroup memory is lavapipe's 32 KiB or less; a lane's units, so its sums, are the same
+    either way."""
     cols = 4096
     check_batch(tiled, qtype, "gemv", cols, rows_wg=32)
     shape = tiled.gemv_shape(quant(qtype).shader, 32, tiled.gemv_group, cols)

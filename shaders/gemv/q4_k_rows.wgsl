@@ -1,5 +1,5 @@
-// Q4_K rows for gemv.wgsl's units (gemv/q4_k.wgsl, gemv/q4_k_q6_k.wgsl; gemv/q5_k.wgsl reads its
-// scales and x the same way). A unit is one quant vec4 of a block, 32 weights: 16 of sub-block 2c
+// Q4_K rows for gemv.wgsl's units (gemv/q4_k.wgsl, gemv/q4_k_q6_k.wgsl; gemv/q5_k_rows.wgsl reads
+// its scales and x the same way). A unit is one quant vec4 of a block, 32 weights: 16 of sub-block 2c
 // in its low nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so 8
 // units share a super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and
 // the 12 bytes of 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. The unit's x is rounded
@@ -35,8 +35,9 @@ fn q4k_scales_mins(head: vec4<u32>, c: u32) -> vec4<f32> {
 fn q4k_dot(head: vec4<u32>, lo: vec4<u32>, hi: vec4<u32>, t: u32, x: X8x2) -> f32 {
     let d = unpack2x16float(head.x);
     let sm = q4k_scales_mins(head, t >> 1u);
-    return d.x * (sm.x * x.lo.step * int_float(dot4(lo, x.lo.q)) + sm.z * x.hi.step * int_float(dot4(hi, x.hi.q)))
-         - d.y * (sm.y * x.lo.scaled + sm.w * x.hi.scaled);
+    let lo_sum = x.lo.step * int_float(dot4(lo, x.lo.q));
+    let hi_sum = x.hi.step * int_float(dot4(hi, x.hi.q));
+    return d.x * (sm.x * lo_sum + sm.z * hi_sum) - d.y * (sm.y * x.lo.scaled + sm.w * x.hi.scaled);
 }
 
 // q4k_dot of quant vec4 q

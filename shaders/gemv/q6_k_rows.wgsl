@@ -1,4 +1,4 @@
-// Q6_K rows for gemv.wgsl's units (gemv/q6_k.wgsl, gemv/q4_k_q6_k.wgsl): 32 weights a unit.
+// Q6_K rows for gemv.wgsl's units (gemv/q6_k.wgsl, gemv/k_q6_k.wgsl): 32 weights a unit.
 // quant/q6_k.wgsl's block is 53 words (not 16-byte aligned, so W is read as words): [0] d as f32,
 // [1..32] ql, [33..48] qh, [49..52] 16 int8 scales. Unit t = 4h + a of a block (t = u % 8) takes
 // ql words 16h + 4a .. +3 of half h, whose low nibbles are elements 16a..16a+15 of the half and high
