@@ -64,10 +64,10 @@ SERVER_TOKENS = 4          # tokens streamed through the server
 DECODE_STEPS = 3           # positions run one by one after a prefill, against one-shot prefill
 NEAR_TIE = 1e-2            # reference (top-1 - top-2) / max |logit| below this: stop comparing
 PREFILL_DECODE_TOL = 2e-3  # decode vs one-shot prefill, max |diff| / max |logit|, f32 products both ways
-PREFILL_DECODE_TOL_F16 = 0.1  # ... where chunks sum products in f16 (gemm.wgsl, attention_prefill.wgsl)
-# and decode rounds x to 8 bits (gemv.wgsl's units of the quantized types): Gemma 3 270M 0.063 (0.011 with
-# the float units before them) at the step of id 1 (its <eos>); Qwen2.5-Coder 0.5B 0.012, SmolLM2
-# 0.004 (lavapipe, --matmul tiled)
+PREFILL_DECODE_TOL_F16 = 0.15  # ... where chunks sum products in f16 (gemm.wgsl, attention_prefill.wgsl)
+# and decode rounds x to 8 bits (gemv.wgsl's units of the quantized types): Gemma 3 270M 0.127 at the
+# step of id 1 (its <eos>; 0.076 with its Q5_0 matrices on float units, 0.011 with every matrix);
+# Qwen2.5-Coder 0.5B 0.024, SmolLM2 0.023 (lavapipe, --matmul tiled)
 SERVER_START_SECONDS = 300
 ROUND_TRIP_TEXTS = (
     "Hello, world! 123",
