@@ -1,7 +1,7 @@
 // Q4_K rows for gemv.wgsl's units (gemv/q4_k.wgsl, gemv/q4_k_q6_k.wgsl; gemv/q5_k_rows.wgsl reads
-// its scales and x the same way). A unit is one quant vec4 of a block, 32 weights: 16 of sub-block 2c
-// in its low nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so 8
-// units share a super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and
+// its scales and x the same way). A unit is one quant vec4 of a block, 32 weights: 16 of sub-block
+// 2c in its low nibbles and 16 of sub-block 2c + 1 in its high nibbles (c = t / 2, t = u % 8), so
+// 8 units share a super-block. quant/q4_k.wgsl's 144-byte block is 9 vec4: [0] d, dmin (f16) and
 // the 12 bytes of 6-bit scales and mins, [1 + t] quant bytes 16t..16t+15. The unit's x is rounded
 // to 8 bits (gemv/x_int8.wgsl) and each quant word's nibbles, masked into bytes, are dotted with it
 // four at a time; the minimums come off the rounded x's sum, so a row's sum is the exact product of
