@@ -345,6 +345,29 @@ def gemm(ctx, timer, types, speed: bool = True, programs=("gemm",), splits=(1,))
 
 # ---- decode matmuls --------------------------------------------------------------------------
 COLD_BYTES = 256 << 20  # weights a gemv is timed over: five times an H100's or H200's L2 (50 MB)
+MATCHED_THREADS = (16 * 1024, 64 * 1024, 256 * 1024)  # grids of the same-size streaming read
+
+
+def cold_copies(kern, n_bytes: int, label: str) -> list:
+    """Copies of an n_bytes buffer enough to overflow L2, to be read in turn, so each dispatch reads
+    from memory as in a token's pass (the values do not change the speed)."""
+    return [kern.storage(n_bytes, label) for _ in range(max(1, -(-COLD_BYTES // n_bytes)))]
+
+
+def matched_stream(ctx, timer, kern, n_bytes: int) -> float:
+    """Seconds of stream_read.wgsl over n_bytes timed as a gemv is (one dispatch after another, over
+    cold copies): the least over MATCHED_THREADS grids. A matrix's read can be no faster, so its
+    share of this one says how far the gemv is from what a dispatch of that size can stream."""
+    srcs = cold_copies(kern, n_bytes, "src")
+    best = float("inf")
+    for threads in MATCHED_THREADS:
+        out = kern.storage(threads * 4, "out")
+        params = kern.uniform(K.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=threads))
+        ds = [K.Dispatch("s", kern.pipeline("stream_read"), kern.bind("stream_read", [src, out, params]),
+                         (threads // 256, 1, 1)) for src in srcs]
+        warm_up(ctx, timer, ds, 0.1)
+        best = min(best, statistics.median(run_passes(ctx, timer, ds, max(1, 20 // len(ds)), 5)) / len(ds))
+    return best
 
 
 def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
@@ -352,13 +375,14 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
     shapes = {"qkv": (3072, 2048), "wo": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
               "lm_head": (128256, 2048)}
     rows_out = []
+    matched = {}  # bytes: seconds of the same-size streaming read
     for qtype, n_tok, (name, (rows, cols)) in itertools.product(types, token_counts, shapes.items()):
         quant = gpu_quant(qtype)
         row_words = quant.gpu_row_words(cols)
         w_bytes = rows * row_words * 4
-        # copies enough to overflow L2, taken in turn, so each dispatch reads its weights from memory
-        # as in a token's pass (the values do not change the speed)
-        bufs = [kern.storage(w_bytes, "w") for _ in range(max(1, -(-COLD_BYTES // w_bytes)))]
+        bufs = cold_copies(kern, w_bytes, "w")
+        if w_bytes not in matched:
+            matched[w_bytes] = matched_stream(ctx, timer, kern, w_bytes)
         x = kern.storage(n_tok * cols * 4, "x")
         y = kern.storage(n_tok * rows * 4, "y")
         step = kern.uniform(K.pack_step(0, n_tok))
@@ -379,8 +403,10 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
             t = statistics.median(run_passes(ctx, timer, ds, max(1, 20 // len(ds)), 5)) / len(ds)
             share = w_bytes / t / bandwidth
             print(f"gemv {qtype.name:5} {name:8} {rows}x{cols} {n_tok} tokens: {t * 1e6:7.1f} us  "
-                  f"{100 * share:5.1f}% of stream ({shader}, {wg} rows)")
+                  f"{100 * share:5.1f}% of stream, {100 * matched[w_bytes] / t:5.1f}% of the same bytes' "
+                  f"read ({1e6 * matched[w_bytes]:.1f} us; {shader}, {wg} rows)")
             rows_out.append({"qtype": qtype.name, "shape": name, "tokens": n_tok, "us": t * 1e6, "share": share,
+                             "matched_us": matched[w_bytes] * 1e6, "matched_share": matched[w_bytes] / t,
                              "shader": shader})
     return {"rows": rows_out}
 
