@@ -1,7 +1,9 @@
 #!/bin/bash
 # One device call: llama.cpp's Vulkan llama-bench builds in the background while the synthetic
 # Llama 3.2 1B files are written and TESTS (if set) run on the GPU, then the probe (PROBE_ARGS, if
-# set); then `airframe bench --concurrency` and llama-bench's batch-1 decode (tg128) on each file.
+# set); then `airframe bench --concurrency`, llama-bench's batch-1 decode (tg128) and llama.cpp's
+# decode of the same numbers of sequences at once (llamacpp_batched.cpp, built against the same
+# build) on each file.
 # BASE=DIR runs the probe first from another checkout too (e.g. `git archive` of main into
 # .device/base), so that a kernel change is compared in the same lease.
 #   TESTS="tests/test_gpu_batch.py" PROBE_ARGS="--parts gemv --tokens 1,8" \
@@ -46,5 +48,12 @@ for q in $types; do
   echo "=== llama.cpp Vulkan $q" | tee -a $OUT/llamacpp.txt
   /tmp/lc/src/bvk/bin/llama-bench -m /tmp/l1b_$q.gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,128 -r 3 -o md 2>&1 \
     | grep -E "^\||ggml_vulkan: 0" | tee -a $OUT/llamacpp.txt
+done
+lc=/tmp/lc/src
+g++ -O2 -std=c++17 dev/webgpu/llamacpp_batched.cpp -I$lc/include -I$lc/ggml/include -L$lc/bvk/bin -lllama -lggml \
+  -lggml-base -Wl,-rpath,$lc/bvk/bin -o /tmp/lc/batched 2>&1 | tail -5
+for q in $types; do
+  echo "=== llama.cpp Vulkan $q, sequences at once" | tee -a $OUT/llamacpp.txt
+  /tmp/lc/batched /tmp/l1b_$q.gguf $levels 128 64 2>/dev/null | tee -a $OUT/llamacpp.txt
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
