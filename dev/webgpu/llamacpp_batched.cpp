@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     }
     const int prompt = argc > 3 ? atoi(argv[3]) : 128;
     const int steps = argc > 4 ? atoi(argv[4]) : 64;
-    const int warm = 4;
+    const int warm = 16;  // steps left untimed at each N (the first steps after a prompt run slow)
     std::vector<int> levels;
     std::stringstream list(argv[2]);
     for (std::string item; std::getline(list, item, ',');) levels.push_back(atoi(item.c_str()));
