@@ -15,16 +15,13 @@
 #include <string>
 #include <vector>
 
-// batch of one token per sequence 0..n-1 at position `pos`, every logit made
-static void fill_step(llama_batch& b, int n, int pos, int n_vocab, std::mt19937& rng) {
-    b.n_tokens = n;
-    for (int s = 0; s < n; s++) {
-        b.token[s] = static_cast<llama_token>(rng() % n_vocab);
-        b.pos[s] = pos;
-        b.n_seq_id[s] = 1;
-        b.seq_id[s][0] = s;
-        b.logits[s] = 1;
-    }
+// token i of the batch: id t at position pos of sequence seq, its logits made or not
+static void put(llama_batch& b, int i, llama_token t, int pos, int seq, bool logits) {
+    b.token[i] = t;
+    b.pos[i] = pos;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = seq;
+    b.logits[i] = logits;
 }
 
 int main(int argc, char** argv) {
@@ -67,13 +64,7 @@ int main(int argc, char** argv) {
         llama_memory_clear(llama_get_memory(ctx), true);
         for (int s = 0; s < n; s++) {
             batch.n_tokens = prompt;
-            for (int i = 0; i < prompt; i++) {
-                batch.token[i] = static_cast<llama_token>(rng() % n_vocab);
-                batch.pos[i] = i;
-                batch.n_seq_id[i] = 1;
-                batch.seq_id[i][0] = s;
-                batch.logits[i] = i == prompt - 1;
-            }
+            for (int i = 0; i < prompt; i++) put(batch, i, rng() % n_vocab, i, s, i == prompt - 1);
             if (llama_decode(ctx, batch) != 0) {
                 fprintf(stderr, "prompt of sequence %d failed\n", s);
                 return 1;
@@ -81,7 +72,8 @@ int main(int argc, char** argv) {
         }
         std::vector<double> ms;
         for (int st = 0; st < warm + steps; st++) {
-            fill_step(batch, n, prompt + st, n_vocab, rng);
+            batch.n_tokens = n;  // one token per sequence, every logit made
+            for (int s = 0; s < n; s++) put(batch, s, rng() % n_vocab, prompt + st, s, true);
             const auto t0 = std::chrono::steady_clock::now();
             if (llama_decode(ctx, batch) != 0) {
                 fprintf(stderr, "step %d of %d sequences failed\n", st, n);

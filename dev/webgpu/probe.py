@@ -365,9 +365,15 @@ def matched_stream(ctx, timer, kern, n_bytes: int) -> float:
         params = kern.uniform(K.pack_params("stream_read", n_vec4=n_bytes // 16, n_threads=threads))
         ds = [K.Dispatch("s", kern.pipeline("stream_read"), kern.bind("stream_read", [src, out, params]),
                          (threads // 256, 1, 1)) for src in srcs]
-        warm_up(ctx, timer, ds, 0.1)
-        best = min(best, statistics.median(run_passes(ctx, timer, ds, max(1, 20 // len(ds)), 5)) / len(ds))
+        best = min(best, time_in_turn(ctx, timer, ds))
     return best
+
+
+def time_in_turn(ctx, timer, ds: list) -> float:
+    """Seconds of one dispatch of `ds` (the same work over cold copies), taken in turn: the median
+    of 5 passes after a warm-up."""
+    warm_up(ctx, timer, ds, 0.1)
+    return statistics.median(run_passes(ctx, timer, ds, max(1, 20 // len(ds)), 5)) / len(ds)
 
 
 def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
@@ -399,8 +405,7 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
             pipeline = kern.pipeline("gemv", quant, kern.gemv_shape(unit, wg, shape["GEMV_TOKENS"], cols))
             grid = (K.ceil_div(rows, wg), K.ceil_div(n_tok, shape["GEMV_TOKENS"]), 1)
             ds = [K.Dispatch(name, pipeline, group, grid) for group in groups]
-            warm_up(ctx, timer, ds, 0.1)
-            t = statistics.median(run_passes(ctx, timer, ds, max(1, 20 // len(ds)), 5)) / len(ds)
+            t = time_in_turn(ctx, timer, ds)
             share = w_bytes / t / bandwidth
             print(f"gemv {qtype.name:5} {name:8} {rows}x{cols} {n_tok} tokens: {t * 1e6:7.1f} us  "
                   f"{100 * share:5.1f}% of stream, {100 * matched[w_bytes] / t:5.1f}% of the same bytes' "
