@@ -1,5 +1,5 @@
-// The P.mode bits of the matmul programs (gemv.wgsl, gemm.wgsl, gemm_rows.wgsl), the gated-FFN
-// activations and the output write they share; write_y uses the includer's P and Y.
+// The mode bits of the matmul programs (P.mode of gemm.wgsl and gemm_rows.wgsl, gemv.wgsl's MODE),
+// the gated-FFN activations and the output write they share; write_y uses the includer's Y.
 // GELU with the tanh approximation: https://arxiv.org/abs/1606.08415 eq. (2), as gguf/llama.cpp use it.
 
 const MODE_NORM: u32 = 1u;      // multiply the input by rmsnorm(x) * norm weight first
@@ -26,12 +26,12 @@ fn gated(mode: u32, gate: f32, up: f32) -> f32 {
 
 // Output `at` from its sums: a (the gate's with MODE_GATED) and b (the up's), each times `scale`
 // (1 / rms with MODE_NORM, else 1), then the gated activation; added to Y with MODE_ACCUMULATE.
-fn write_y(at: u32, a: f32, b: f32, scale: f32) {
+fn write_y(mode: u32, at: u32, a: f32, b: f32, scale: f32) {
     var y = a * scale;
-    if ((P.mode & MODE_GATED) != 0u) {
-        y = gated(P.mode, y, b * scale);
+    if ((mode & MODE_GATED) != 0u) {
+        y = gated(mode, y, b * scale);
     }
-    if ((P.mode & MODE_ACCUMULATE) != 0u) {
+    if ((mode & MODE_ACCUMULATE) != 0u) {
         Y[at] = Y[at] + y;
     } else {
         Y[at] = y;

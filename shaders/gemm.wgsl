@@ -108,7 +108,7 @@ fn write_block(acc: mat4x4<f32>, up: mat4x4<f32>, row: u32, token: u32, base: u3
         }
         for (var e = 0u; e < 4u; e++) {
             if (row + e < P.rows) {
-                write_y(base + t * P.y_stride + P.y_off + row + e, acc[c][e], up[c][e], 1.0);
+                write_y(P.mode, base + t * P.y_stride + P.y_off + row + e, acc[c][e], up[c][e], 1.0);
             }
         }
     }

@@ -102,7 +102,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
         for (var r = 0u; r < ROWS; r++) {
             let row = row0 + r;
             if (row < P.rows) {
-                write_y((tok0 + t) * P.y_stride + P.y_off + row, acc_a[t][r], acc_b[t][r], inv_rms[t]);
+                write_y(P.mode, (tok0 + t) * P.y_stride + P.y_off + row, acc_a[t][r], acc_b[t][r], inv_rms[t]);
             }
         }
     }

@@ -13,7 +13,7 @@
 // (gemv/x_int8.wgsl).
 // Each token has its own sums, made by one call of add_unit per token written out (TOKENS is a
 // constant, so the calls it does not reach are removed).
-// P.mode fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
+// MODE fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
 // so the sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
 // add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
 
@@ -28,6 +28,9 @@ const WG: u32 = 256u;
 const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or 32
 const QUADS: u32 = ROWS_WG / 4u;
 const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 4
+// the op's mode (P.mode) as a constant, so that the compiler drops what the mode does not use:
+// the up rows' sums, the squares, their registers
+const MODE: u32 = {GEMV_MODE}u;
 
 var<private> quad_row: u32;  // the first of the 4 rows this invocation sums (a unit mixing types reads it)
 
@@ -54,12 +57,12 @@ fn row_words(row: u32, up: bool) -> vec4<u32> {
 
 fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32) {
     var inv = 1.0;
-    if ((P.mode & MODE_NORM) != 0u) {
+    if ((MODE & MODE_NORM) != 0u) {
         inv = inverseSqrt(sq / f32(P.cols) + P.eps);
     }
     for (var r = 0u; r < 4u; r++) {
         if (row + r < P.rows) {
-            write_y(token * P.y_stride + P.y_off + row + r, a[r], b[r], inv);
+            write_y(MODE, token * P.y_stride + P.y_off + row + r, a[r], b[r], inv);
         }
     }
 }
@@ -82,15 +85,15 @@ fn add_unit(s: ptr<function, Sums>, x: u32, a: vec4<u32>, b: vec4<u32>, u: u32, 
 }
 
 // token t's sums added across the subgroup and put in workgroup memory for the merge; the up rows'
-// sums and the squares only where the mode has them (P.mode is uniform, so is the branch)
+// sums and the squares only where the mode has them
 fn share(s: Sums, t: u32, sub: u32, lane: u32, lid: u32) {
     let total_a = lanes_sum4(s.a, lid);
     var total_b = vec4<f32>(0.0);
-    if ((P.mode & MODE_GATED) != 0u) {
+    if ((MODE & MODE_GATED) != 0u) {
         total_b = lanes_sum4(s.b, lid);
     }
     var total_sq = 0.0;
-    if ((P.mode & MODE_NORM) != 0u) {
+    if ((MODE & MODE_NORM) != 0u) {
         total_sq = lanes_sum1(s.sq, lid);
     }
     if (lane == 0u) {
@@ -114,7 +117,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let per_pass = max(1u, n_sub / split);   // quads made at once
     let first_token = wid.y * TOKENS;
     let n_tokens = min(TOKENS, S.n_tokens - first_token);
-    let gated_mode = (P.mode & MODE_GATED) != 0u;
+    let gated_mode = (MODE & MODE_GATED) != 0u;
     let chunk = chunk_units(n_units);
     for (var first = 0u; first < QUADS; first += per_pass) {
         let quad = first + sub / split;

@@ -1,5 +1,5 @@
 // What the decode matmul's units (gemv/<type>.wgsl) share: small integers to floats without
-// conversion instructions, and 16 values of x prepared for a unit. Needs the includer's P, S, X and
+// conversion instructions, and 16 values of x prepared for a unit. Needs the includer's P, S, X, MODE and
 // the unit file's quad_at(i) (vec4 i of the weights: gemv/quads.wgsl or gemv/words.wgsl).
 
 // 2^23 as an f32. OR an integer below 2^23 into its mantissa, subtract 2^23, and the result is that
@@ -27,7 +27,7 @@ struct X16 {
 fn x16(row: u32, i: u32) -> X16 {
     var v = mat4x4<f32>(X[row + i], X[row + i + 1u], X[row + i + 2u], X[row + i + 3u]);
     var sq = 0.0;
-    if ((P.mode & MODE_NORM) != 0u) {
+    if ((MODE & MODE_NORM) != 0u) {
         sq = dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]);
         v = mat4x4<f32>(v[0] * norm_vec4(i), v[1] * norm_vec4(i + 1u), v[2] * norm_vec4(i + 2u),
                         v[3] * norm_vec4(i + 3u));
@@ -38,7 +38,7 @@ fn x16(row: u32, i: u32) -> X16 {
 // first vec4 of the input row of `token` (MODE_X_STEP: the LM head reads position S.lm_first on)
 fn x_row(token: u32) -> u32 {
     var x_token = token;
-    if ((P.mode & MODE_X_STEP) != 0u) {
+    if ((MODE & MODE_X_STEP) != 0u) {
         x_token = S.lm_first + token;
     }
     return x_token * P.x_stride / 4u;

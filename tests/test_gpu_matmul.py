@@ -71,6 +71,12 @@ def aligned(*parts):
     return np.concatenate(out), offsets
 
 
+def mode_of(p: bytes) -> int:
+    """The mode field of packed gemv params (gemv.wgsl compiles it in as MODE)."""
+    names, packer = pl._params_layout("gemv")
+    return dict(zip(names, packer.unpack(p)))["mode"]
+
+
 def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
         n_tokens=None, lm_first=0, unit=None):
     """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x; gemv with
@@ -80,7 +86,7 @@ def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=Fa
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_group)
-        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, x.shape[1])
+        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, x.shape[1], mode_of(p))
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None

@@ -37,6 +37,7 @@ class Op:
     gemm_group: object = None
     partials: tuple | None = None    # split_sum: (partials buffer, splits), for a norm that adds them itself
     unit: str | None = None          # gemv.wgsl's unit file where it is not the quant type's own (MIXED_UNITS)
+    mode: int = 0                    # gemv.wgsl's MODE: the mode its bind group's params carry
 
     def program(self, pipes: pl.Pipelines, n_tokens: int) -> str:
         """The shader this op runs for n_tokens."""
@@ -56,7 +57,7 @@ class Op:
             shape = {"ROWS_TOKENS": tokens}
             grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
         elif shader == "gemv":
-            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens, self.unit)
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens, self.unit, self.mode)
             grid = (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
         else:
             grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)
@@ -112,7 +113,7 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
         return k.bind("gemv", [layer, x_in, out, k.uniform(params, label), s.step])
 
     op = Op(label, "matmul", first.quant, bind(x, y, mode, y_stride, y_off), rows=rows, cols=first.cols,
-            output=(y, y_stride), gated=bool(gated), unit=unit)
+            output=(y, y_stride), gated=bool(gated), unit=unit, mode=mode)
     if unit:
         return [op]
     splits = k.gemm_splits(rows, first.cols, bool(gated))
@@ -330,12 +331,13 @@ def build_globals(be) -> GlobalOps:
                        c.n_embd, add=False)
     head_ops = []
     h = be.output
+    head_mode = pl.MODE_X_STEP  # the LM head reads the step's last position
     for j, chunk in enumerate(h.chunks):
         params = pl.pack_params(
-            "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=pl.MODE_X_STEP, w0=0, w1=0, w2=0,
+            "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=head_mode, w0=0, w1=0, w2=0,
             seg1=pl.NO_SEGMENT, seg2=pl.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
             y_stride=c.vocab_size, y_off=chunk.first_row, row_words2=h.row_words)
         group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.head_step])
         head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,
-                           output=(s.logits, c.vocab_size)))
+                           output=(s.logits, c.vocab_size), mode=head_mode))
     return GlobalOps(k, embed_ops, norm_op, head_ops)

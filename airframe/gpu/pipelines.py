@@ -198,13 +198,14 @@ class Pipelines:
         return self._layouts[kinds]
 
     def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1,
-                      unit: str | None = None) -> tuple[int, dict]:
+                      unit: str | None = None, mode: int = 0) -> tuple[int, dict]:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
         workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
-        per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own."""
+        per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own,
+        for an op of `mode` (its P.mode)."""
         name = unit or quant.shader
         rows_wg = self.gemv_rows(rows, cols, name)
-        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols)
+        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols, mode)
 
     @staticmethod
     def gemv_rows(rows: int, cols: int, unit: str) -> int:
@@ -222,17 +223,18 @@ class Pipelines:
             rows_wg = 8
         return rows_wg
 
-    def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int) -> dict:
-        """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl. An 8-bit unit's workgroup of
-        STAGE_ROWS_WG rows or more rounds x into workgroup memory once for all its quads
-        (gemv/x_int8.wgsl): the whole row where workgroup memory holds it, else as many blocks of 16
-        x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
+    def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int, mode: int = 0) -> dict:
+        """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl and an op of `mode` (MODE, a
+        constant, so the compiler leaves out the sums and registers that the mode does not use). An
+        8-bit unit's workgroup of STAGE_ROWS_WG rows or more rounds x into workgroup memory once for
+        all its quads (gemv/x_int8.wgsl): the whole row where workgroup memory holds it, else as many
+        blocks of 16 x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
         stage, x_blocks = 0, 1
         if shader_constant(f"gemv/{unit}.wgsl", "INT8_X") and rows_wg >= STAGE_ROWS_WG:
             room = self.gemv_room - n_tokens * self.gemv_merge_bytes
             fits = room // (n_tokens * STAGED_BLOCK_BYTES) // XBLOCK_GRAIN * XBLOCK_GRAIN
             stage, x_blocks = 1, max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
-        return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens,
+        return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens, "GEMV_MODE": mode,
                 "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_STAGE_X": stage, "GEMV_XBLOCKS": x_blocks}
 
     @property
