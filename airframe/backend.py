@@ -187,12 +187,14 @@ class Backend:
         """The full logits (vocab,) of the last position of the last forward_pending, the model's own."""
         raise UnsupportedError(f"the {self.name} backend does not reduce logits on the device")
 
-    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
+    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int],
+                      stop_ids: Sequence[int] = ()) -> Iterator[int]:
         """Tokens sampled after `tokens` (not yet run: the prompt's last chunk), each taken by the
         sampler (Sampler.accept: appended to `history`, its constraint advanced) before it is
         yielded, until the context is full or the caller stops: the tokens sampler.sample() gives
         from the full logits. Here one forward and one sample per token (sample_next); a backend
-        may chain tokens on the device if it keeps to the same tokens."""
+        may chain tokens on the device if it keeps to the same tokens, and stop after one of
+        `stop_ids` (the caller stops there)."""
         tokens = list(tokens)
         while True:
             token, _ = sample_next(self, sampler, history, tokens)

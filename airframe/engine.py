@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Generator, Iterator
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -241,7 +241,8 @@ class Engine:
             timed = self.backend.greedy_first_token_timed
         else:
             sampler = Sampler(params.sampling, self.config.vocab_size, constraint)
-            source = partial(self._host_tokens, prompt_ids, sampler, params.logprobs is not None, cancel)
+            source = partial(self._host_tokens, prompt_ids, sampler, params.logprobs is not None, cancel,
+                             stop_ids=sorted(self.eog_ids | set(params.stop_token_ids)))
             timed = True
         return self._generate(prompt_ids, params, source, timed, cancel, constraint)
 
@@ -265,18 +266,18 @@ class Engine:
         return self.backend.greedy_on_device and plain_greedy(params)
 
     def _host_tokens(self, prompt_ids: list[int], sampler: Sampler, with_logits: bool,
-                     cancel: Callable[[], bool] | None, keep: int) -> _TokenSource:
+                     cancel: Callable[[], bool] | None, keep: int, stop_ids: Sequence[int] = ()) -> _TokenSource:
         """Tokens sampled by the host's sampler after the prompt (its first `keep` ids kept in the
-        cache): the backend's sample_stream, or with the logits of each (logprobs) one forward per
-        token (sample_next); logits holding NaN or inf raise NonFiniteError before they reach the
-        sampler."""
+        cache): the backend's sample_stream (told the ids the request stops at), or with the logits
+        of each (logprobs) one forward per token (sample_next); logits holding NaN or inf raise
+        NonFiniteError before they reach the sampler."""
         history = History(list(prompt_ids), n_prompt=len(prompt_ids))
         self.backend.keep_prefix(keep)
         tokens = self._prefill(prompt_ids[keep:], cancel)
         if tokens is None:
             return  # cancelled during the prefill
         if not with_logits:
-            stream = self.backend.sample_stream(sampler, history, tokens)
+            stream = self.backend.sample_stream(sampler, history, tokens, stop_ids)
             try:
                 for token in stream:
                     yield token, None

@@ -11,7 +11,8 @@ run checks that its weights and K/V fill hash the same.
 
 On the GPU machine, `--ref DIR --out DIR` builds and probes the worker (and its Q8_0 build), makes
 the synthetic models and their packages, and then, for each: CUDA logits against the VM's (tolerance, top-1 at every
-step), three runs bit for bit, a plan for 20 workers run with 20 blocks (same tokens), corrupted
+step), tokens drawn in the kernel against the host's sampler (every step, seven chains) and the
+VM, and their speed against greedy, three runs bit for bit, a plan for 20 workers run with 20 blocks (same tokens), corrupted
 packages refused before launch, a planted non-finite weight giving the error, and the speed
 benchmark with a trace of one token. Everything lands in DIR/check.json and a log.
 """
@@ -214,6 +215,113 @@ def held_position(runtime, context: int = 385) -> dict:
     return {"context": context, "identical_bits": True, "digest": digest(held)}
 
 
+# the sampled section's chains: (label, SamplingParams fields), seeds fixed
+SAMPLED = (
+    ("default+repeat", dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=1)),
+    ("top_k 64", dict(temperature=1.0, top_k=64, top_p=1.0, min_p=0.0, seed=2)),
+    ("top_p 0.5", dict(temperature=0.7, top_k=20, top_p=0.5, min_p=0.0, seed=3)),
+    ("min_p+presence+frequency", dict(temperature=1.3, top_k=50, top_p=1.0, min_p=0.1, presence_penalty=0.5,
+                                      frequency_penalty=0.3, seed=4)),
+    ("greedy+repeat", dict(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16, seed=5)),
+    ("bias+whole-history repeat", dict(temperature=0.9, top_k=30, repeat_penalty=1.2, repeat_last_n=-1,
+                                       logit_bias={5: 4.0, 6: -100.0, 7: 2.5}, seed=6)),
+    ("tiny temperature", dict(temperature=1e-3, top_k=10, seed=7)),
+)
+SAMPLED_PROMPT = [TOKEN0, 5, 6, 7, 8, 9, 10, 11]
+SAMPLED_TOKENS = 200
+VM_SAMPLED_TOKENS, VM_SAMPLED_CHAINS = 24, 3  # tokens of the first chains checked against the VM (slow on a CPU)
+
+
+def draw_run(runtime, params: dict, n: int, logits: bool):
+    """n tokens drawn in the kernel after SAMPLED_PROMPT, launches of up to 64 steps; with `logits`,
+    each step's logits too (the host's sampler then checks every token)."""
+    from airframe.megakernel.cuda.sampling import draw_settings
+    from airframe.sampling import History, Sampler, SamplingParams
+
+    vocab = runtime.k["vocab"]
+    sampler = Sampler(SamplingParams(**params), vocab)
+    history = History(list(SAMPLED_PROMPT), n_prompt=len(SAMPLED_PROMPT))
+    runtime.clear_kv()
+    pending, pos, tokens, mismatches = list(SAMPLED_PROMPT), 0, [], []
+    while len(tokens) < n:
+        steps = min(64, len(pending) - 1 + n - len(tokens))
+        result = runtime.launch(pending, pos, n_steps=steps, all_logits=logits,
+                                draw=draw_settings(sampler, history, steps - len(pending) + 1, vocab))
+        rows = runtime.all_logits(steps) if logits else None
+        for i, token in enumerate(result.tokens[len(pending) - 1:]):
+            if logits:
+                want = sampler.sample(history, rows[len(pending) - 1 + i])
+                if want != token:
+                    mismatches.append({"token": len(tokens), "kernel": token, "host": want})
+            sampler.accept(history, token)
+            tokens.append(token)
+        pos += steps
+        pending = [tokens[-1]]
+    return tokens, mismatches
+
+
+def sampled(runtime) -> dict:
+    """Tokens drawn inside the kernel: at every step the token the host's sampler picks from the
+    kernel's own logits (SAMPLED_TOKENS per chain), and three runs the same."""
+    rows = {}
+    for label, params in SAMPLED:
+        tokens, mismatches = draw_run(runtime, params, SAMPLED_TOKENS, logits=True)
+        again = [draw_run(runtime, params, SAMPLED_TOKENS, logits=False)[0] for _ in range(2)]
+        rows[label] = {"tokens": tokens[:24], "distinct": len(set(tokens)), "host_mismatches": mismatches[:5],
+                       "n_host_mismatches": len(mismatches), "three_runs_identical": all(a == tokens for a in again)}
+    if not all(r["n_host_mismatches"] == 0 and r["three_runs_identical"] for r in rows.values()):
+        raise AssertionError(f"drawn tokens differ: {rows}")
+    return rows
+
+
+def sampled_vm(runtime, package) -> dict:
+    """The kernel's drawn tokens against those the host's sampler picks from the VM's logits over
+    the same tokens (the first VM_SAMPLED_CHAINS chains, VM_SAMPLED_TOKENS tokens each)."""
+    from airframe.megakernel.plan.vm import VM
+    from airframe.sampling import History, Sampler, SamplingParams
+
+    rows = {}
+    for label, params in SAMPLED[:VM_SAMPLED_CHAINS]:
+        tokens = draw_run(runtime, params, VM_SAMPLED_TOKENS, logits=False)[0]
+        vm = VM(package.plan, package.weights)
+        sampler = Sampler(SamplingParams(**params), runtime.k["vocab"])
+        history = History(list(SAMPLED_PROMPT), n_prompt=len(SAMPLED_PROMPT))
+        for pos, token in enumerate(SAMPLED_PROMPT[:-1]):
+            vm.step(token, pos)
+        fed, picks = SAMPLED_PROMPT[-1], []
+        for i, token in enumerate(tokens):
+            logits, _ = vm.step(fed, len(SAMPLED_PROMPT) - 1 + i)
+            picks.append(sampler.sample(history, logits))
+            sampler.accept(history, token)
+            fed = token
+        rows[label] = {"kernel": tokens, "vm": picks}
+    if any(r["kernel"] != r["vm"] for r in rows.values()):
+        raise AssertionError(f"drawn tokens differ from the VM's: {rows}")
+    return rows
+
+
+def sampled_speed(runtime, reps: int = 5) -> dict:
+    """ms/token of a 64-step launch after a 1-token prompt from position 0, greedy against drawn
+    (the default chain with a repetition penalty): the median of `reps` launches each."""
+    import statistics
+
+    from airframe.megakernel.cuda.sampling import draw_settings
+    from airframe.sampling import History, Sampler, SamplingParams
+
+    def ms(drawn: bool) -> float:
+        runtime.clear_kv()
+        draw = None
+        if drawn:
+            sampler = Sampler(SamplingParams(**SAMPLED[0][1]), runtime.k["vocab"])
+            draw = draw_settings(sampler, History([TOKEN0], n_prompt=1), 64, runtime.k["vocab"])
+        return runtime.launch([TOKEN0], 0, n_steps=64, draw=draw).ms / 64
+
+    out = {"greedy_ms": statistics.median(ms(False) for _ in range(reps)),
+           "sampled_ms": statistics.median(ms(True) for _ in range(reps))}
+    out["sampled_over_greedy"] = out["sampled_ms"] / out["greedy_ms"]
+    return out
+
+
 def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
     runtime.clear_kv()
     result = runtime.launch(prompt, 0, n_steps=min(64, len(prompt) + n - 1))
@@ -338,7 +446,7 @@ def parse_phases(text: str) -> tuple[int, ...]:
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, torch_side: bool = True,
-               split: bool = False, phase_marks=PHASES) -> Report:
+               split: bool = False, phase_marks=PHASES, only_sampled: bool = False) -> Report:
     from airframe.megakernel.cuda import bench as cuda_bench
     from airframe.megakernel.cuda.build import build_worker
     from airframe.megakernel.cuda.probe import probe
@@ -348,8 +456,9 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
-    report.section("builds", lambda: {f"{a}{' q8' if q8 else ''}": build_worker(a, q8=q8).summary()
-                                      for a in ("sm_86", "sm_90") for q8 in (False, True)})
+    if not only_sampled:
+        report.section("builds", lambda: {f"{a}{' q8' if q8 else ''}": build_worker(a, q8=q8).summary()
+                                          for a in ("sm_86", "sm_90") for q8 in (False, True)})
     device = Device()
     workers = {False: Worker(device)}
     report.section("worker", lambda: workers[False].build.summary())
@@ -369,14 +478,22 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
                                  lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX, split=split))
         if package is None:
             continue
-        meta = json.loads((ref / f"ref_{name}.json").read_text())
-        refs = dict(np.load(ref / f"ref_{name}.npz"))
-        report.section(f"{name}.same_inputs_as_reference", lambda: {
-            "split_plans": split, "reference_split_plans": meta.get("split", False),
-            "weights": file_digest(package.path / "weights.bin") == meta["weights_sha256"],
-            "kv": all(digest(*fill_kv(package.plan.consts, int(c))) == h for c, h in meta["kv_sha256"].items())})
+        if not only_sampled:
+            meta = json.loads((ref / f"ref_{name}.json").read_text())
+            refs = dict(np.load(ref / f"ref_{name}.npz"))
+            report.section(f"{name}.same_inputs_as_reference", lambda: {
+                "split_plans": split, "reference_split_plans": meta.get("split", False),
+                "weights": file_digest(package.path / "weights.bin") == meta["weights_sha256"],
+                "kv": all(digest(*fill_kv(package.plan.consts, int(c))) == h for c, h in meta["kv_sha256"].items())})
         runtime = report.section(f"{name}.upload", lambda: Runtime(package, worker))
         if runtime is None:
+            continue
+        report.section(f"{name}.sampled", sampled, runtime)
+        report.section(f"{name}.sampled_speed", sampled_speed, runtime)
+        if name.startswith("smollm2"):
+            report.section(f"{name}.sampled_vm", sampled_vm, runtime, package)
+        if only_sampled:
+            runtime.close()
             continue
         for c in CONTEXTS:
             report.section(f"{name}.vs_vm.ctx{c}", compare, runtime, refs, c)
@@ -403,6 +520,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="bench without the PyTorch baselines")
     parser.add_argument("--phases", help="trace marks (AF_TRACE_MARK) whose builds split a traced token into "
                         "task phases, e.g. '1,7,8' (default: 1, the prologues); '' for none")
+    parser.add_argument("--sampled-only", action="store_true",
+                        help="only the drawn tokens' checks and speed (no VM reference folder needed)")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
@@ -416,7 +535,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     phase_marks = PHASES if args.phases is None else parse_phases(args.phases)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, not args.no_torch, split,
-                        phase_marks)
+                        phase_marks, args.sampled_only)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

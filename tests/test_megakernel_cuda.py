@@ -19,13 +19,14 @@ import pytest
 from airframe.errors import ContextOverflowError, GPUError, NonFiniteError, ParameterError, UnsupportedError
 from airframe.family import ModelConfig
 from airframe.megakernel.cuda import bench, build, runtime
+from airframe.megakernel.cuda import sampling as ks
 from airframe.megakernel.cuda.backend import CudaBackend
 from airframe.megakernel.plan.opcodes import HEADER_PATH, Op
 from airframe.megakernel.plan.planner import make_plan
 from airframe.megakernel.plan.target import NAMED_TARGETS
 from airframe.model import open_model
 from airframe.options import RunOptions
-from airframe.sampling import SamplingParams, greedy_blockers
+from airframe.sampling import History, Sampler, SamplingParams, greedy_blockers
 from scripts_loader import load_script
 
 NVCC = build.find_nvcc()
@@ -46,6 +47,10 @@ def gpu_present() -> bool:
 # both weight formats: the shipped BF16 worker and the Q8_0 one (AF_Q8), whose quants, scales and
 # the blocks of ffn_down hold more values in the hot loops under the same 64 registers
 FORMATS = pytest.mark.parametrize("q8", [False, True], ids=["bf16", "q8"])
+# the worker's and its calls' spill stores at most: the calls into the drawing code leave a few
+# values spilled at the launch's start and reloaded once per task, outside every loop (0-20 B by
+# compiler and architecture; docs/MEGAKERNEL.md, "Registers"); the merges as calls keep the rest free
+SPILL_BUDGET = 24
 
 
 @FORMATS
@@ -58,7 +63,7 @@ def test_worker_compiles_with_nvcc(arch, q8, tmp_path):
     assert done.returncode == 0, done.stderr
     report = build.parse_ptxas(done.stdout + done.stderr)
     assert 0 < report["registers"] <= 64  # __launch_bounds__(1024, 1): one 1024-thread block per SM
-    assert report["spill_stores"] == 0  # merge_attention as a call keeps the worker free of spills
+    assert report["spill_stores"] <= SPILL_BUDGET
     assert out.stat().st_size > 10_000
 
 
@@ -71,7 +76,7 @@ def test_worker_compiles_with_nvrtc(arch, q8):
     cubin, log = build._compile_nvrtc(arch, q8=q8)
     report = build.parse_ptxas(log)
     assert 0 < report["registers"] <= 64
-    assert report["spill_stores"] == 0
+    assert report["spill_stores"] <= SPILL_BUDGET
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
 
 
@@ -174,6 +179,25 @@ def test_host_layout_matches_the_compiled_structs(tmp_path):
                      rt.ARGS_DTYPE.fields["ffn_max_rows"][1], rt.CONSTS_DTYPE.fields["rope_cos"][1],
                      4 * rt.CONTROL_WORDS, 4 * rt.CONTROL_FIELDS["steps_done"], rt.ARGS_DTYPE.fields["sides"][1],
                      rt.THREADS, rt.FFN_COPIES]  # the thread count and FFN sum copies af_layout reports
+
+
+SAMPLING_MAIN = r"""
+#include <cstdio>
+#include <cstddef>
+#include "worker.cu"
+int main() {
+    printf("%zu\n", sizeof(af_sampling));
+""" + "".join(f'    printf("%zu\\n", offsetof(af_sampling, {f}));\n' for f in ks.SAMPLING_DTYPE.names) + r"""
+    printf("%d %d\n", AF_SAMPLE_K, AF_SAMPLE_SHARED_FLOATS);
+    return 0;
+}
+"""
+
+
+def test_host_sampling_settings_match_the_compiled_struct(tmp_path):
+    found = run_host_program(tmp_path, SAMPLING_MAIN)
+    dtype = ks.SAMPLING_DTYPE
+    assert found == [dtype.itemsize, *(dtype.fields[f][1] for f in dtype.names), ks.SAMPLE_K, ks.SAMPLE_SHARED_FLOATS]
 
 
 CONTROL_FIELDS_IN_ORDER = ("n_steps", "pos0", "n_forced", "n_eos", "eos", "trace_step", "hold_pos", "tokens_in",
@@ -503,7 +527,7 @@ def test_trace_mark_builds_compile(mark, q8):
     # the diagnostic builds the device check traces beside the worker (--phases): 1 stamps the
     # prologues, 9 waits for the FFN's atomics (a fence and a block barrier more)
     cubin, log = build._compile_nvcc(NVCC, "sm_90", mark, q8)
-    assert build.parse_ptxas(log)["spill_stores"] == 0 and cubin[:4] == b"\x7fELF"
+    assert build.parse_ptxas(log)["spill_stores"] <= SPILL_BUDGET and cubin[:4] == b"\x7fELF"
     with pytest.raises(ParameterError, match="trace mark 10"):
         build.build_worker("sm_90", trace_mark=10)
 
@@ -615,6 +639,88 @@ def test_with_a_cancel_hook_a_launch_makes_at_most_two_tokens_and_none_starts_af
     uncancelled = scripted_backend()
     assert list(uncancelled.greedy_stream(prompt, 100, cancel=lambda: False))[-1][1] == "length"
     assert uncancelled.generate_greedy(prompt, 100)[0] == expected_chain(prompt[-1], 100)
+
+
+class DrawingRuntime(ScriptedRuntime):
+    """ScriptedRuntime whose logits after token t are a fixed random row of t, and whose launches
+    draw as the kernel does (sampling.KernelDraw over two LM_HEAD slots of 25 rows)."""
+
+    SLOTS = [(0, 25), (25, 25)]
+
+    def row(self, t):
+        return np.random.default_rng(t).normal(scale=2.0, size=self.k["vocab"]).astype(np.float32)
+
+    def draw_refuses(self, top_k):
+        return None if top_k <= 25 else f"top_k = {top_k} is more than an LM_HEAD task's 25 rows"
+
+    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None, draw=None):
+        n_steps = len(tokens) if n_steps is None else n_steps
+        assert 1 <= n_steps <= 64 and len(tokens) <= n_steps and pos0 + n_steps <= self.k["ctx"]
+        self.launches.append((list(tokens), pos0, n_steps, draw is not None))
+        first = len(tokens) - 1
+        picture = ks.KernelDraw(draw, self.SLOTS, first) if draw is not None else None
+        out, rows = [], []
+        for step in range(n_steps):
+            rows.append(self.row(tokens[step] if step < len(tokens) else out[-1]))
+            if picture is not None and step >= first:
+                out.append(picture.token(step, rows[-1]))
+                picture.advance(step, out[-1])
+            else:
+                out.append(int(np.argmax(rows[-1])))
+            if step >= first and out[-1] in eos:
+                return runtime.LaunchResult(step + 1, out, True)
+        self.rows = np.stack(rows)
+        self.last_row = rows[-1]
+        return runtime.LaunchResult(n_steps, out, False)
+
+    def logits(self):
+        return self.last_row
+
+
+def host_tokens(params, prompt, n, vocab=50):
+    """What the host's sampler draws over DrawingRuntime's logits."""
+    rt = DrawingRuntime(vocab=vocab)
+    sampler = Sampler(params, vocab)
+    history = History(list(prompt), n_prompt=len(prompt))
+    for _ in range(n):
+        sampler.accept(history, sampler.sample(history, rt.row(history.tokens[-1])))
+    return history.generated
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_k=20, repeat_penalty=1.3, seed=3),
+                                    SamplingParams(temperature=0.0, presence_penalty=1.5, seed=4)],
+                         ids=["sampled", "greedy with a penalty"])
+def test_sample_stream_draws_in_launches_of_64(params):
+    backend = CudaBackend(DrawingRuntime(), SMOL)
+    prompt = [t % 50 for t in range(5, 75)]  # one prompt-only launch of 64, then the rest with the first tokens
+    sampler, history = Sampler(params, 50), History(list(prompt), n_prompt=len(prompt))
+    stream = backend.sample_stream(sampler, history, prompt)
+    tokens = [next(stream) for _ in range(130)]
+    assert tokens == history.generated == host_tokens(params, prompt, 130)
+    assert [(pos, n, drawn) for _, pos, n, drawn in backend.runtime.launches] == [
+        (0, 64, False), (64, 64, True), (128, 64, True), (192, 64, True)]
+    assert backend.n_past == 70 + 130 - 1  # the tokens before the last one yielded ran
+    stream.close()
+
+
+def test_sample_stream_stops_after_a_stop_id_and_at_the_context():
+    params = SamplingParams(temperature=0.9, top_k=20, seed=3)
+    want = host_tokens(params, [1, 2], 40)
+    backend = CudaBackend(DrawingRuntime(), SMOL)
+    tokens = list(backend.sample_stream(Sampler(params, 50), History([1, 2], n_prompt=2), [1, 2], stop_ids=[want[9]]))
+    assert tokens == want[:want.index(want[9]) + 1] and len(backend.runtime.launches) == 1
+    short = CudaBackend(DrawingRuntime(ctx=30), SMOL)
+    tokens = list(short.sample_stream(Sampler(params, 50), History([1, 2], n_prompt=2), [1, 2]))
+    assert tokens == want[:29] and short.n_past == 30
+
+
+def test_sample_stream_leaves_what_the_kernel_refuses_to_the_host():
+    params = SamplingParams(temperature=0.9, top_k=40, seed=3)  # more than a slot's 25 rows
+    backend = CudaBackend(DrawingRuntime(), SMOL)
+    stream = backend.sample_stream(Sampler(params, 50), History([1, 2], n_prompt=2), [1, 2])
+    tokens = [next(stream) for _ in range(5)]
+    assert tokens == host_tokens(params, [1, 2], 5)
+    assert all(not drawn for *_, drawn in backend.runtime.launches) and len(backend.runtime.launches) == 5
 
 
 def test_bad_token_ids_are_parameter_errors():

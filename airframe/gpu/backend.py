@@ -273,11 +273,12 @@ class WebGPUBackend(Backend):
         the next token there (greedy.py)."""
         return greedy_stream(self, prompt, max_new_tokens, eos, cancel, keep)
 
-    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int]) -> Iterator[int]:
+    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int],
+                      stop_ids: Sequence[int] = ()) -> Iterator[int]:
         """Backend.sample_stream with each token drawn on the GPU, fed to the next forward there and
         checked by the host one token behind (sampled.py)."""
         if not self.reduces_on_device or self.debug_raw:
-            return super().sample_stream(sampler, history, tokens)
+            return super().sample_stream(sampler, history, tokens, stop_ids)
         return sample_stream(self, sampler, history, tokens)
 
     candidate_limits = (cand.PEN_MAX - 1, cand.MAX_WANT)  # an entry left for the pending token

@@ -6,8 +6,11 @@ path). Because the logits come back to the host, the engine's sampler works unch
 price of one launch and one logits copy per token. `greedy_stream` is the fast path: up to 64
 tokens per launch with the argmax and the end-of-generation test inside the kernel, one batch per
 launch (a server request, with a cancel hook, makes at most CANCEL_TOKENS per launch: a launch
-cannot be stopped once started). It is greedy only: the engine takes it only for requests that
-`sampling.greedy_blockers` finds nothing against.
+cannot be stopped once started); the engine takes it for requests that `sampling.greedy_blockers`
+finds nothing against. `sample_stream` does the same for sampled requests: the kernel draws each
+token as the host's sampler would (worker_sample.cuh, sampling.py), up to 64 a launch, for every
+chain but a grammar and top-k off or above 64, which go one forward per token through the host's
+sampler.
 
 A model is planned for this GPU's probed worker and packed once into the package cache
 (~/.cache/airframe/megakernel/packages).
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -25,6 +28,7 @@ from ...backend import Backend, GreedyBatches, check_tokens
 from ...errors import ParameterError
 from ...family import ModelConfig
 from ...model import Model
+from ...sampling import History, Sampler
 from ...options import RunOptions
 from ..plan.opcodes import PLAN_VERSION, header_sha256
 from ..plan.package import Package, weight_format, write_package
@@ -32,6 +36,7 @@ from ..plan.planner import SPLIT_DEFAULT
 from .build import build_worker, cache_dir
 from .probe import probe
 from .runtime import MAX_STEPS, Device, Runtime, Worker
+from .sampling import draw_settings, kernel_refuses
 
 CANCEL_TOKENS = 2  # with a cancel hook: tokens a launch makes at most
 
@@ -133,3 +138,39 @@ class CudaBackend(Backend):
                 return
             yield new, None
             pending = [new[-1]]
+
+    def draw_refuses(self, sampler: Sampler) -> str | None:
+        """Why the kernel cannot draw this request's tokens itself (None: it can)."""
+        why = kernel_refuses(sampler)
+        if why is None:
+            why = self.runtime.draw_refuses(1 if sampler.chain.greedy else sampler.chain.params.top_k)
+        return why
+
+    def sample_stream(self, sampler: Sampler, history: History, tokens: Sequence[int],
+                      stop_ids: Sequence[int] = ()) -> Iterator[int]:
+        """Backend.sample_stream with the tokens drawn inside the kernel, up to MAX_STEPS a launch,
+        which ends early at one of `stop_ids`; one forward per token where draw_refuses says why not."""
+        if self.draw_refuses(sampler) is not None:
+            yield from super().sample_stream(sampler, history, tokens, stop_ids)
+            return
+        pending = [int(t) for t in check_tokens(tokens, self.n_past, self.n_ctx, self.config.vocab_size)]
+        while True:
+            if len(pending) > MAX_STEPS:  # prompt only: nothing drawn yet
+                self.runtime.launch(pending[:MAX_STEPS], self.n_past)
+                self.n_past += MAX_STEPS
+                pending = pending[MAX_STEPS:]
+                continue
+            steps = min(MAX_STEPS, self.n_ctx - self.n_past)
+            if steps < len(pending):
+                return  # the context is full
+            draw = draw_settings(sampler, history, steps - len(pending) + 1, self.config.vocab_size)
+            result = self.runtime.launch(pending, self.n_past, n_steps=steps, eos=stop_ids, draw=draw)
+            start = self.n_past
+            drawn = result.tokens[len(pending) - 1:]
+            for i, token in enumerate(drawn):
+                sampler.accept(history, token)
+                self.n_past = start + len(pending) + i  # the tokens before this one ran
+                yield token
+                if self.n_past >= self.n_ctx or (result.stopped and i == len(drawn) - 1):
+                    return
+            pending = [drawn[-1]]

@@ -33,7 +33,7 @@ from ..plan.opcodes import HEADER_PATH
 
 SOURCE_PATH = Path(__file__).with_name("worker.cu")
 # the files worker.cu includes besides plan_format.h, in the order NVRTC is handed them
-PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "worker_ops.cuh"))
+PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "worker_sample.cuh", "worker_ops.cuh"))
 KERNEL = "af_worker"
 FLAGS = ("-O3", "-std=c++17")
 ARCH_PATTERN = re.compile(r"^sm_\d{2,3}a?$")

@@ -25,6 +25,7 @@ from ..plan.opcodes import PLAN_CONSTS, TASK_WORDS, Op
 from ..plan.package import Package
 from ..plan.validator import PlanError
 from .build import Build, build_worker
+from .sampling import SAMPLE_K, SAMPLING_DTYPE, DrawSettings, sample_floats
 
 # constants of worker_base.cuh (af_layout reports the first and the last to the host)
 THREADS = 1024  # AF_THREADS
@@ -38,7 +39,7 @@ UPLOAD_BLOCK = 256 << 20
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
 CONSTS_DTYPE = np.dtype([(name, _NUMPY[kind]) for name, kind, _ in PLAN_CONSTS], align=True)
 _POINTERS = ("tasks", "cells", "weights", "act", "kcache", "vcache", "ctl", "barrier",
-             "logits_all", "trace", "trace_waves")
+             "logits_all", "trace", "trace_waves", "samp")
 ARGS_DTYPE = np.dtype([("c", CONSTS_DTYPE), *[(p, "<u8") for p in _POINTERS],
                        ("ffn_max_rows", "<u4"), ("shared_floats", "<u4"), ("table_offset", "<u4"),
                        ("table_tasks", "<u4"), ("sides", "<u4")], align=True)
@@ -205,15 +206,17 @@ class Worker:
         try:
             self.launch(self.layout_kernel, 1, 1, 0, [np.array([out.ptr], dtype=np.uint64)], cooperative=False)
             dev.synchronize("af_layout")
-            found = dev.download(out, np.uint32, 9).tolist()
+            found = dev.download(out, np.uint32, 11).tolist()
         finally:
             dev.free(out)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
-                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS, FFN_COPIES]
+                    4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS, FFN_COPIES,
+                    SAMPLING_DTYPE.itemsize, SAMPLING_DTYPE.fields["u"][1]]
         if found != expected:
-            raise GPUError(f"worker argument layout {found}, expected {expected} "
-                           "(sizeof args, consts, offsets of tasks, ffn_max_rows, rope_cos, control, outputs, threads, FFN copies)")
+            raise GPUError(f"worker argument layout {found}, expected {expected} (sizeof args, consts, offsets "
+                           "of tasks, ffn_max_rows, rope_cos, control, outputs, threads, FFN copies, sizeof "
+                           "af_sampling, its offset of u)")
         self.threads = THREADS
 
     def stream_read_gbs(self, nbytes: int = 4 << 30, repeats: int = 10) -> float:
@@ -364,6 +367,14 @@ class Runtime:
         if self.shared_bytes + worker.static_shared > self.device.shared_optin:
             raise UnsupportedError(f"the worker needs {self.shared_bytes} B of shared memory for this plan, "
                                    f"this GPU allows {self.device.shared_optin} B per block")
+        # a launch that draws sampled tokens holds their keys in shared memory after sm: its task
+        # table starts further on (None: this GPU has no room for them)
+        lm = self.plan.tasks[self.plan.tasks["opcode"] == int(Op.LM_HEAD)]
+        self.lm_rows = (int(lm["row_count"].min()), int(lm["row_count"].max()))
+        offset = max(self.table_offset, -(-(2 * XS_PLANE_FLOATS + 64 + sample_floats(self.k["lm_parts"],
+                                                                                        self.lm_rows[1])) // 4) * 4)
+        fits = 4 * (offset + table) + worker.static_shared <= self.device.shared_optin
+        self.sampled_layout = (offset, offset + table) if fits else None
         per_sm = worker.blocks_per_sm(self.shared_bytes)
         if self.workers > per_sm * self.device.sm_count:
             raise PlanError(f"plan for {self.workers} workers, this GPU holds {per_sm * self.device.sm_count} "
@@ -410,6 +421,41 @@ class Runtime:
         b["barrier"] = dev.alloc(16)
         b["logits_all"] = dev.alloc(4 * MAX_STEPS * k["vocab"])
 
+    def _sampling_buffers(self) -> dict:
+        if "samp" not in self.buffers:
+            dev, k = self.device, self.k
+            self.buffers["samp"] = dev.alloc(SAMPLING_DTYPE.itemsize)
+            self.buffers["samp_bias"] = dev.alloc(8 * k["vocab"])
+            self.buffers["samp_win"] = dev.alloc(2 * 4 * k["vocab"])
+            self.buffers["samp_gen"] = dev.alloc(2 * 4 * k["vocab"])
+            self.buffers["samp_hist"] = dev.alloc(4 * (k["ctx"] + MAX_STEPS))
+            self.buffers["samp_cand"] = dev.alloc(8 * SAMPLE_K * k["lm_parts"])
+        return self.buffers
+
+    def draw_refuses(self, top_k: int) -> str | None:
+        """Why a launch of this package cannot draw with top_k candidates (None: it can)."""
+        if self.sampled_layout is None:
+            return "this GPU has no room in shared memory for the candidates' keys"
+        if top_k > self.lm_rows[0]:
+            return f"top_k = {top_k} is more than an LM_HEAD task's {self.lm_rows[0]} rows"
+        return None
+
+    def _upload_sampling(self, draw: DrawSettings) -> int:
+        """The settings and state of a drawing launch on the device; the address of af_sampling."""
+        b, dev = self._sampling_buffers(), self.device
+        h = draw.header.copy()
+        for name, buf in (("bias", "samp_bias"), ("win", "samp_win"), ("gen", "samp_gen"), ("hist", "samp_hist"),
+                          ("cand", "samp_cand")):
+            h[name] = b[buf].ptr
+        dev.upload(b["samp"], h)
+        if draw.bias is not None:
+            dev.upload(b["samp_bias"], draw.bias.astype(np.float64))
+        # both states start as the first drawing step's (worker_sample.cuh, advance_state)
+        dev.upload(b["samp_win"], np.concatenate([draw.win, draw.win]))
+        dev.upload(b["samp_gen"], np.concatenate([draw.gen, draw.gen]))
+        dev.upload(b["samp_hist"], draw.hist)
+        return b["samp"].ptr
+
     def kv_elements(self, width: str) -> int:
         k = self.k
         return k["n_layers"] * k["n_head_kv"] * k["ctx"] * k[width]
@@ -442,7 +488,7 @@ class Runtime:
         return out.reshape(steps, self.k["vocab"])
 
     # ---- launching ------------------------------------------------------------------------------
-    def args(self, all_logits: bool, trace: dict | None) -> np.ndarray:
+    def args(self, all_logits: bool, trace: dict | None, samp: int = 0) -> np.ndarray:
         a = np.zeros(1, dtype=ARGS_DTYPE)
         for name in CONSTS_DTYPE.names:
             a["c"][name] = self.k[name]
@@ -454,6 +500,9 @@ class Runtime:
         a["ffn_max_rows"] = self.ffn_max_rows
         a["shared_floats"] = self.shared_floats
         a["table_offset"], a["table_tasks"] = self.table_offset, self.table_tasks
+        a["samp"] = samp
+        if samp:
+            a["table_offset"], a["shared_floats"] = self.sampled_layout
         a["sides"] = side_bits(self.plan.tasks)
         return a
 
@@ -470,11 +519,12 @@ class Runtime:
         return ctl
 
     def launch(self, tokens: Sequence[int], pos0: int, n_steps: int | None = None, eos: Sequence[int] = (),
-               all_logits: bool = False, trace_step: int | None = None, hold_pos: bool = False) -> LaunchResult:
-        """Run steps at positions pos0..: the first len(tokens) take `tokens`, later ones the greedy
-        token of the step before. With `hold_pos` every step runs at pos0, writing its K/V there
-        (benchmarks: the cost of a token at one context). Raises NonFiniteError when a logit
-        was not finite."""
+               all_logits: bool = False, trace_step: int | None = None, hold_pos: bool = False,
+               draw: DrawSettings | None = None) -> LaunchResult:
+        """Run steps at positions pos0..: the first len(tokens) take `tokens`, later ones the token
+        the step before chose: the greedy one, or with `draw` the one it drew (draw_refuses says
+        where it may). With `hold_pos` every step runs at pos0, writing its K/V there (benchmarks:
+        the cost of a token at one context). Raises NonFiniteError when a logit was not finite."""
         self.device.make_current()
         k = self.k
         n_steps = len(tokens) if n_steps is None else n_steps
@@ -493,14 +543,17 @@ class Runtime:
         dev = self.device
         dev.upload(self.buffers["ctl"], self.control(tokens, pos0, n_steps, eos, trace_step or 0, hold_pos))
         check(dev.cu.cuMemsetD32(self.buffers["barrier"].ptr, 0, 4), "cuMemsetD32")
-        args = self.args(all_logits, trace)
+        if draw is not None and (why := self.draw_refuses(draw.top_k)):
+            raise GPUError(f"a launch that draws its tokens: {why}")
+        samp = self._upload_sampling(draw) if draw is not None else 0
+        args = self.args(all_logits, trace, samp)
+        shared = 4 * int(args["shared_floats"][0])
         # the kernel's dynamic shared-memory limit is per function: another Runtime on the same
         # worker (another plan) may have set it lower since this one was made
-        self.worker.set_shared(self.shared_bytes)
+        self.worker.set_shared(shared)
 
         def go():
-            self.worker.launch(self.worker.kernel, self.workers, self.worker.threads, self.shared_bytes, [args],
-                               cooperative=True)
+            self.worker.launch(self.worker.kernel, self.workers, self.worker.threads, shared, [args], cooperative=True)
 
         ms = self.worker.timed(go)
         ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)

@@ -26,7 +26,6 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
         case AF_OP_ATTN: op_attn(a, t, pos, sm); break;
         case AF_OP_WO: op_wo(a, t, pos, xs, xs_ready); break;
         case AF_OP_FFN: op_ffn(a, t, xs, red, sm, xs_ready); break;
-        case AF_OP_FFN_REDUCE: op_ffn_reduce(a, t, sm); break;
         case AF_OP_FINAL_NORM: op_final_norm(a, t, xs, red); break;
         case AF_OP_LM_HEAD: op_lm_head(a, t, step, xs, sm); break;
         default: break;
@@ -35,17 +34,21 @@ __device__ void run_task(const af_args& a, const af_task& t, uint32_t step, uint
 }
 
 // Combine the candidate slots of the step just finished (warp 0; the rule, largest value and
-// lowest id among ties, gives the same answer in any order): every block reads the same slots
-// and reaches the same token and the same decision to stop. Block 0 records the step.
-__device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_token, uint32_t* bcast) {
+// lowest id among ties, gives the same answer in any order), or in a launch that samples, draw
+// from them once the prompt has run (draw_token): every block reads the same slots and reaches
+// the same token and the same decision to stop. Block 0 records the step (and the drawing state).
+__device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_token, uint32_t* bcast, float* sm) {
     const af_plan_consts& c = a.c;
     af_control* ctl = a.ctl;
+    // a step after the prompt's last token draws its token when the launch samples
+    const bool drawn = a.samp && done + 1 >= ctl->n_forced;
+    const uint32_t drawn_id = drawn ? draw_token(a, done, sm) : 0u;
     if (threadIdx.x < 32) {
         const uint32_t lane = threadIdx.x, none = 0xffffffffu;
         const float* cand = a.act + c.act_cand;
         float v = -INFINITY;
-        uint32_t id = none;
-        for (uint32_t s = lane; s < c.lm_parts; s += 32) {
+        uint32_t id = drawn ? drawn_id : none;
+        for (uint32_t s = lane; s < (drawn ? 0u : c.lm_parts); s += 32) {
             const float sv = ld_act(cand + 2 * s);
             const uint32_t si = __float_as_uint(ld_act(cand + 2 * s + 1));
             if (id == none || sv > v || (sv == v && si < id)) {
@@ -68,6 +71,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
             for (uint32_t i = 0; i < ctl->n_eos && i < AF_MAX_EOS; ++i) eos |= id == ctl->eos[i];
             eos &= done + 1 >= ctl->n_forced;  // prompt steps never stop the request
             if (blockIdx.x == 0) {
+                if (drawn) advance_state(a, done, id);
                 ctl->tokens_out[done] = id;
                 ctl->steps_done = done + 1;
                 if (error) ctl->error_step = done;
@@ -183,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
 #if AF_Q8
         uint32_t token = 0;  // (this step's: finish_step sets it past step 0)
 #endif
-        if (step > 0 && finish_step(a, step - 1, token, bcast)) return;
+        if (step > 0 && finish_step(a, step - 1, token, bcast, sm)) return;
         if (step < ctl->n_forced) token = ctl->tokens_in[step];
 #if AF_Q8
         token_shared = token;  // (every thread stores the same value)
@@ -219,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
             if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * grid_blocks() + me] = global_ns();
         }
     }
-    if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast);
+    if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast, sm);
 }
 
 // The host checks its picture of af_args and af_control against the compiled one.
@@ -233,6 +237,8 @@ extern "C" __global__ void af_layout(uint32_t* out) {
     out[6] = offsetof(af_control, steps_done);
     out[7] = AF_THREADS;
     out[8] = AF_FFN_COPIES;
+    out[9] = sizeof(af_sampling);
+    out[10] = offsetof(af_sampling, u);
 }
 
 // Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.

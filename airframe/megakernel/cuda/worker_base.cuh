@@ -80,6 +80,8 @@ struct af_control {
 };
 static_assert(sizeof(af_control) == 4 * (16 + 2 * AF_MAX_STEPS + 4), "control layout");
 
+struct af_sampling;  // worker_sample.cuh
+
 struct af_args {
     af_plan_consts c;
     const af_task* tasks;
@@ -93,6 +95,7 @@ struct af_args {
     float* logits_all;              // (n_steps, vocab) or null
     unsigned long long* trace;      // (n_tasks, 2) globaltimer ns or null
     unsigned long long* trace_waves;  // (n_waves, workers) barrier release ns or null
+    const af_sampling* samp;        // the drawn steps sample with these settings; null: greedy
     uint32_t ffn_max_rows;
     uint32_t shared_floats;
     uint32_t table_offset;          // floats from the start of dynamic shared memory to the task table

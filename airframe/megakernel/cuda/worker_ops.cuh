@@ -2,6 +2,7 @@
 // (embedding, QKV, attention, WO, FFN, FFN reduce, final norm, LM head). worker.cu runs them.
 #pragma once
 #include "worker_base.cuh"
+#include "worker_sample.cuh"
 
 // ---- opcodes ------------------------------------------------------------------------------
 __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
@@ -577,52 +578,6 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     }
 }
 
-// Not reached: load_table skips every wave that starts with an FFN reduce, op_ffn's fixed-point
-// atomics having made its sums. It computes x[layer + 1][rows] = (h + h_side)[rows] + a float sum
-// of the FFN slots (lane l of a warp sums slots l, l + 32, ..., the 32 lane sums folded in halves;
-// warp w plays lane w for 32 rows at once), not the VM's exact sum. It stays because taking it out
-// changes the binary every package's fingerprint names.
-__device__ void op_ffn_reduce(const af_args& a, const af_task& t, float* sm) {
-    const af_plan_consts& c = a.c;
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float* parts = layer_at(a, t.layer, c.lay_ffn);
-    const float* h = layer_at(a, t.layer, c.lay_h);
-    const float* h_side = layer_at(a, t.layer, c.lay_h_side);
-    float* x = x_at(a, t.layer + 1);
-    // (32 warps, 32 rows padded to 33), then h + h_side of the 32 rows, then the 32 folded sums
-    float* sums = sm;
-    const uint32_t pitch = 33;
-    float* resid = sm + 32 * pitch;
-    float* total = resid + 32;
-    for (uint32_t base = 0; base < t.row_count; base += 32) {
-        const uint32_t i = base + lane, r = t.row_start + i;
-        const bool live = i < t.row_count;
-        // the residual is requested with the partials (by the last warp, which has the fewest)
-        if (warp == AF_WARPS - 1 && live)
-            resid[lane] = __fadd_rn(ld_act(h + r), ld_side(h_side + r, side_live(2)));
-        float acc = 0.0f;
-        for (uint32_t k0 = warp; k0 < c.ffn_parts; k0 += AF_WARPS * 8) {  // 8 loads in flight: 256 slots at once
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const uint32_t k = k0 + AF_WARPS * u;
-                v[u] = live && k < c.ffn_parts ? ld_act(parts + (size_t)k * c.n_embd + r) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u)
-                if (k0 + AF_WARPS * u < c.ffn_parts) acc = __fadd_rn(acc, v[u]);
-        }
-        sums[warp * pitch + lane] = acc;
-        __syncthreads();
-        // warp w folds row base + w, lane l holding warp l's sum
-        const float v = warp_fold(sums[lane * pitch + warp]);
-        if (lane == 0) total[warp] = v;
-        __syncthreads();
-        if (warp == 0 && live) x[r] = __fadd_rn(resid[lane], total[lane]);
-        __syncthreads();
-    }
-}
-
 __device__ void op_final_norm(const af_args& a, const af_task& t, float* xs, float* red) {
     const af_plan_consts& c = a.c;
     rmsnorm_shared<false>(xs, x_in(a, c.n_layers), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
@@ -676,4 +631,5 @@ __device__ void op_lm_head(const af_args& a, const af_task& t, uint32_t step, fl
         cand[0] = v;
         cand[1] = __uint_as_float(id);
     }
+    if (a.samp && step + 1 >= a.ctl->n_forced) lm_candidates(a, t, step, sm);
 }

@@ -1,0 +1,359 @@
+// worker_sample.cuh: drawing a sampled token inside the kernel. The host's chain
+// (airframe/sampling.py: logit bias, repetition penalty, presence and frequency penalties, top-k,
+// top-p, min-p, temperature, the draw) over the step's float32 logits, in float64 as the host
+// computes it, so that a step draws the token Sampler.sample() picks from the same logits.
+// Each LM_HEAD task keeps its rows' top_k penalised logits (lm_candidates); the step's end picks
+// the top_k of all of them and draws from those (draw_token), every block alike.
+#pragma once
+
+#define AF_SAMPLE_K 64         // top_k at most: candidates per LM_HEAD slot and drawn from
+// af_sampling.flags: which steps of the chain run
+#define AF_S_BIAS 1u           // logit_bias
+#define AF_S_REPEAT 2u         // the repetition penalty over the last last_n tokens
+#define AF_S_COUNTS 4u         // the presence and frequency penalties
+#define AF_S_TOP_P 8u
+#define AF_S_MIN_P 16u
+#define AF_S_TEMPERATURE 32u   // a temperature other than 1
+#define AF_S_GREEDY 64u        // temperature 0: the penalised argmax, lowest id among ties
+// shared memory of draw_token and lm_candidates from sm: a histogram, 4 words, then per candidate
+// its value, sorted value, probability (double), id, sorted id and rank; then a key (8 bytes) per
+// LM_HEAD row of a task or per candidate of a step, whichever are more (runtime.sample_floats).
+// A split tie's ids take the words after the 4 (its keys are all picked by then).
+#define AF_SAMPLE_SHARED_FLOATS (256 + 4 + 3 * 2 * AF_SAMPLE_K + 3 * AF_SAMPLE_K)
+
+// What the host sets for a launch whose drawn steps sample (af_args.samp), in device memory.
+struct af_sampling {
+    uint32_t top_k;        // 1..AF_SAMPLE_K
+    uint32_t flags;        // AF_S_*
+    uint32_t last_n;       // the repetition window in tokens; 0: the whole history
+    uint32_t hist_len;     // tokens in hist through the one step n_forced - 1 runs
+    uint32_t n_prompt;     // hist index of the first generated token
+    uint32_t reserved[3];
+    double top_p, log_min_p, temperature, repeat_penalty, presence, frequency;
+    const double* bias;    // (vocab): logit_bias, with AF_S_BIAS
+    uint32_t* win;         // (2, vocab): times each token is in the window, of state (step & 1)
+    uint32_t* gen;         // (2, vocab): times each token was generated, of state (step & 1)
+    uint32_t* hist;        // (ctx): the request's tokens; the kernel appends those it draws
+    uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 2): each LM_HEAD slot's top_k candidates, logit bits and id
+    float u[AF_MAX_STEPS]; // the random number in [0, 1) that draws each step's token
+};
+
+// Row r's logit v after the bias and penalties, in float64 and in the host's order; -0.0 as +0.0,
+// so that equal values have one key. The state arrays change during a launch: read from L2.
+__device__ __forceinline__ double penalised(const af_sampling& s, uint32_t vocab, uint32_t state, uint32_t r, float v) {
+    double p = (double)v;
+    if (s.flags & AF_S_BIAS) p += __ldg(s.bias + r);
+    if ((s.flags & AF_S_REPEAT) && __ldcg(s.win + state * vocab + r) != 0u)
+        p = p > 0.0 ? p / s.repeat_penalty : p * s.repeat_penalty;
+    if (s.flags & AF_S_COUNTS) {
+        const uint32_t g = __ldcg(s.gen + state * vocab + r);
+        if (g != 0u) p -= s.frequency * (double)g + s.presence;
+    }
+    return p == 0.0 ? 0.0 : p;
+}
+
+// A 64-bit key that orders as the double does (no NaN reaches here).
+__device__ __forceinline__ unsigned long long order_key(double p) {
+    const unsigned long long b = (unsigned long long)__double_as_longlong(p);
+    return (b >> 63) ? ~b : b | 0x8000000000000000ull;
+}
+
+// The want-th largest of keys[0..n) (shared memory) where held(e) (at least want of them), as cut,
+// and how many of the held keys equal to it are among the want largest (at_cut): a radix select,
+// 8 bits a pass from bit `bits` down. Every thread calls it.
+template <class Key, class Held>
+__device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t want, int bits, uint32_t* hist,
+                               uint32_t* out, Key& cut, uint32_t& at_cut) {
+    Key prefix = 0, mask = 0;
+    for (int shift = bits - 8; shift >= 0; shift -= 8) {
+        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        __syncthreads();
+        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) {
+            const Key key = keys[e];
+            if ((key & mask) == prefix && held(e)) atomicAdd(hist + (uint32_t)((key >> shift) & 255u), 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {  // lane l counts digits 255 - 8l down to 248 - 8l
+            const uint32_t lane = threadIdx.x;
+            uint32_t sum = 0;
+            for (int q = 0; q < 8; ++q) sum += hist[255 - 8 * lane - q];
+            uint32_t upto = sum;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const uint32_t o = __shfl_up_sync(0xffffffffu, upto, off);
+                if (lane >= (uint32_t)off) upto += o;
+            }
+            uint32_t above = upto - sum;  // keys with a larger digit
+            for (int q = 0; q < 8; ++q) {
+                const uint32_t c = hist[255 - 8 * lane - q];
+                if (above < want && above + c >= want) {
+                    out[0] = 255 - 8 * lane - q;
+                    out[1] = want - above;
+                }
+                above += c;
+            }
+        }
+        __syncthreads();
+        prefix |= (Key)out[0] << shift;
+        mask |= (Key)255u << shift;
+        want = out[1];
+        __syncthreads();  // out read by all before the next pass writes it
+    }
+    cut = prefix;
+    at_cut = want;
+}
+
+// The `want` largest of keys[0..n) (shared memory), ties at the cut going to the lowest ids
+// (id_of(e), read only where ties must be split): emit(e) for each, in no order. out: 4 words.
+template <class IdOf, class Emit>
+__device__ void pick_largest(const unsigned long long* keys, uint32_t n, uint32_t want, uint32_t* hist,
+                             uint32_t* out, IdOf id_of, Emit emit) {
+    unsigned long long cut;
+    uint32_t at_cut;
+    select_largest(keys, n, [](uint32_t) { return true; }, want, 64, hist, out, cut, at_cut);
+    if (threadIdx.x == 0) out[2] = 0;
+    __syncthreads();
+    uint32_t ties = 0;
+    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) ties += keys[e] == cut;
+    if (ties) atomicAdd(out + 2, ties);
+    __syncthreads();
+    const bool split = out[2] != at_cut;
+    uint32_t last_id = 0xffffffffu;  // ties with ids up to this one are taken
+    if (split) {  // the at_cut lowest ids of the ties: the largest of 2^32 - 1 - id
+        uint32_t* low = out + 4;  // (n words: the values and ids after out are not in use yet)
+        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) low[e] = keys[e] == cut ? 0xffffffffu - id_of(e) : 0u;
+        __syncthreads();
+        uint32_t cut_low, unused;
+        select_largest(low, n, [&](uint32_t e) { return keys[e] == cut; }, at_cut, 32, hist, out, cut_low, unused);
+        last_id = 0xffffffffu - cut_low;
+    }
+    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+        if (keys[e] > cut || (keys[e] == cut && (!split || id_of(e) <= last_id))) emit(e);
+    __syncthreads();  // (hist and out free again)
+}
+
+// LM_HEAD task t, a sampled step: its slot gets its rows' top_k penalised logits (their logits and
+// ids, in no order). The task's logits are in the arena.
+__device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, uint32_t step, float* sm) {
+    const af_sampling& s = *a.samp;
+    const uint32_t vocab = a.c.vocab, state = step & 1u;
+    const float* logits = a.act + a.c.act_logits + t.row_start;
+    uint32_t* hist = reinterpret_cast<uint32_t*>(sm);
+    uint32_t* out = hist + 256;
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
+    __syncthreads();  // every row's logit written (lane 0 of each warp), sm free
+    for (uint32_t i = threadIdx.x; i < t.row_count; i += AF_THREADS)
+        keys[i] = order_key(penalised(s, vocab, state, t.row_start + i, __ldcg(logits + i)));
+    if (threadIdx.x == 0) out[3] = 0;
+    __syncthreads();
+    uint32_t* slot = s.cand + 2 * AF_SAMPLE_K * t.slot;
+    // (the host draws in the kernel only where every task has top_k rows or more)
+    pick_largest(keys, t.row_count, s.top_k, hist, out, [&](uint32_t i) { return t.row_start + i; },
+                 [&](uint32_t i) {
+                     const uint32_t at = atomicAdd(out + 3, 1u);
+                     slot[2 * at] = __float_as_uint(__ldcg(logits + i));
+                     slot[2 * at + 1] = t.row_start + i;
+                 });
+}
+
+// numpy's sum of a float64 array (pairwise_sum, for up to 128 values): fewer than 8 in order from
+// 0, else 8 running sums combined in pairs, then the rest in order.
+__device__ double numpy_sum(const double* v, uint32_t n) {
+    if (n < 8) {
+        double r = 0.0;
+        for (uint32_t i = 0; i < n; ++i) r += v[i];
+        return r;
+    }
+    double r[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r[j] = v[j];
+    uint32_t i = 8;
+    for (; i < n - n % 8; i += 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) r[j] += v[i + j];
+    }
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += v[i];
+    return res;
+}
+
+// sampling._probabilities over the values v[i] > -inf of v[0..n) (warp 0; p[i] = 0 elsewhere):
+// all of it shared by the +inf values if any, else exp(v - max) over their numpy sum. `alive`
+// (AF_SAMPLE_K) is the work array the live values are gathered into, in order.
+__device__ void probabilities(const double* v, uint32_t n, double* p, double* alive) {
+    const uint32_t lane = threadIdx.x;
+    double top = -INFINITY;
+    uint32_t inf = 0;
+    for (uint32_t i = 0; i < n; ++i) {  // (every lane the same: n <= 64)
+        top = fmax(top, v[i]);
+        inf += v[i] == INFINITY;
+    }
+    if (top == INFINITY) {
+        for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] == INFINITY ? 1.0 / (double)inf : 0.0;
+        __syncwarp();
+        return;
+    }
+    for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] > -INFINITY ? exp(v[i] - top) : 0.0;
+    __syncwarp();
+    if (lane == 0) {
+        uint32_t m = 0;
+        for (uint32_t i = 0; i < n; ++i)
+            if (v[i] > -INFINITY) alive[m++] = p[i];
+        alive[0] = numpy_sum(alive, m);
+    }
+    __syncwarp();
+    const double total = alive[0];
+    for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] > -INFINITY ? p[i] / total : 0.0;
+    __syncwarp();
+}
+
+// The chain after top-k over v[0..n), ids ascending (warp 0): top-p, min-p, temperature, the draw
+// with u. Returns the index drawn. p, work: AF_SAMPLE_K doubles; rank: AF_SAMPLE_K words.
+__device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uint32_t n, float u, double* p, double* work,
+                               uint32_t* rank) {
+    const uint32_t lane = threadIdx.x;
+    if (s.flags & AF_S_TOP_P) {
+        probabilities(v, n, p, work);
+        // the live values' places when sorted by probability down, the lower index first among ties
+        for (uint32_t i = lane; i < n; i += 32) {
+            uint32_t r = 0;
+            for (uint32_t j = 0; j < n; ++j)
+                r += v[j] > -INFINITY && (p[j] > p[i] || (p[j] == p[i] && j < i));
+            rank[i] = r;
+        }
+        __syncwarp();
+        uint32_t index_keep = 0;
+        if (lane == 0) {
+            uint32_t live = 0;
+            for (uint32_t i = 0; i < n; ++i)
+                if (v[i] > -INFINITY) reinterpret_cast<uint32_t*>(work)[rank[i]] = i, ++live;
+            const uint32_t* order = reinterpret_cast<uint32_t*>(work);
+            uint32_t keep = live + 1;  // searchsorted(cumsum, top_p, "left") + 1
+            double sum = 0.0;
+            for (uint32_t r = 0; r < live; ++r) {
+                sum = r == 0 ? p[order[0]] : sum + p[order[r]];
+                if (sum >= s.top_p) {
+                    keep = r + 1;
+                    break;
+                }
+            }
+            index_keep = keep;
+        }
+        const uint32_t keep = __shfl_sync(0xffffffffu, index_keep, 0);
+        for (uint32_t i = lane; i < n; i += 32)
+            if (!(v[i] > -INFINITY && rank[i] < keep)) v[i] = -INFINITY;
+        __syncwarp();
+    }
+    if (s.flags & AF_S_MIN_P) {
+        double top = -INFINITY;
+        for (uint32_t i = 0; i < n; ++i) top = fmax(top, v[i]);
+        __syncwarp();
+        for (uint32_t i = lane; i < n; i += 32) {
+            const bool keep = isfinite(top) ? v[i] - top >= s.log_min_p : v[i] == top;
+            if (!keep) v[i] = -INFINITY;
+        }
+        __syncwarp();
+    }
+    if (s.flags & AF_S_TEMPERATURE) {
+        double top = -INFINITY;
+        for (uint32_t i = 0; i < n; ++i) top = fmax(top, v[i]);
+        const bool shift = isfinite(top) && top / s.temperature == INFINITY;  // a tiny temperature
+        __syncwarp();
+        for (uint32_t i = lane; i < n; i += 32) v[i] = shift ? (v[i] - top) / s.temperature : v[i] / s.temperature;
+        __syncwarp();
+    }
+    probabilities(v, n, p, work);
+    uint32_t index = 0;
+    if (lane == 0) {  // the first live index whose cumulative probability passes u * total ("right")
+        uint32_t m = 0;
+        double sum = 0.0;
+        for (uint32_t i = 0; i < n; ++i) {
+            if (!(v[i] > -INFINITY)) continue;
+            sum = m == 0 ? p[i] : sum + p[i];
+            work[m] = sum;
+            rank[m++] = i;
+        }
+        const double target = m ? (double)u * work[m - 1] : 0.0;  // (none left: the host refuses the request)
+        uint32_t at = m ? m - 1 : 0;
+        rank[0] = m ? rank[0] : 0;
+        for (uint32_t r = 0; r < m; ++r) {
+            if (work[r] > target) {
+                at = r;
+                break;
+            }
+        }
+        index = rank[at];
+    }
+    return __shfl_sync(0xffffffffu, index, 0);
+}
+
+// The token step `done` draws: every block the same. Returns it in every thread.
+__device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, float* sm) {
+    const af_sampling& s = *a.samp;
+    const uint32_t vocab = a.c.vocab, state = done & 1u, k = s.top_k;
+    const uint32_t n = k * a.c.lm_parts;  // candidates: every slot holds k
+    uint32_t* hist = reinterpret_cast<uint32_t*>(sm);
+    uint32_t* out = hist + 256;
+    double* value = reinterpret_cast<double*>(sm + 260);  // (unsorted, then by id)
+    double* sorted = value + AF_SAMPLE_K;
+    double* p = sorted + AF_SAMPLE_K;
+    uint32_t* ids = reinterpret_cast<uint32_t*>(p + AF_SAMPLE_K);
+    uint32_t* sorted_ids = ids + AF_SAMPLE_K;
+    uint32_t* rank = sorted_ids + AF_SAMPLE_K;
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
+    // candidate e: entry e % k of slot e / k
+    auto entry = [&](uint32_t e) { return s.cand + 2 * (AF_SAMPLE_K * (e / k) + e % k); };
+    auto value_of = [&](uint32_t e) {
+        const uint32_t* c = entry(e);
+        return penalised(s, vocab, state, __ldcg(c + 1), __uint_as_float(__ldcg(c)));
+    };
+    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) keys[e] = order_key(value_of(e));
+    if (threadIdx.x == 0) out[3] = 0;
+    __syncthreads();
+    pick_largest(keys, n, k, hist, out, [&](uint32_t e) { return __ldcg(entry(e) + 1); },
+                 [&](uint32_t e) {
+                     const uint32_t at = atomicAdd(out + 3, 1u);
+                     value[at] = value_of(e);
+                     ids[at] = __ldcg(entry(e) + 1);
+                 });
+    if (threadIdx.x < k) {  // ids ascending, as top_k leaves them
+        uint32_t r = 0;
+        for (uint32_t j = 0; j < k; ++j) r += ids[j] < ids[threadIdx.x];
+        sorted[r] = value[threadIdx.x];
+        sorted_ids[r] = ids[threadIdx.x];
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        uint32_t index = 0;
+        if (s.flags & AF_S_GREEDY) {
+            for (uint32_t i = 1; i < k; ++i)
+                if (sorted[i] > sorted[index]) index = i;
+        } else {
+            index = draw_chain(s, sorted, k, s.u[done], p, value, rank);
+        }
+        if (threadIdx.x == 0) out[0] = sorted_ids[index];
+    }
+    __syncthreads();
+    const uint32_t token = out[0];
+    __syncthreads();  // out read by all before anything writes sm again
+    return token;
+}
+
+// After step `done` drew `token` (block 0, one thread): the state the next step reads, (done + 1)
+// & 1, which holds that of step done - 1 (at the first drawing step, that of the step itself),
+// gets the token step done ran and the one it drew.
+__device__ __noinline__ void advance_state(const af_args& a, uint32_t done, uint32_t token) {
+    const af_sampling& s = *a.samp;
+    const uint32_t vocab = a.c.vocab, first = a.ctl->n_forced - 1;
+    uint32_t* win = s.win + ((done + 1) & 1u) * vocab;
+    uint32_t* gen = s.gen + ((done + 1) & 1u) * vocab;
+    const uint32_t at = s.hist_len + (done - first);  // the drawn token's place in hist
+    s.hist[at] = token;
+    for (uint32_t i = done > first ? at - 1 : at; i <= at; ++i) {
+        const uint32_t x = __ldcg(s.hist + i);
+        win[x] += 1u;
+        if (s.last_n && i >= s.last_n) win[__ldcg(s.hist + i - s.last_n)] -= 1u;
+        if (i >= s.n_prompt) gen[x] += 1u;
+    }
+}
+
