@@ -318,10 +318,9 @@ def shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
     attn = (g * k["head_dim"] + k["head_dim"] + k["head_dim_v"] + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, k and v at pos, scores, value groups, m and l
     ffn = 2 * ffn_max_rows + ffn_groups * k["n_embd"]
-    reduce = 33 * 32 + 64  # op_ffn_reduce's lane sums (rows padded to 33), residuals and folded sums
     chunks, heads = k["attn_chunks"], k["n_head"]
     staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
-    return -(-(x_len + 64 + max(attn, ffn, reduce, staged, 2 * (THREADS // 32))) // 4) * 4
+    return -(-(x_len + 64 + max(attn, ffn, staged, 2 * (THREADS // 32))) // 4) * 4
 
 
 def side_bits(tasks: np.ndarray) -> int:

@@ -1,5 +1,6 @@
-// worker_ops.cuh: one function per opcode of the plan, in the order of a layer's waves
-// (embedding, QKV, attention, WO, FFN, FFN reduce, final norm, LM head). worker.cu runs them.
+// worker_ops.cuh: one function per opcode the worker runs, in the order of a layer's waves
+// (embedding, QKV, attention, WO, FFN, final norm, LM head; the FFN reduce waves are skipped).
+// worker.cu runs them.
 #pragma once
 #include "worker_base.cuh"
 #include "worker_sample.cuh"
