@@ -35,7 +35,7 @@ struct af_sampling {
     uint32_t* gen;         // (2, vocab): times each token was generated, of state (step & 1)
     uint32_t* hist;        // (ctx): the request's tokens; the kernel appends those it draws
     uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 2): each LM_HEAD slot's top_k candidates, logit bits and id
-    float u[AF_MAX_STEPS]; // the random number in [0, 1) that draws each step's token
+    float u[AF_MAX_STEPS]; // u[j]: the random number in [0, 1) of the launch's j-th drawn token (step n_forced - 1 + j)
 };
 
 // Row r's logit v after the bias and penalties, in float64 and in the host's order; -0.0 as +0.0,
@@ -329,7 +329,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
             for (uint32_t i = 1; i < k; ++i)
                 if (sorted[i] > sorted[index]) index = i;
         } else {
-            index = draw_chain(s, sorted, k, s.u[done], p, value, rank);
+            index = draw_chain(s, sorted, k, s.u[done - (a.ctl->n_forced - 1)], p, value, rank);
         }
         if (threadIdx.x == 0) out[0] = sorted_ids[index];
     }
