@@ -269,8 +269,10 @@ def sampled(runtime) -> dict:
         again = [draw_run(runtime, params, SAMPLED_TOKENS, logits=False)[0] for _ in range(2)]
         rows[label] = {"tokens": tokens[:24], "distinct": len(set(tokens)), "host_mismatches": mismatches[:5],
                        "n_host_mismatches": len(mismatches), "three_runs_identical": all(a == tokens for a in again)}
-    if not all(r["n_host_mismatches"] == 0 and r["three_runs_identical"] for r in rows.values()):
-        raise AssertionError(f"drawn tokens differ: {rows}")
+    failed = {label: (r["n_host_mismatches"], r["three_runs_identical"], r["host_mismatches"][:1])
+              for label, r in rows.items() if r["n_host_mismatches"] or not r["three_runs_identical"]}
+    if failed:  # per chain: tokens unlike the host's pick, whether three runs agree, the first unlike
+        raise AssertionError(f"drawn tokens differ (of {SAMPLED_TOKENS} a chain): {failed}")
     return rows
 
 

@@ -723,6 +723,42 @@ def test_sample_stream_leaves_what_the_kernel_refuses_to_the_host():
     assert all(not drawn for *_, drawn in backend.runtime.launches) and len(backend.runtime.launches) == 5
 
 
+class WideDrawingRuntime(DrawingRuntime):
+    """DrawingRuntime over 200 ids in two slots of 100 rows: room for the device check's top_k 64."""
+
+    SLOTS = [(0, 100), (100, 100)]
+
+    def __init__(self):
+        super().__init__(vocab=200)
+
+    def clear_kv(self):
+        pass
+
+
+class StepIndexedRuntime(WideDrawingRuntime):
+    """Draws with the random number of the launch's step instead of its drawn token's: after a
+    prompt of several tokens, each draw takes a number meant for a later one."""
+
+    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None, draw=None):
+        first = len(tokens) - 1
+        if draw is not None and first:
+            u = draw.header[0]["u"]
+            u[:len(u) - first] = u[first:].copy()
+        return super().launch(tokens, pos0, n_steps, eos, all_logits, trace_step, draw)
+
+
+def test_device_check_sampled_section_finds_draws_unlike_the_hosts():
+    """scripts/megakernel_device_check.py's sampled section: every chain of a faithful drawing
+    runtime passes; a runtime that indexes its random numbers by step fails, naming the chains."""
+    module = load_script("megakernel_device_check")
+    rows = module.sampled(WideDrawingRuntime())
+    assert set(rows) == {label for label, _ in module.SAMPLED}
+    assert all(r["n_host_mismatches"] == 0 and r["three_runs_identical"] for r in rows.values())
+    with pytest.raises(AssertionError, match="default\\+repeat") as failed:
+        module.sampled(StepIndexedRuntime())
+    assert "greedy+repeat" not in str(failed.value)  # no random number, nothing to get wrong
+
+
 def test_bad_token_ids_are_parameter_errors():
     backend = scripted_backend()
     with pytest.raises(ParameterError, match="outside the vocabulary 0..49151"):
