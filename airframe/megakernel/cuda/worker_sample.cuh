@@ -69,8 +69,17 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
         __syncthreads();
         for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) {
+            // the lanes whose digit is the warp's first lane's add to its count once: keys near
+            // each other share their high digits, and one atomic per key on one count serializes
             const Key key = keys[e];
-            if ((key & mask) == prefix && held(e)) atomicAdd(hist + (uint32_t)((key >> shift) & 255u), 1u);
+            const bool take = (key & mask) == prefix && held(e);
+            const uint32_t digit = (uint32_t)((key >> shift) & 255u);
+            const uint32_t same = __ballot_sync(__activemask(), take && digit == (uint32_t)((keys[e & ~31u] >> shift) & 255u));
+            if (take && (same >> (threadIdx.x % 32) & 1u)) {
+                if (threadIdx.x % 32 == (uint32_t)__ffs(same) - 1) atomicAdd(hist + digit, __popc(same));
+            } else if (take) {
+                atomicAdd(hist + digit, 1u);
+            }
         }
         __syncthreads();
         if (threadIdx.x < 32) {  // lane l counts digits 255 - 8l down to 248 - 8l
