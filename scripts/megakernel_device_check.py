@@ -12,9 +12,12 @@ run checks that its weights and K/V fill hash the same.
 On the GPU machine, `--ref DIR --out DIR` builds and probes the worker (and its Q8_0 build), makes
 the synthetic models and their packages, and then, for each: CUDA logits against the VM's (tolerance, top-1 at every
 step), tokens drawn in the kernel against the host's sampler (every step, seven chains) and the
-VM, and their speed against greedy, three runs bit for bit, a plan for 20 workers run with 20 blocks (same tokens), corrupted
-packages refused before launch, a planted non-finite weight giving the error, and the speed
-benchmark with a trace of one token. Everything lands in DIR/check.json and a log.
+VM, and their speed against greedy, prompts through the prefill kernel against decode steps (the
+same bits in the logits and the K/V cache), three runs bit for bit, a plan for 20 workers run with
+20 blocks (same tokens, with and without the prefill kernel), corrupted packages refused before
+launch, a planted non-finite weight giving the error, and the speed benchmark with a trace of one
+token. Everything lands in DIR/check.json and a log. `--sampled-only` and `--prefill-only` run
+those checks alone, with no VM reference.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ MODELS = {"smollm2": ("smollm2-135m", "BF16"), "llama1b": ("llama3.2-1b", "BF16"
           "smollm2_q8": ("smollm2-135m", "Q8_0"), "llama1b_q8": ("llama3.2-1b", "Q8_0")}
 BENCHED = ("llama1b", "llama1b_q8")
 TOLERANCE = 1e-3  # max |cuda - vm| over max |vm|, per step
+# prompts through the prefill kernel: no whole block, one, a span change of the attention (96, 128),
+# and a long one over seven chunks
+PREFILL_LENGTHS = (8, 9, 100, 203, 1000)
 
 
 # ---- shared by both modes -------------------------------------------------------------------------
@@ -330,6 +336,52 @@ def greedy_tokens(runtime, prompt: list[int], n: int) -> list[int]:
     return result.tokens[len(prompt) - 1:]
 
 
+def cache_rows(runtime, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions 0..n-1 of the K and V caches, every layer and K/V head."""
+    k, out = runtime.k, []
+    for name, width in (("kcache", "head_dim"), ("vcache", "head_dim_v")):
+        full = runtime.device.download(runtime.buffers[name], np.float32, runtime.kv_elements(width))
+        out.append(full.reshape(k["n_layers"], k["n_head_kv"], k["ctx"], k[width])[:, :, :n].copy())
+    return out[0], out[1]
+
+
+def prompt_run(runtime, prompt: list[int], block: int, new: int = 16) -> tuple:
+    """The prompt's logits and K/V rows through CudaBackend.forward with prefill blocks of `block`
+    tokens (0: decode steps only), and the greedy tokens after it."""
+    from airframe.megakernel.cuda.backend import CudaBackend
+
+    kept = runtime.block
+    runtime.block = block
+    try:
+        runtime.clear_kv()
+        backend = CudaBackend(runtime, runtime.plan.config)
+        logits = backend.forward(prompt).copy()
+        kc, vc = cache_rows(runtime, len(prompt))
+        tokens, _ = backend.generate_greedy(prompt, new)
+    finally:
+        runtime.block = kept
+    return logits, kc, vc, tokens
+
+
+def prefill_matches_decode(runtime, lengths=PREFILL_LENGTHS) -> dict:
+    """A prompt through the prefill kernel against every token through decode steps: the same bits
+    in its logits and in the K/V cache, and the same greedy tokens after it."""
+    if not runtime.block:
+        raise AssertionError("no room for the prefill kernel on this GPU (Runtime.block is 0)")
+    rows = []
+    for n in lengths:
+        prompt = [(TOKEN0 + 31 * i) % runtime.k["vocab"] for i in range(n)]
+        pre, dec = prompt_run(runtime, prompt, runtime.block), prompt_run(runtime, prompt, 0)
+        bits = [np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(pre[:3], dec[:3])]
+        rows.append({"tokens": n, "prefilled": (n - 1) // runtime.block * runtime.block,
+                     "identical_bits": {"logits": bits[0], "k": bits[1], "v": bits[2]},
+                     "max_logit_diff": float(np.abs(pre[0] - dec[0]).max()), "same_tokens": pre[3] == dec[3],
+                     "tokens_prefill": pre[3], "tokens_decode": dec[3]})
+    if not all(all(r["identical_bits"].values()) and r["same_tokens"] for r in rows):
+        raise AssertionError("prefill differs from decode steps: " + json.dumps(rows)[:1500])
+    return {"lengths": rows}
+
+
 def twenty_workers(worker, runtime, package, folder: Path) -> dict:
     from airframe.megakernel.cuda.probe import with_workers
     from airframe.megakernel.cuda.runtime import Runtime
@@ -348,8 +400,13 @@ def twenty_workers(worker, runtime, package, folder: Path) -> dict:
         prompt = [TOKEN0, 5, 300, 42, 7, 1000]
         t20 = greedy_tokens(small, prompt, 32)
         t_all = greedy_tokens(runtime, prompt, 32)
-        return {"workers": small.workers, "grid": small.workers, "tokens_20": t20, "tokens_full": t_all,
-                "same_tokens": t20 == t_all}
+        out = {"workers": small.workers, "grid": small.workers, "tokens_20": t20, "tokens_full": t_all,
+               "same_tokens": t20 == t_all}
+        if small.block and runtime.block:  # a 100-token prompt through the prefill kernel on both plans
+            long = [(TOKEN0 + 31 * i) % runtime.k["vocab"] for i in range(100)]
+            p20, p_all = prompt_run(small, long, small.block)[3], prompt_run(runtime, long, runtime.block)[3]
+            out.update(prefill_tokens_20=p20, prefill_tokens_full=p_all, same_prefill_tokens=p20 == p_all)
+        return out
     finally:
         small.close()
 
@@ -448,7 +505,8 @@ def parse_phases(text: str) -> tuple[int, ...]:
 
 
 def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool, torch_side: bool = True,
-               split: bool = False, phase_marks=PHASES, only_sampled: bool = False) -> Report:
+               split: bool = False, phase_marks=PHASES, only_sampled: bool = False,
+               prefill_only: bool = False) -> Report:
     from airframe.megakernel.cuda import bench as cuda_bench
     from airframe.megakernel.cuda.build import build_worker
     from airframe.megakernel.cuda.probe import probe
@@ -458,7 +516,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
 
     report = Report(out)
     work.mkdir(parents=True, exist_ok=True)
-    if not only_sampled:
+    if not (only_sampled or prefill_only):
         report.section("builds", lambda: {f"{a}{' q8' if q8 else ''}": build_worker(a, q8=q8).summary()
                                           for a in ("sm_86", "sm_90") for q8 in (False, True)})
     device = Device()
@@ -480,6 +538,17 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
                                  lambda: write_package(gguf, target, work / f"{name}.pkg", ctx=CTX, split=split))
         if package is None:
             continue
+        if prefill_only:
+            runtime = report.section(f"{name}.upload", lambda: Runtime(package, worker))
+            if runtime is None:
+                continue
+            report.section(f"{name}.prefill", prefill_matches_decode, runtime)
+            report.section(f"{name}.twenty_workers", twenty_workers, worker, runtime, package, work / f"{name}.w20")
+            if name in BENCHED:
+                report.section(f"{name}.prompt", cuda_bench.prompt_time, runtime)
+                report.section(f"{name}.decode", lambda: [cuda_bench.time_context(runtime, c) for c in (1, 4096)])
+            runtime.close()
+            continue
         if not only_sampled:
             meta = json.loads((ref / f"ref_{name}.json").read_text())
             refs = dict(np.load(ref / f"ref_{name}.npz"))
@@ -499,6 +568,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
             continue
         for c in CONTEXTS:
             report.section(f"{name}.vs_vm.ctx{c}", compare, runtime, refs, c)
+        report.section(f"{name}.prefill", prefill_matches_decode, runtime)
         report.section(f"{name}.reproducible", reproducible, runtime)
         report.section(f"{name}.held_position", held_position, runtime)
         report.section(f"{name}.twenty_workers", twenty_workers, worker, runtime, package, work / f"{name}.w20")
@@ -524,6 +594,9 @@ def main(argv=None) -> int:
                         "task phases, e.g. '1,7,8' (default: 1, the prologues); '' for none")
     parser.add_argument("--sampled-only", action="store_true",
                         help="only the drawn tokens' checks and speed (no VM reference folder needed)")
+    parser.add_argument("--prefill-only", action="store_true",
+                        help="only the prefill kernel's checks (no VM reference needed: the tokenizer GGUF) "
+                             "and its prompt and decode times")
     parser.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
                         help="plans cut into split-K pieces and shared FFN rows (default: the planner's)")
     args = parser.parse_args(argv)
@@ -537,7 +610,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     phase_marks = PHASES if args.phases is None else parse_phases(args.phases)
     report = run_device(args.ref, args.out, args.work, models, not args.no_bench, not args.no_torch, split,
-                        phase_marks, args.sampled_only)
+                        phase_marks, args.sampled_only, args.prefill_only)
     failed = [k for k, v in report.data.items() if not v["ok"]]
     print("FAILED sections:" if failed else "all sections ran", ", ".join(failed))
     return 1 if failed else 0

@@ -64,6 +64,8 @@ def test_worker_compiles_with_nvcc(arch, q8, tmp_path):
     report = build.parse_ptxas(done.stdout + done.stderr)
     assert 0 < report["registers"] <= 64  # __launch_bounds__(1024, 1): one 1024-thread block per SM
     assert report["spill_stores"] <= SPILL_BUDGET
+    prefill = build.parse_ptxas(done.stdout + done.stderr, build.PREFILL_KERNEL)
+    assert 0 < prefill["registers"] <= 64 and prefill["spill_stores"] <= SPILL_BUDGET
     assert out.stat().st_size > 10_000
 
 
@@ -138,6 +140,17 @@ ptxas info    : Function properties for _Z15merge_attentionRK7af_argsjjPf
 def test_parse_ptxas_adds_the_spills_of_called_functions():
     report = build.parse_ptxas(PTXAS_LOG)
     assert report == {"stack_bytes": 8, "spill_stores": 20, "spill_loads": 24, "registers": 64, "shared_static": 16}
+
+
+def test_parse_ptxas_keeps_the_prefill_kernels_callees_apart():
+    log = PTXAS_LOG + """ptxas info    : Function properties for af_prefill
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 16 bytes smem
+ptxas info    : Function properties for _Z6pf_ffnRK7af_argsRK7af_taskPfS5_S5_b
+    0 bytes stack frame, 24 bytes spill stores, 8 bytes spill loads
+"""
+    assert build.parse_ptxas(log)["spill_stores"] == 20  # af_worker: its own and merge_attention's
+    assert build.parse_ptxas(log, build.PREFILL_KERNEL)["spill_stores"] == 12 + 24
 
 
 def test_parse_ptxas_names_the_missing_kernel():
@@ -449,8 +462,8 @@ def test_the_error_word_becomes_a_non_finite_error_naming_the_position():
 def fake_worker(sha: str, arch: str = "sm_90", sm_count: int = 132, shared_optin: int = 227 * 1024):
     device = SimpleNamespace(arch=arch, sm_count=sm_count, shared_optin=shared_optin, name="fake")
     build = SimpleNamespace(sha256=sha, arch=arch, compiler="nvcc 13.0", q8=False)
-    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024,
-                           blocks_per_sm=lambda shared: 1)
+    return SimpleNamespace(build=build, device=device, static_shared=16, threads=1024, prefill_kernel="af_prefill",
+                           blocks_per_sm=lambda shared, kernel=None: 1)
 
 
 def test_runtime_refuses_packages_made_for_another_worker_or_gpu():
@@ -556,12 +569,21 @@ def test_floor_of_llama_1b_bf16():
 
 
 class ScriptedRuntime:
-    """Stands in for Runtime: token t is followed by (3 t + 1) % vocab; logits one-hot."""
+    """Stands in for Runtime: token t is followed by (3 t + 1) % vocab; logits one-hot. With
+    `block`, prompts' whole blocks go through `prefill`, which records them."""
 
-    def __init__(self, ctx=300, vocab=50):
+    def __init__(self, ctx=300, vocab=50, block=0):
         self.k = {"ctx": ctx, "vocab": vocab}
+        self.block = block
         self.launches = []
+        self.prefills = []
         self.last = None
+
+    def prefill(self, tokens, pos0):
+        assert self.block and len(tokens) % self.block == 0 and 0 < len(tokens) <= 64
+        assert pos0 + len(tokens) <= self.k["ctx"]
+        self.prefills.append((list(tokens), pos0))
+        return 1.0
 
     def successor(self, t):
         return (3 * t + 1) % self.k["vocab"]
@@ -587,8 +609,8 @@ class ScriptedRuntime:
         return self.rows[:steps]
 
 
-def scripted_backend(ctx=300) -> CudaBackend:
-    return CudaBackend(ScriptedRuntime(ctx), SMOL)
+def scripted_backend(ctx=300, block=0) -> CudaBackend:
+    return CudaBackend(ScriptedRuntime(ctx, block=block), SMOL)
 
 
 def expected_chain(start, n, vocab=50):
@@ -787,6 +809,49 @@ def test_forward_in_launches_of_64():
     assert backend.n_past == 0
 
 
+def test_prompts_take_whole_prefill_blocks_and_decode_the_rest():
+    backend = scripted_backend(block=8)
+    prompt = list(range(5, 205))  # 200 tokens: 192 in three prefill launches, the last 8 decoded
+    tokens, reason = backend.generate_greedy(prompt, 10)
+    assert reason == "length" and tokens == expected_chain(prompt[-1], 10)
+    rt = backend.runtime
+    assert rt.prefills == [(prompt[0:64], 0), (prompt[64:128], 64), (prompt[128:192], 128)]
+    assert rt.launches[0][:2] == (prompt[192:], 192)
+    short = scripted_backend(block=8)
+    short.generate_greedy([1, 2, 3, 4, 5, 6, 7, 8], 2)  # 8 tokens: no whole block before the last
+    assert short.runtime.prefills == [] and short.runtime.launches[0][0] == [1, 2, 3, 4, 5, 6, 7, 8]
+    nine = scripted_backend(block=8)
+    assert int(np.argmax(nine.forward(list(range(1, 10))))) == (3 * 9 + 1) % 50
+    assert nine.runtime.prefills == [(list(range(1, 9)), 0)] and nine.runtime.launches == [([9], 8, 1)]
+    assert nine.n_past == 9
+    rows = nine.forward(list(range(20)), all_logits=True)  # every position's logits: decode steps
+    assert rows.shape == (20, 50) and len(nine.runtime.prefills) == 1
+
+
+def test_a_cancelled_request_stops_between_prefill_launches():
+    backend = scripted_backend(block=8)
+    rt = backend.runtime
+    batches = list(backend.greedy_stream(list(range(200)), 10, cancel=lambda: len(rt.prefills) >= 2))
+    assert batches == [] and len(rt.prefills) == 2 and rt.launches == []
+
+
+def test_prefill_shared_memory_fits_the_h200_not_the_rtx_3050():
+    plan = make_plan(LLAMA_1B, replace(NAMED_TARGETS["h200"], workers=132), ctx=4160)
+    ffn = plan.tasks[plan.tasks["opcode"] == Op.FFN]
+    rows = int(ffn["row_count"].max())
+    need = 4 * runtime.prefill_shared_floats(plan.consts, rows)
+    assert runtime.BLOCK * 4 * 4096 < need <= 227 * 1024 - 16 * 1024  # the task table fits beside it
+    assert need > 99 * 1024  # an RTX 3050 runs prompts token by token
+    table, _ = runtime.table_floats(plan.tasks, plan.consts["n_waves"], 132)
+    rt = runtime.Runtime.__new__(runtime.Runtime)
+    rt.k, rt.ffn_max_rows, rt.workers = plan.consts, rows, 132
+    for optin, block in ((227 * 1024, runtime.BLOCK), (99 * 1024, 0)):
+        rt.worker = fake_worker("a" * 64, shared_optin=optin)
+        rt.device = rt.worker.device
+        rt.prefill_layout(table)
+        assert rt.block == block
+
+
 # ---- trace ----------------------------------------------------------------------------------------
 def fake_trace(plan, workers: int) -> dict:
     """Every task 1 us long, 0.1 us after the last barrier; each barrier releases 0.5 us after it."""
@@ -837,3 +902,51 @@ def test_device_check_phases_are_checked_before_the_gpu_run():
     for bad in ("1;7", "AF_TRACE_MARK=1", "10", "-1", "1 -Xptxas"):
         with pytest.raises(ParameterError, match="trace mark"):
             module.parse_phases(bad)
+
+
+class CacheRuntime(ScriptedRuntime):
+    """ScriptedRuntime with a K/V cache: a step or a prefill writes its position's rows from its token
+    (a faulty prefill writes one value off), as the device check's prefill section reads them."""
+
+    def __init__(self, faulty=False):
+        super().__init__(ctx=1100, vocab=50, block=8)
+        self.k.update(n_layers=2, n_head_kv=2, head_dim=8, head_dim_v=8)
+        self.faulty = faulty
+        self.cache = {name: np.zeros((2, 2, 1100, 8), np.float32) for name in ("kcache", "vcache")}
+        self.buffers = {name: name for name in self.cache}
+        self.device = SimpleNamespace(download=lambda name, dtype, count: self.cache[name].reshape(-1)[:count].copy())
+        self.plan = SimpleNamespace(config=SMOL)
+
+    def kv_elements(self, width):
+        return self.cache["kcache"].size
+
+    def clear_kv(self):
+        for c in self.cache.values():
+            c[:] = 0
+
+    def write(self, token, pos, off=0.0):
+        for c in self.cache.values():
+            c[:, :, pos] = token + pos / 1000 + off
+
+    def launch(self, tokens, pos0, n_steps=None, eos=(), all_logits=False, trace_step=None):
+        result = super().launch(tokens, pos0, n_steps, eos, all_logits, trace_step)
+        fed = list(tokens) + result.tokens[len(tokens) - 1:]
+        for step in range(result.steps_done):
+            self.write(fed[step], pos0 + step)
+        return result
+
+    def prefill(self, tokens, pos0):
+        super().prefill(tokens, pos0)
+        for i, t in enumerate(tokens):
+            self.write(t, pos0 + i, 0.5 if self.faulty and pos0 + i == 40 else 0.0)
+        return 1.0
+
+
+def test_device_check_prefill_section_finds_a_prefill_unlike_decode_steps():
+    module = load_script("megakernel_device_check")
+    result = module.prefill_matches_decode(CacheRuntime())
+    assert [r["prefilled"] for r in result["lengths"]] == [0, 8, 96, 200, 992]
+    assert all(all(r["identical_bits"].values()) and r["same_tokens"] for r in result["lengths"])
+    with pytest.raises(AssertionError, match="prefill differs from decode steps") as failed:
+        module.prefill_matches_decode(CacheRuntime(faulty=True))
+    assert '"tokens": 100' in str(failed.value) and '"k": false' in str(failed.value)

@@ -1,9 +1,10 @@
 """CudaBackend: the megakernel as an airframe backend (`--backend cuda`).
 
 `forward` runs tokens through the persistent worker, one cooperative launch per 64 tokens, and
-reads back the logits: the prompt goes through the same kernel as decoding (no separate prefill
-path). Because the logits come back to the host, the engine's sampler works unchanged, at the
-price of one launch and one logits copy per token. `greedy_stream` is the fast path: up to 64
+reads back the logits: a prompt's tokens but its last go through the prefill kernel in blocks of
+`Runtime.block` where the GPU has room for it (the same K/V bits as decode steps), the rest
+through decode steps. Because the logits come back to the host, the engine's sampler works
+unchanged, at the price of one launch and one logits copy per token. `greedy_stream` is the fast path: up to 64
 tokens per launch with the argmax and the end-of-generation test inside the kernel, one batch per
 launch (a server request, with a cancel hook, makes at most CANCEL_TOKENS per launch: a launch
 cannot be stopped once started); the engine takes it for requests that `sampling.greedy_blockers`
@@ -86,8 +87,24 @@ class CudaBackend(Backend):
     def reset(self) -> None:
         self.n_past = 0  # positions >= n_past are never read, so the cache needs no clearing
 
+    def prefill_blocks(self, tokens: list[int], cancel: Callable[[], bool] | None = None) -> list[int] | None:
+        """Run the longest run of whole prefill blocks that leaves at least the last of `tokens`
+        (MAX_STEPS tokens a launch, `cancel` asked before each); returns the tokens left, or None when
+        cancelled."""
+        block = self.runtime.block
+        whole = (len(tokens) - 1) // block * block if block else 0
+        for start in range(0, whole, MAX_STEPS):
+            if cancel is not None and cancel():
+                return None
+            run = tokens[start:min(start + MAX_STEPS, whole)]
+            self.runtime.prefill(run, self.n_past)
+            self.n_past += len(run)
+        return tokens[whole:]
+
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         tokens = [int(t) for t in check_tokens(tokens, self.n_past, self.n_ctx, self.config.vocab_size)]
+        if not all_logits:
+            tokens = self.prefill_blocks(tokens)
         rows = []
         for start in range(0, len(tokens), MAX_STEPS):
             chunk = tokens[start:start + MAX_STEPS]
@@ -109,7 +126,10 @@ class CudaBackend(Backend):
         if max_new_tokens < 0:
             raise ParameterError(f"max_new_tokens = {max_new_tokens}, expected >= 0")
         self.reset()
-        pending = [int(t) for t in check_tokens(prompt, 0, self.n_ctx, self.config.vocab_size)]
+        pending = self.prefill_blocks([int(t) for t in check_tokens(prompt, 0, self.n_ctx, self.config.vocab_size)],
+                                      cancel)
+        if pending is None:
+            return
         per_launch = MAX_STEPS if cancel is None else CANCEL_TOKENS
         made = 0
         while True:

@@ -7,6 +7,9 @@ What is reported (docs/BENCHMARKS.md, "CUDA megakernel"):
     beside it the same launch with the position advancing (contexts c .. c + 63: at context 1 the
     attention of up to 64 positions) and a 1-step launch, which adds the launch;
   - tokens/s generating 64 tokens from an 8-token prompt (host wall clock, one launch);
+  - the time to the logits of a 2,000-token prompt (host wall clock): its whole prefill blocks
+    through the prefill kernel and the rest through decode steps, against every token through
+    decode steps;
   - the floor: the bytes one token streams (every matrix once, the K/V cache up to the context)
     over the streaming-read bandwidth measured in the same run, and floor / time;
   - a trace of one token (per-task globaltimer stamps) as JSON, a timeline picture, and the time
@@ -30,6 +33,7 @@ from ..plan.planner import plan_is_split, wave_bytes
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
 REPEATS = 5
+PROMPT = 2000  # tokens of the prompt whose time to the logits is measured
 
 
 # ---- the floor ------------------------------------------------------------------------------------
@@ -92,6 +96,33 @@ def generation_rate(runtime, prompt_len: int = 8, new: int = 64, repeats: int = 
     wall = float(np.median(walls))
     return {"prompt": prompt_len, "generated": len(tokens), "seconds": wall, "tokens_per_s": len(tokens) / wall,
             "tokens": tokens, "note": "prompt and generated steps together, host wall clock"}
+
+
+def prompt_time(runtime, n: int = PROMPT, repeats: int = 3) -> dict:
+    """Seconds to the logits of an n-token prompt from position 0 through CudaBackend.forward: with
+    the prefill kernel (whole blocks; the rest in decode steps) and with decode steps alone (the
+    median of `repeats`, host wall clock; every launch waits for the GPU)."""
+    from .backend import CudaBackend
+
+    prompt = [(5 + 7 * i) % runtime.k["vocab"] for i in range(min(n, runtime.k["ctx"]))]
+    block = runtime.block
+    out = {"tokens": len(prompt), "block": block}
+    for name, use in (("prefill", block), ("token_by_token", 0)):
+        if name == "prefill" and not block:
+            continue
+        runtime.block = use
+        try:
+            walls = []
+            for _ in range(repeats):
+                backend = CudaBackend(runtime, runtime.plan.config)
+                start = time.perf_counter()
+                backend.forward(prompt)
+                walls.append(time.perf_counter() - start)
+        finally:
+            runtime.block = block
+        out[f"{name}_s"] = float(np.median(walls))
+        out[f"{name}_tokens_per_s"] = len(prompt) / out[f"{name}_s"]
+    return out
 
 
 def marked_runtime(runtime, trace_mark: int, work: Path | None = None):
@@ -335,6 +366,8 @@ def benchmark(runtime, worker, out: Path | None = None, contexts=CONTEXTS, torch
         if out is not None:
             write_trace(trace, plan, out, f"trace_ctx{c}")
     result["generation"] = generation_rate(runtime)
+    result["prompt"] = prompt_time(runtime)
+    print(f"prompt: {json.dumps(result['prompt'])}", flush=True)
     if phase_marks:
         result["phases"] = phases(runtime, phase_marks, gbs)
     if torch_side:

@@ -2,7 +2,7 @@
 
 nvcc when it is on PATH (or under $CUDA_HOME), NVRTC through cuda-bindings otherwise. The cache
 key is the hash of worker.cu, the files it includes (plan_format.h, worker_base.cuh,
-worker_ops.cuh), the flags, the compiler's version and the architecture, so an edited source or
+worker_ops.cuh, worker_prefill.cuh), the flags, the compiler's version and the architecture, so an edited source or
 another compiler never reuses a stale binary. Each build reports what ptxas says about the
 worker: registers, spills, stack frame and static shared memory.
 
@@ -33,8 +33,12 @@ from ..plan.opcodes import HEADER_PATH
 
 SOURCE_PATH = Path(__file__).with_name("worker.cu")
 # the files worker.cu includes besides plan_format.h, in the order NVRTC is handed them
-PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "worker_sample.cuh", "worker_ops.cuh"))
+PART_PATHS = tuple(SOURCE_PATH.with_name(name) for name in ("worker_base.cuh", "worker_sample.cuh", "worker_ops.cuh",
+                                                         "worker_prefill.cuh"))
 KERNEL = "af_worker"
+PREFILL_KERNEL = "af_prefill"
+# the device functions only the prefill kernel calls (worker_prefill.cuh), by mangled name
+PREFILL_CALLEE = re.compile(r"^_Z\d+pf_")
 FLAGS = ("-O3", "-std=c++17")
 ARCH_PATTERN = re.compile(r"^sm_\d{2,3}a?$")
 TRACE_MARKS = range(10)  # AF_TRACE_MARK: 0 (the shipped build) .. 9
@@ -52,6 +56,8 @@ class Build:
     shared_static: int
     path: str  # the cached cubin
     q8: bool = False  # the weight format it reads: Q8_0 (AF_Q8) or BF16 (reports cached before it: BF16)
+    prefill_registers: int = 0  # af_prefill's (reports cached before it: 0)
+    prefill_spill_stores: int = 0
 
     @property
     def cubin(self) -> bytes:
@@ -60,7 +66,8 @@ class Build:
     def summary(self) -> str:
         return (f"{KERNEL} {self.arch}{' q8' if self.q8 else ''} ({self.compiler}): {self.registers} registers, "
                 f"{self.spill_stores} B spill stores, {self.spill_loads} B spill loads, "
-                f"{self.stack_bytes} B stack, {self.shared_static} B static shared")
+                f"{self.stack_bytes} B stack, {self.shared_static} B static shared; {PREFILL_KERNEL}: "
+                f"{self.prefill_registers} registers, {self.prefill_spill_stores} B spill stores")
 
 
 def cache_dir() -> Path:
@@ -110,7 +117,8 @@ def nvcc_command(nvcc: str, arch: str, source: Path, out: Path, kind: str = "-cu
 
 def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     """Registers, spills, stack and static shared memory of `kernel` from a `ptxas -v` log; the
-    spills of the device functions it calls (mangled names, not inlined) are added to its own."""
+    spills of the device functions it calls (mangled names, not inlined) are added to its own:
+    for af_worker every one but the prefill kernel's (PREFILL_CALLEE), for af_prefill every one."""
     start = log.find(f"Function properties for {kernel}")
     if start < 0:
         raise GPUError(f"the compiler log names no function {kernel!r}; expected a ptxas -v report")
@@ -124,10 +132,12 @@ def parse_ptxas(log: str, kernel: str = KERNEL) -> dict:
     for name, pattern in numbers.items():
         match = re.search(pattern, block)
         report[name] = int(match.group(1)) if match else 0
-    for callee in re.finditer(r"Function properties for _Z\w+\s+(\d+) bytes stack frame, (\d+) bytes spill "
+    for callee in re.finditer(r"Function properties for (_Z\w+)\s+(\d+) bytes stack frame, (\d+) bytes spill "
                               r"stores, (\d+) bytes spill loads", log):
-        report["spill_stores"] += int(callee.group(2))
-        report["spill_loads"] += int(callee.group(3))
+        if kernel != PREFILL_KERNEL and PREFILL_CALLEE.match(callee.group(1)):
+            continue
+        report["spill_stores"] += int(callee.group(3))
+        report["spill_loads"] += int(callee.group(4))
     return report
 
 
@@ -155,8 +165,10 @@ def build_worker(arch: str, force: bool = False, trace_mark: int = 0, q8: bool =
     folder.mkdir(parents=True, exist_ok=True)
     cubin, log = _compile_nvcc(nvcc, arch, trace_mark, q8) if nvcc else _compile_nvrtc(arch, trace_mark, q8)
     stem.with_suffix(".cubin").write_bytes(cubin)
+    prefill = parse_ptxas(log, PREFILL_KERNEL)
     build = Build(arch=arch, compiler=compiler, sha256=hashlib.sha256(cubin).hexdigest(),
-                  path=str(stem.with_suffix(".cubin")), q8=q8, **parse_ptxas(log))
+                  path=str(stem.with_suffix(".cubin")), q8=q8, prefill_registers=prefill["registers"],
+                  prefill_spill_stores=prefill["spill_stores"], **parse_ptxas(log))
     report_path.write_text(json.dumps(asdict(build), indent=1))
     return build
 

@@ -4,7 +4,8 @@ Everything goes through the CUDA driver API of `cuda-bindings` (present wherever
 toolkit's Python packages are; not a dependency of airframe). A launch is cooperative: the plan's
 workers are the grid, one 1024-thread block per SM, and all of them are resident at once, which
 the grid barrier between waves needs. One launch runs up to 64 tokens (`MAX_STEPS`); greedy
-selection and the end-of-generation test happen inside the kernel.
+selection and the end-of-generation test happen inside the kernel. A prompt's tokens but its last
+go through the prefill kernel (`Runtime.prefill`), BLOCK tokens a step, where it fits.
 
 Before the first launch the runtime refuses a package that was made for another worker binary,
 another architecture, more workers than this GPU holds, or that fails the plan validator; and it
@@ -34,6 +35,7 @@ MAX_EOS = 8  # AF_MAX_EOS
 MAX_GROUP = 8  # AF_MAX_GROUP
 XS_PLANE_FLOATS = 2048  # AF_XS_PLANE_FLOATS: xs holds vectors of up to twice this
 FFN_COPIES = 2  # AF_FFN_COPIES
+BLOCK = 8  # AF_BLOCK: the tokens of a prefill step
 UPLOAD_BLOCK = 256 << 20
 
 _NUMPY = {"u32": "<u4", "u64": "<u8", "f32": "<f4"}
@@ -173,6 +175,7 @@ class Worker:
         self.kernel = check(cu.cuModuleGetFunction(self.module, b"af_worker"), "af_worker")
         self.layout_kernel = check(cu.cuModuleGetFunction(self.module, b"af_layout"), "af_layout")
         self.stream_kernel = check(cu.cuModuleGetFunction(self.module, b"af_stream_read"), "af_stream_read")
+        self.prefill_kernel = check(cu.cuModuleGetFunction(self.module, b"af_prefill"), "af_prefill")
         attr = cu.CUfunction_attribute
         self.registers = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.kernel), "NUM_REGS")
         self.local_bytes = check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.kernel), "LOCAL_SIZE")
@@ -180,14 +183,14 @@ class Worker:
                                    "SHARED_SIZE")
         self.check_layout()
 
-    def set_shared(self, nbytes: int) -> None:
+    def set_shared(self, nbytes: int, kernel=None) -> None:
         attr = self.device.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(self.device.cu.cuFuncSetAttribute(self.kernel, attr, nbytes), f"dynamic shared memory {nbytes} B")
+        check(self.device.cu.cuFuncSetAttribute(kernel or self.kernel, attr, nbytes), f"dynamic shared memory {nbytes} B")
 
-    def blocks_per_sm(self, shared_bytes: int) -> int:
-        self.set_shared(shared_bytes)
-        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.kernel, self.threads, shared_bytes),
-                     "occupancy")
+    def blocks_per_sm(self, shared_bytes: int, kernel=None) -> int:
+        self.set_shared(shared_bytes, kernel)
+        return check(self.device.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel or self.kernel, self.threads,
+                                                                               shared_bytes), "occupancy")
 
     def launch(self, kernel, grid: int, block: int, shared: int, args: Sequence[np.ndarray], cooperative: bool) -> None:
         """args: one numpy array per kernel parameter, holding its bytes."""
@@ -206,17 +209,17 @@ class Worker:
         try:
             self.launch(self.layout_kernel, 1, 1, 0, [np.array([out.ptr], dtype=np.uint64)], cooperative=False)
             dev.synchronize("af_layout")
-            found = dev.download(out, np.uint32, 11).tolist()
+            found = dev.download(out, np.uint32, 12).tolist()
         finally:
             dev.free(out)
         expected = [ARGS_DTYPE.itemsize, CONSTS_DTYPE.itemsize, ARGS_DTYPE.fields["tasks"][1],
                     ARGS_DTYPE.fields["ffn_max_rows"][1], CONSTS_DTYPE.fields["rope_cos"][1],
                     4 * CONTROL_WORDS, 4 * CONTROL_FIELDS["steps_done"], THREADS, FFN_COPIES,
-                    SAMPLING_DTYPE.itemsize, SAMPLING_DTYPE.fields["u"][1]]
+                    SAMPLING_DTYPE.itemsize, SAMPLING_DTYPE.fields["u"][1], BLOCK]
         if found != expected:
             raise GPUError(f"worker argument layout {found}, expected {expected} (sizeof args, consts, offsets "
                            "of tasks, ffn_max_rows, rope_cos, control, outputs, threads, FFN copies, sizeof "
-                           "af_sampling, its offset of u)")
+                           "af_sampling, its offset of u, prefill block)")
         self.threads = THREADS
 
     def stream_read_gbs(self, nbytes: int = 4 << 30, repeats: int = 10) -> float:
@@ -323,6 +326,21 @@ def shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
     return -(-(x_len + 64 + max(attn, ffn, staged, 2 * (THREADS // 32))) // 4) * 4
 
 
+def prefill_shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
+    """Dynamic shared memory of the prefill kernel in floats before its task table; af_prefill's
+    layout (worker_prefill.cuh): xs and red of each of the block's tokens, then the opcodes' scratch."""
+    cols = k["n_embd"] // 8
+    ffn_groups = 1 if cols >= THREADS else THREADS // cols
+    g = k["n_head"] // k["n_head_kv"]
+    v_groups = THREADS // k["head_dim_v"]
+    attn = (g * k["head_dim"] + BLOCK * (k["head_dim"] + k["head_dim_v"]) + g * k["attn_chunk"]
+            + v_groups * g * k["head_dim_v"] + 2 * g)  # q, the block's K and V, scores, value groups, m and l
+    ffn = 2 * BLOCK * ffn_max_rows + ffn_groups * k["n_embd"]
+    chunks, heads = k["attn_chunks"], k["n_head"]
+    staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
+    return -(-(BLOCK * (2 * XS_PLANE_FLOATS + 64) + max(attn, ffn, staged, 2 * (THREADS // 32))) // 4) * 4
+
+
 def side_bits(tasks: np.ndarray) -> int:
     """af_args.sides: bit 0 when some QKV task writes the qkv_side vector, bit 1 when some WO task
     writes h_side. A side vector no task writes stays zero, and the worker skips reading it."""
@@ -378,8 +396,22 @@ class Runtime:
         if self.workers > per_sm * self.device.sm_count:
             raise PlanError(f"plan for {self.workers} workers, this GPU holds {per_sm * self.device.sm_count} "
                             f"resident blocks of {worker.threads} threads ({self.device.sm_count} SMs x {per_sm})")
+        self.prefill_layout(table)
         self.buffers: dict[str, DeviceBuffer] = {}
         self._upload(progress)
+
+    def prefill_layout(self, table: int) -> None:
+        """Whether prompts take the prefill kernel here (self.block = BLOCK; 0: token by token), and
+        its shared memory: its xs for BLOCK tokens must fit beside the table, with the staged
+        merge's room where the GPU has it, and every worker must stay resident."""
+        optin, static = self.device.shared_optin, self.worker.static_shared
+        staged = 4 * (prefill_shared_floats(self.k, self.ffn_max_rows, True) + table) + static <= optin
+        self.prefill_table_offset = prefill_shared_floats(self.k, self.ffn_max_rows, staged)
+        self.prefill_shared_bytes = 4 * (self.prefill_table_offset + table)
+        fits = self.prefill_shared_bytes + static <= optin
+        resident = fits and self.worker.blocks_per_sm(self.prefill_shared_bytes, self.worker.prefill_kernel) \
+            * self.device.sm_count >= self.workers
+        self.block = BLOCK if resident else 0
 
     def check_target(self) -> None:
         target, build = self.plan.target, self.worker.build
@@ -413,7 +445,7 @@ class Runtime:
         cells = task_cells(self.plan.tasks, k["n_waves"], self.workers)
         b["cells"] = dev.alloc(cells.nbytes)
         dev.upload(b["cells"], cells)
-        b["act"] = dev.alloc(4 * k["act_size"])
+        b["act"] = dev.alloc(4 * k["act_size"] * max(1, self.block))  # an arena per token of a prefill step
         b["kcache"] = dev.alloc(4 * self.kv_elements("head_dim"))
         b["vcache"] = dev.alloc(4 * self.kv_elements("head_dim_v"))
         b["ctl"] = dev.alloc(4 * CONTROL_WORDS)
@@ -535,9 +567,7 @@ class Runtime:
             raise GPUError(f"positions {pos0}..{last}, the package holds {k['ctx']}")
         if len(eos) > MAX_EOS:
             eos = list(eos)[:MAX_EOS]
-        bad = [t for t in tokens if not 0 <= int(t) < k["vocab"]]
-        if bad:
-            raise GPUError(f"token {bad[0]}, expected 0..{k['vocab'] - 1}")
+        self._check_vocab(tokens)
         trace = self._trace_buffers() if trace_step is not None else None
         dev = self.device
         dev.upload(self.buffers["ctl"], self.control(tokens, pos0, n_steps, eos, trace_step or 0, hold_pos))
@@ -564,6 +594,43 @@ class Runtime:
         if trace:
             result.trace = self._read_trace(trace)
         return result
+
+    def _check_vocab(self, tokens: Sequence[int]) -> None:
+        bad = [t for t in tokens if not 0 <= int(t) < self.k["vocab"]]
+        if bad:
+            raise GPUError(f"token {bad[0]}, expected 0..{self.k['vocab'] - 1}")
+
+    def prefill(self, tokens: Sequence[int], pos0: int) -> float:
+        """Run `tokens`, a multiple of self.block, at positions pos0.. through the prefill kernel,
+        MAX_STEPS tokens a launch: their K and V rows reach the cache with the bits decode steps
+        would have written there, and no logits are made. Returns the launches' GPU ms."""
+        self.device.make_current()
+        if not self.block:
+            raise GPUError("this GPU has no room for the prefill kernel's shared memory; expected prompts token "
+                           "by token (Runtime.launch)")
+        if not tokens or len(tokens) % self.block:
+            raise GPUError(f"a prefill of {len(tokens)} tokens, expected a positive multiple of {self.block}")
+        if pos0 < 0 or pos0 + len(tokens) > self.k["ctx"]:
+            raise GPUError(f"positions {pos0}..{pos0 + len(tokens) - 1}, the package holds {self.k['ctx']}")
+        self._check_vocab(tokens)
+        dev, f = self.device, CONTROL_FIELDS
+        args = self.args(False, None)
+        args["table_offset"], args["shared_floats"] = self.prefill_table_offset, self.prefill_shared_bytes // 4
+        self.worker.set_shared(self.prefill_shared_bytes, self.worker.prefill_kernel)
+        ms = 0.0
+        for start in range(0, len(tokens), MAX_STEPS):
+            chunk = list(tokens[start:start + MAX_STEPS])
+            steps = len(chunk) // self.block
+            dev.upload(self.buffers["ctl"], self.control(chunk, pos0 + start, steps, (), 0))
+            check(dev.cu.cuMemsetD32(self.buffers["barrier"].ptr, 0, 4), "cuMemsetD32")
+            ms += self.worker.timed(lambda: self.worker.launch(
+                self.worker.prefill_kernel, self.workers, self.worker.threads, self.prefill_shared_bytes, [args],
+                cooperative=True))
+            ctl = dev.download(self.buffers["ctl"], np.uint32, CONTROL_WORDS)
+            check_error_word(ctl, pos0 + start)
+            if int(ctl[f["steps_done"]]) != steps:
+                raise GPUError(f"the prefill kernel ran {int(ctl[f['steps_done']])} steps, expected {steps}")
+        return ms
 
     def _trace_buffers(self) -> dict:
         if "trace_tasks" not in self.buffers:

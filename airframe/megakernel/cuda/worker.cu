@@ -11,9 +11,10 @@
 //  - attention sums, the FFN down projection and the FFN reduce use fixed trees of their own
 //    (documented beside each), and exp is CUDA's expf: these are where we differ from the VM.
 //
-// This file: the task loop (the block's task table, run_task, the greedy step) and the
-// kernels the host launches; worker_base.cuh and worker_ops.cuh hold the rest.
-#include "worker_ops.cuh"
+// This file: the task loops (the block's task table, run_task, the greedy step; a prefill block's
+// run_block_task) and the kernels the host launches; worker_base.cuh, worker_ops.cuh and
+// worker_prefill.cuh hold the rest.
+#include "worker_prefill.cuh"
 
 // ---- the worker ---------------------------------------------------------------------------
 // A task whose `pad` is set in the block's table (load_table) finds its input already in xs.
@@ -91,7 +92,7 @@ __device__ bool finish_step(const af_args& a, uint32_t done, uint32_t& next_toke
 // This block's tasks, copied once per launch into shared memory: wave_first[w] is the local
 // index of wave w's first task (n_waves + 1 entries), wave_global[w] its index in tasks.bin,
 // with AF_SKIP_WAVE set on a wave no block runs (the FFN reduce waves: op_ffn's atomics make
-// their sums).
+// their sums; in a prefill step also the final norm and the LM head).
 // Its parts are found from the arguments each time they are used rather than held in registers,
 // which the GEMV loops need more.
 struct af_table {
@@ -106,6 +107,7 @@ struct af_table {
     }
 };
 
+template <bool Prefill = false>
 __device__ af_table load_table(const af_args& a, float* base) {
     const uint32_t n_waves = a.c.n_waves, me = blockIdx.x;
     const af_table tb{a, base};
@@ -140,7 +142,8 @@ __device__ af_table load_table(const af_args& a, float* base) {
         }
         const uint32_t workers = grid_blocks();
         const uint32_t first = __ldg(a.cells + w * workers), end = __ldg(a.cells + (w + 1) * workers);
-        if (first < end && __ldg(&a.tasks[first].opcode) == AF_OP_FFN_REDUCE)
+        const uint32_t op = first < end ? __ldg(&a.tasks[first].opcode) : AF_OP_NOP;
+        if (op == AF_OP_FFN_REDUCE || (Prefill && (op == AF_OP_FINAL_NORM || op == AF_OP_LM_HEAD)))
             tb.wave_global()[w] |= AF_SKIP_WAVE;
     }
     __syncthreads();
@@ -226,6 +229,47 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_worker(__grid_con
     if (n_steps > 0) finish_step(a, n_steps - 1, token, bcast, sm);
 }
 
+// A task of a prefill step (worker_prefill.cuh): the AF_BLOCK tokens from position b0 on.
+__device__ void run_block_task(const af_args& a, const af_task& t, uint32_t b0, const uint32_t* tokens, float* xs,
+                               float* red, float* sm) {
+    const bool xs_ready = t.pad != 0;
+    switch (t.opcode) {
+        case AF_OP_EMBED:
+            for (uint32_t b = 0; b < AF_BLOCK; ++b) op_embed(a, t, tokens[b], b);
+            break;
+        case AF_OP_QKV: pf_qkv(a, t, xs, red, xs_ready); break;
+        case AF_OP_ATTN: pf_attn(a, t, b0, sm); break;
+        case AF_OP_WO: pf_wo(a, t, b0, xs, sm, xs_ready); break;
+        case AF_OP_FFN: pf_ffn(a, t, xs, red, sm, xs_ready); break;
+        default: break;  // the final norm and the LM head: their waves are skipped
+    }
+    __syncthreads();  // the next task reuses shared memory
+}
+
+// The prompt in prefill steps of AF_BLOCK tokens: step s runs tokens_in[s * AF_BLOCK ..] at
+// positions pos0 + s * AF_BLOCK .. (n_steps * AF_BLOCK <= AF_MAX_STEPS tokens a launch), in the
+// arenas of tokens 0 .. AF_BLOCK - 1; it makes no logits and no token.
+extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_prefill(__grid_constant__ const af_args a) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    float* red = xs + AF_PF_RED_OFFSET;
+    float* sm = xs + AF_PF_SM_OFFSET;
+    const af_table tb = load_table<true>(a, xs + a.table_offset);
+    af_control* ctl = a.ctl;
+    const uint32_t n_steps = min(ctl->n_steps, (uint32_t)(AF_MAX_STEPS / AF_BLOCK));
+    uint32_t target = 0;
+    for (uint32_t step = 0; step < n_steps; ++step) {
+        const uint32_t b0 = ctl->pos0 + step * AF_BLOCK;
+        for (uint32_t w = 0; w < a.c.n_waves; ++w) {
+            if (tb.skipped(w)) continue;
+            for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i)
+                run_block_task(a, tb.tasks()[i], b0, ctl->tokens_in + step * AF_BLOCK, xs, red, sm);
+            grid_sync(a.barrier, target);
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) ctl->steps_done = n_steps;
+}
+
 // The host checks its picture of af_args and af_control against the compiled one.
 extern "C" __global__ void af_layout(uint32_t* out) {
     out[0] = sizeof(af_args);
@@ -239,6 +283,7 @@ extern "C" __global__ void af_layout(uint32_t* out) {
     out[8] = AF_FFN_COPIES;
     out[9] = sizeof(af_sampling);
     out[10] = offsetof(af_sampling, u);
+    out[11] = AF_BLOCK;
 }
 
 // Streaming read for the bandwidth floor: every 16-byte word once, four loads in flight.

@@ -37,6 +37,7 @@
 // check_model_limits).
 #define AF_XS_PLANE_FLOATS 2048
 #define AF_XS_STEP 4  // floats from vector j to vector j + 1 in a plane
+#define AF_XS_FLOATS (2 * AF_XS_PLANE_FLOATS)  // xs: both planes
 // Dynamic shared memory from its start: xs (two planes), red (64 floats), then sm, the scratch the
 // opcodes share, up to the task table (af_args.table_offset); runtime.shared_floats.
 #define AF_RED_OFFSET (2 * AF_XS_PLANE_FLOATS)
@@ -417,6 +418,40 @@ struct af_rows {
 };
 #endif
 
+// U weight vectors of one row, lane `lane`'s of a chunk (vectors base + u * 32 + lane), loaded
+// together and then multiplied in the VM's order.
+template <int U>
+struct af_chunk {
+#if AF_Q8
+    uint2 v[U];
+    uint32_t s[U];  // vector j's f16 scale, that of its row's vector first + j
+    __device__ __forceinline__ void load(const af_rows& r, const uint8_t* w, uint32_t base, uint32_t lane) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane, g = r.first + j;
+            v[u] = j < r.kvec ? ld_weight8(w + 8 * g) : make_uint2(0, 0);
+            s[u] = j < r.kvec ? ld_weight2(w + q8_scale_at(r.k, g)) : 0u;
+        }
+    }
+    // acc + vector u . x (elements 8j.. of the vector xs holds in its planes)
+    __device__ __forceinline__ float dot(int u, const float* xs, uint32_t j, float acc) const {
+        return dot8q(v[u], f16_float(s[u]), xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
+    }
+#else
+    uint4 v[U];
+    __device__ __forceinline__ void load(const af_rows& r, const uint4* w, uint32_t base, uint32_t lane) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t j = base + u * 32 + lane;
+            v[u] = j < r.kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    __device__ __forceinline__ float dot(int u, const float* xs, uint32_t j, float acc) const {
+        return dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
+    }
+#endif
+};
+
 // Rows 0..n-1 of the list . xs, one warp per row, in the VM's lane order: lane l owns the
 // vectors j with j % 32 == l; U vectors per lane per chunk are loaded, then multiplied.
 // `prologue()` fills xs (a norm, a merge) and ends with __syncthreads; `emit(i, value)` runs on
@@ -428,47 +463,54 @@ template <int U, class Prologue, class Emit>
 __device__ __forceinline__ void gemv_list(const af_rows& r, const float* xs, Prologue prologue, Emit emit) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t kvec = r.kvec;
-#if AF_Q8
-    uint2 v[U];
-    uint32_t s[U];  // vector j's f16 scale, that of its row's vector first + j
-    auto load = [&](const uint8_t* w, uint32_t base) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const uint32_t j = base + u * 32 + lane, g = r.first + j;
-            v[u] = j < kvec ? ld_weight8(w + 8 * g) : make_uint2(0, 0);
-            s[u] = j < kvec ? ld_weight2(w + q8_scale_at(r.k, g)) : 0u;
-        }
-    };
-#else
-    uint4 v[U];
-    auto load = [&](const uint4* w, uint32_t base) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const uint32_t j = base + u * 32 + lane;
-            v[u] = j < kvec ? ld_weight16(w + j) : make_uint4(0, 0, 0, 0);
-        }
-    };
-#endif
+    af_chunk<U> w8;
     prologue();
     trace_mark(1);
     for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
         const auto* w = r.row(i);
         float acc = 0.0f;
         for (uint32_t base = 0; base < kvec; base += 32 * U) {
-            load(w, base);
+            w8.load(r, w, base, lane);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const uint32_t j = base + u * 32 + lane;
-#if AF_Q8
-                if (j < kvec)
-                    acc = dot8q(v[u], f16_float(s[u]), xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
-#else
-                if (j < kvec) acc = dot8(v[u], xs + AF_XS_STEP * j, xs + AF_XS_PLANE_FLOATS + AF_XS_STEP * j, acc);
-#endif
+                if (j < kvec) acc = w8.dot(u, xs, j, acc);
             }
         }
         acc = warp_fold(acc);
         if (lane == 0) emit(i, acc);
+    }
+}
+
+// gemv_list for the B tokens of a prefill block: token b's vector in xs + b * AF_XS_FLOATS, each
+// weight vector loaded once and multiplied with every token's (the same sums, token by token, as
+// gemv_list's); `emit(i, b, value)` runs on lane 0.
+template <int U, int B, class Emit>
+__device__ __forceinline__ void gemv_block(const af_rows& r, const float* xs, Emit emit) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t kvec = r.kvec;
+    af_chunk<U> w8;
+    for (uint32_t i = warp; i < r.n; i += AF_WARPS) {
+        const auto* w = r.row(i);
+        float acc[B];
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[b] = 0.0f;
+        for (uint32_t base = 0; base < kvec; base += 32 * U) {
+            w8.load(r, w, base, lane);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const uint32_t j = base + u * 32 + lane;
+                if (j < kvec) {
+#pragma unroll
+                    for (int b = 0; b < B; ++b) acc[b] = w8.dot(u, xs + b * AF_XS_FLOATS, j, acc[b]);
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const float v = warp_fold(acc[b]);
+            if (lane == 0) emit(i, b, v);
+        }
     }
 }
 
@@ -609,25 +651,30 @@ __device__ __forceinline__ const float* f32_at(const af_args& a, uint64_t offset
     return reinterpret_cast<const float*>(a.weights + offset);
 }
 
+// The activation arena of token `tok` of a prefill block (worker_prefill.cuh): the block's tokens
+// have an arena each, act_size floats apart; a decode step has one (tok 0).
+__device__ __forceinline__ float* arena(const af_args& a, uint32_t tok) { return a.act + (size_t)tok * a.c.act_size; }
+
 // x[l]: the residual stream entering layer l (x[n_layers] leaves the last layer).
-__device__ __forceinline__ float* x_at(const af_args& a, uint32_t l) {
-    return a.act + a.c.act_x + (size_t)l * a.c.act_x_stride;
+__device__ __forceinline__ float* x_at(const af_args& a, uint32_t l, uint32_t tok = 0) {
+    return arena(a, tok) + a.c.act_x + (size_t)l * a.c.act_x_stride;
 }
 
 // Layer l's block of the arena; add lay_qkv, lay_attn, lay_h or lay_ffn.
-__device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_t region) {
-    return a.act + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
+__device__ __forceinline__ float* layer_at(const af_args& a, uint32_t l, uint32_t region, uint32_t tok = 0) {
+    return arena(a, tok) + a.c.act_layer + (size_t)l * a.c.act_layer_size + region;
 }
 
 // Layer l's FFN sum, n_embd 64-bit accumulators at the start of its ffn region
 // (the slots, unused then; the arena's regions are 256-byte aligned).
-__device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l) {
-    return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn));
+__device__ __forceinline__ unsigned long long* ffn_acc(const af_args& a, uint32_t l, uint32_t tok = 0) {
+    return reinterpret_cast<unsigned long long*>(layer_at(a, l, a.c.lay_ffn, tok));
 }
 
 // x[l], the residual stream entering layer l (l = n_layers: leaving the last one), as its
 // readers see it: past layer 0, (h + h_side) of layer l - 1 + its FFN sum.
-__device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l) {
-    if (l == 0) return af_x{x_at(a, l), nullptr, false, nullptr};
-    return af_x{layer_at(a, l - 1, a.c.lay_h), layer_at(a, l - 1, a.c.lay_h_side), !side_live(2), ffn_acc(a, l - 1)};
+__device__ __forceinline__ af_x x_in(const af_args& a, uint32_t l, uint32_t tok = 0) {
+    if (l == 0) return af_x{x_at(a, l, tok), nullptr, false, nullptr};
+    return af_x{layer_at(a, l - 1, a.c.lay_h, tok), layer_at(a, l - 1, a.c.lay_h_side, tok), !side_live(2),
+                ffn_acc(a, l - 1, tok)};
 }

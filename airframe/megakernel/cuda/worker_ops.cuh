@@ -6,7 +6,8 @@
 #include "worker_sample.cuh"
 
 // ---- opcodes ------------------------------------------------------------------------------
-__device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
+// (tok: the arena of a prefill block's token; a decode step's is 0)
+__device__ void op_embed(const af_args& a, const af_task& t, uint32_t token, uint32_t tok = 0) {
     const af_plan_consts& c = a.c;
 #if AF_Q8
     const uint8_t* row = a.weights + t.weight0 + (size_t)token * q8_row_bytes(c.n_embd);
@@ -14,7 +15,7 @@ __device__ void op_embed(const af_args& a, const af_task& t, uint32_t token) {
 #else
     const uint16_t* row = reinterpret_cast<const uint16_t*>(a.weights + t.weight0) + (size_t)token * c.n_embd;
 #endif
-    float* out = x_at(a, 0);
+    float* out = x_at(a, 0, tok);
     for (uint32_t r = t.row_start + threadIdx.x; r < t.row_start + t.row_count; r += AF_THREADS) {
 #if AF_Q8
         const float v = q8_weight(f16_float(__ldg(scales + r / 32)), make_uint2(__ldg(row + r), 0u), 0);
@@ -85,11 +86,12 @@ __device__ void op_qkv(const af_args& a, const af_task& t, float* xs, float* red
     });
 }
 
-// RoPE of one head (hd floats at src + side) into dst, with the package's tables at `pos`.
+// Element i of one head (hd floats at src + side) with RoPE at `pos` applied, into dst[i], with
+// the package's tables.
 __device__ void rope_head(float* dst, const float* src, const float* side, const af_args& a, uint32_t pos,
-                          uint32_t first_thread) {
+                          uint32_t i) {
     const af_plan_consts& c = a.c;
-    const uint32_t half = c.rope_dim / 2, i = threadIdx.x - first_thread;
+    const uint32_t half = c.rope_dim / 2;
     if (i >= c.head_dim) return;
     const bool sl = side_live(1);
     const float x = __fadd_rn(ld_act(src + i), ld_side(side + i, sl));
@@ -108,60 +110,32 @@ __device__ void rope_head(float* dst, const float* src, const float* side, const
     dst[i] = y;
 }
 
-// One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
-// q, k and v at pos come from qkv + qkv_side; chunk 0 writes K and V at pos to the caches, and
-// every chunk takes them from shared memory, never from the cache (chunk 0 may be writing it).
+// The flash-decoding partial (m, l, o) of task t's K/V head over positions [first, first + n) for
+// the g query heads q (roped, in shared memory) of the token at pos, into chunk t.slot's records of
+// token tok's arena. Positions from b0 on (pos itself in a decode step; the prefill block's in a
+// prefill step) come from kb and vb (their roped K rows and V rows, b0's first), never from the
+// cache: their writers may be filling it in this wave. s: the scratch after q, k and v.
 // Scores: head_dim/8 lanes per position, each an 8-element run, folded as the VM folds.
 // l: lane-strided partials over positions, folded in halves. o: 1024/hdv position groups
 // (position p in group p % groups), each in increasing p, then summed in group order.
-__device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
+__device__ void attn_chunk(const af_args& a, const af_task& t, uint32_t tok, uint32_t pos, uint32_t b0, uint32_t first,
+                           uint32_t n, const float* q, const float* kb, const float* vb, float* s) {
     const af_plan_consts& c = a.c;
-    const uint32_t span = af_span(), first = t.slot * span;
-    if (first > pos) {  // chunk not active at this position
-        if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
-        return;
-    }
-    trace_mark(6);
     const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
-    const uint32_t n = min(span, pos + 1 - first);
-    const float* qkv = layer_at(a, t.layer, c.lay_qkv);
-    const float* side = layer_at(a, t.layer, c.lay_qkv_side);
-    float* q = sm;                       // (g, hd), roped
-    float* knew = q + g * hd;            // (hd), roped
-    float* vnew = knew + hd;             // (hdv)
-    float* s = vnew + hdv;               // (g, attn_chunk) scores, then exp
     const uint32_t groups = udiv(AF_THREADS, hdv);
     float* opart = s + g * c.attn_chunk;  // (groups, g, hdv)
     float* lsum = opart + groups * g * hdv;  // (g)
     float* mmax = lsum + g;                  // (g)
     const uint32_t lh = t.layer * c.n_head_kv + t.head;
     const uint32_t t_id = threadIdx.x;
-    float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
+    const float* kbase = a.kcache + (size_t)lh * c.ctx * hd;
     const float* vbase = a.vcache + (size_t)lh * c.ctx * hdv;
     // scores: lanes per position = hd / 8 (a power of two <= 32); values: thread (group, d)
     const uint32_t lpp = hd / 8, per_warp = udiv(32, lpp);
     const uint32_t lane = t_id % 32, warp = t_id / 32, sub = udiv(lane, lpp), vl = umod(lane, lpp);
     const uint32_t d = umod(t_id, hdv), grp = udiv(t_id, hdv);
-    // The position pos, when this chunk holds it, is its last (n - 1) and comes from knew and
-    // vnew, never from the cache.
-    const uint32_t cached = first + n - 1 == pos ? n - 1 : n;
-    // thread j * hd + i ropes element i of query head j, the next hd threads the new key, the
-    // next hdv copy the new value (q heads of this K/V head are rows (head * g + j) * hd, in turn)
-    const uint32_t k_row = c.n_head * hd + t.head * hd, v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
-    if (t_id < g * hd) {
-        const uint32_t at = t_id - umod(t_id, hd), row = t.head * g * hd + at;
-        rope_head(q + at, qkv + row, side + row, a, pos, at);
-    } else if (t_id < (g + 1) * hd) {
-        rope_head(knew, qkv + k_row, side + k_row, a, pos, g * hd);
-    } else if (t_id < (g + 1) * hd + hdv) {
-        const uint32_t d = t_id - (g + 1) * hd;
-        vnew[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_side(side + v_row + d, side_live(1)));
-    }
-    __syncthreads();
-    trace_mark(2);
-    float* vrow = a.vcache + ((size_t)lh * c.ctx + pos) * hdv;
-    if (t.slot == 0 && t_id < hd) kbase[(size_t)pos * hd + t_id] = knew[t_id];
-    if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) vrow[t_id - hd] = vnew[t_id - hd];
+    // the chunk's positions below b0 come from the cache, the rest (its last ones) from kb and vb
+    const uint32_t cached = b0 > first ? min(n, b0 - first) : 0;
 
     // Few positions (n <= 32 at head_dim 64, g = 4): warp w takes query head w % g of the positions
     // from (w / g) * per_warp on, so that the g heads' scores are computed side by side rather than
@@ -174,9 +148,9 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
         const bool live = p < n;
         const uint32_t abs_p = first + (live ? p : 0);
         float k8[8];
-        if (abs_p == pos) {
+        if (abs_p >= b0) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) k8[e] = knew[vl * 8 + e];
+            for (int e = 0; e < 8; ++e) k8[e] = kb[(abs_p - b0) * hd + vl * 8 + e];
         } else {
             const float4 k0 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8);
             const float4 k1 = ld_act4(kbase + (size_t)abs_p * hd + vl * 8 + 4);
@@ -212,9 +186,9 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
     __syncthreads();
     trace_mark(4);
-    // weighted values; pos, the largest position of its group, is added after the cached ones.
-    // With fewer positions than groups the groups past n hold none: they are neither written nor
-    // read, and the sum below adds the +0 they would have added once.
+    // weighted values; the positions from kb and vb, the largest of their groups, are added after
+    // the cached ones. With fewer positions than groups the groups past n hold none: they are
+    // neither written nor read, and the sum below adds the +0 they would have added once.
     const uint32_t used = min(groups, n);
     if (grp < used) {
         float acc[AF_MAX_GROUP];
@@ -236,10 +210,12 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
                     if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v[u]);
             }
         }
-        if (cached < n && umod(n - 1, groups) == grp) {
+        for (uint32_t p = cached; p < n; ++p) {
+            if (umod(p, groups) != grp) continue;
+            const float v = vb[(first + p - b0) * hdv + d];
 #pragma unroll
             for (int j = 0; j < AF_MAX_GROUP; ++j)
-                if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + n - 1], vnew[d]);
+                if (j < (int)g) acc[j] = madd(acc[j], s[j * c.attn_chunk + p], v);
         }
 #pragma unroll
         for (int j = 0; j < AF_MAX_GROUP; ++j)
@@ -248,7 +224,7 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     __syncthreads();
     trace_mark(5);
     const uint32_t rec = hdv + 2;
-    float* out = layer_at(a, t.layer, c.lay_attn) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
+    float* out = layer_at(a, t.layer, c.lay_attn, tok) + (size_t)(t.slot * c.n_head + t.head * g) * rec;
     for (uint32_t i = t_id; i < g * hdv; i += AF_THREADS) {
         const uint32_t j = udiv(i, hdv), dd = umod(i, hdv);
         float o = 0.0f;
@@ -262,13 +238,69 @@ __device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float*
     }
 }
 
+// The scratch of one attention task in sm: q (g, hd) roped, then (decode) the new K and V rows
+// or (prefill) the block's, then attn_chunk's scores and value groups.
+struct af_attn_room {
+    float* q;
+    float* kb;
+    float* vb;
+    float* s;
+    __device__ __forceinline__ af_attn_room(const af_plan_consts& c, float* sm, uint32_t rows) {
+        q = sm;
+        kb = q + udiv(c.n_head, c.n_head_kv) * c.head_dim;
+        vb = kb + rows * c.head_dim;
+        s = vb + rows * c.head_dim_v;
+    }
+};
+
+// Rows [row0, +hd) of token tok's qkv + qkv_side in layer t.layer where a query head of task t's
+// group (j < g) or its K row (j == g) lives; the V row is after the K rows.
+__device__ __forceinline__ uint32_t head_row(const af_plan_consts& c, const af_task& t, uint32_t j, uint32_t g) {
+    return j < g ? (t.head * g + j) * c.head_dim : c.n_head * c.head_dim + t.head * c.head_dim;
+}
+
+// One K/V head, one chunk of positions, g query heads: the flash-decoding partial (m, l, o).
+// q, k and v at pos come from qkv + qkv_side; chunk 0 writes K and V at pos to the caches, and
+// every chunk takes them from shared memory, never from the cache (chunk 0 may be writing it).
+__device__ void op_attn(const af_args& a, const af_task& t, uint32_t pos, float* sm) {
+    const af_plan_consts& c = a.c;
+    const uint32_t span = af_span(), first = t.slot * span;
+    if (first > pos) {  // chunk not active at this position
+        if (AF_TRACE_MARK > 1) trace_mark(AF_TRACE_MARK);  // every phase ends here
+        return;
+    }
+    trace_mark(6);
+    const uint32_t hd = c.head_dim, hdv = c.head_dim_v, g = udiv(c.n_head, c.n_head_kv);
+    const uint32_t n = min(span, pos + 1 - first);
+    const float* qkv = layer_at(a, t.layer, c.lay_qkv);
+    const float* side = layer_at(a, t.layer, c.lay_qkv_side);
+    const af_attn_room room(c, sm, 1);
+    const uint32_t t_id = threadIdx.x;
+    // thread j * hd + i ropes element i of query head j, the next hd threads the new key, the
+    // next hdv copy the new value
+    const uint32_t v_row = (c.n_head + c.n_head_kv) * hd + t.head * hdv;
+    if (t_id < (g + 1) * hd) {
+        const uint32_t j = udiv(t_id, hd), row = head_row(c, t, j, g);
+        rope_head(j < g ? room.q + j * hd : room.kb, qkv + row, side + row, a, pos, t_id - j * hd);
+    } else if (t_id < (g + 1) * hd + hdv) {
+        const uint32_t d = t_id - (g + 1) * hd;
+        room.vb[d] = __fadd_rn(ld_act(qkv + v_row + d), ld_side(side + v_row + d, side_live(1)));
+    }
+    __syncthreads();
+    trace_mark(2);
+    const uint32_t lh = t.layer * c.n_head_kv + t.head;
+    if (t.slot == 0 && t_id < hd) a.kcache[((size_t)lh * c.ctx + pos) * hd + t_id] = room.kb[t_id];
+    if (t.slot == 0 && t_id >= hd && t_id < hd + hdv) a.vcache[((size_t)lh * c.ctx + pos) * hdv + t_id - hd] = room.vb[t_id - hd];
+    attn_chunk(a, t, 0, pos, pos, first, n, room.q, room.kb, room.vb, room.s);
+}
+
 // The merge when one attention chunk is active (pos below the span): that chunk's max is
 // m, so its scale is expf(0) = 1 and merge_attention's sums give total = l, o = 0 + o; xs =
 // (0 + o) / l, the same bits, two elements per thread (records are 8-byte aligned: hdv is even).
-__device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer, float* xs) {
+__device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer, float* xs, uint32_t tok = 0) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2;
-    const float* parts = layer_at(a, layer, c.lay_attn);
+    const float* parts = layer_at(a, layer, c.lay_attn, tok);
     for (uint32_t i = 2 * threadIdx.x; i < c.n_head * hdv; i += 2 * AF_THREADS) {
         const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
         const float* r = parts + (size_t)h * rec;
@@ -283,10 +315,11 @@ __device__ __forceinline__ void merge_one_chunk(const af_args& a, uint32_t layer
 
 // Merge the active chunks' partials for every query head into xs (n_head * hdv), as the VM, four
 // chunks at a time per element (inside the call merge_chunks, not in op_wo: see there).
-__device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+__device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer, uint32_t pos, float* xs,
+                                                uint32_t tok) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = active_chunks(pos);
-    const float* parts = layer_at(a, layer, c.lay_attn);
+    const float* parts = layer_at(a, layer, c.lay_attn, tok);
     constexpr uint32_t near = 4;  // up to this many chunks, every load is issued before any math
     for (uint32_t i = threadIdx.x; i < c.n_head * hdv; i += AF_THREADS) {
         const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
@@ -343,16 +376,18 @@ __device__ __forceinline__ void merge_attention(const af_args& a, uint32_t layer
 // chunk's scale expf(m_c - m) once (merge_attention computes the same value for every element),
 // the sum of scale * l in chunk order, and per element the sum of scale * o in chunk order over
 // that: merge_attention's arithmetic, the same bits. Returns false, doing nothing, when the
-// records do not fit beside xs (the host reserves the room where the GPU has it).
-__device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+// records do not fit in the `room` floats of scratch at st (the host reserves the room where the
+// GPU has it).
+__device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, uint32_t pos, float* xs, uint32_t tok,
+                                             float* st, uint32_t room) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2, active = active_chunks(pos), heads = c.n_head;
     const uint32_t n = active * heads * rec, n4 = (n + 3) & ~3u;
-    float* st = xs + AF_SM_OFFSET;  // the opcodes' scratch after xs and red: (active, heads, rec)
-    if (n4 + heads * (active + 2) > a.table_offset - AF_SM_OFFSET) return false;
+    // st: the opcodes' scratch, `room` floats: (active, heads, rec)
+    if (n4 + heads * (active + 2) > room) return false;
     float* scale = st + n4;                       // (heads, active)
     float* mx = scale + heads * active;           // (heads): the max, then the sum of scale * l
-    const float* parts = layer_at(a, layer, c.lay_attn);  // 256-byte aligned, records back to back
+    const float* parts = layer_at(a, layer, c.lay_attn, tok);  // 256-byte aligned, records back to back
     for (uint32_t i = threadIdx.x; i < n / 4; i += AF_THREADS) cp_async16(st + 4 * i, parts + 4 * i);
     for (uint32_t i = n / 4 * 4 + threadIdx.x; i < n; i += AF_THREADS) st[i] = ld_act(parts + i);
     cp_async_wait_all();
@@ -389,10 +424,10 @@ __device__ __forceinline__ bool merge_staged(const af_args& a, uint32_t layer, u
 // The merge of two to four active chunks: like merge_one_chunk, two elements of
 // one head per thread, every chunk's (m, l) and o pair requested at once (one round trip to L2),
 // each chunk's scale computed once for both; merge_attention's arithmetic, the same bits.
-__device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint32_t active, float* xs) {
+__device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint32_t active, float* xs, uint32_t tok) {
     const af_plan_consts& c = a.c;
     const uint32_t hdv = c.head_dim_v, rec = hdv + 2;
-    const float* parts = layer_at(a, layer, c.lay_attn);
+    const float* parts = layer_at(a, layer, c.lay_attn, tok);
     for (uint32_t i = 2 * threadIdx.x; i < c.n_head * hdv; i += 2 * AF_THREADS) {
         const uint32_t h = udiv(i, hdv), d = umod(i, hdv);
         float mc[4], lc[4];
@@ -428,10 +463,11 @@ __device__ __forceinline__ void merge_few(const af_args& a, uint32_t layer, uint
 // fits, else four chunks at a time.
 // Not inlined: inside op_wo the merges' loops left the worker 120-150 B of register spills at 64
 // registers per thread (ptxas -v); as one call, neither it nor the worker spills (sm_90, sm_86).
-__device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs) {
+__device__ __noinline__ void merge_chunks(const af_args& a, uint32_t layer, uint32_t pos, float* xs, uint32_t tok,
+                                          float* st, uint32_t room) {
     const uint32_t active = active_chunks(pos);
-    if (active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs);
-    else if (!(active > 4 && merge_staged(a, layer, pos, xs))) merge_attention(a, layer, pos, xs);
+    if (active <= 4 && a.c.head_dim_v % 2 == 0) merge_few(a, layer, active, xs, tok);
+    else if (!(active > 4 && merge_staged(a, layer, pos, xs, tok, st, room))) merge_attention(a, layer, pos, xs, tok);
 }
 
 // h[rows] = x[layer][rows] + the task's piece of W_o . merged attention; a side piece goes to
@@ -442,7 +478,7 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
     auto merge = [&] {
         if (xs_ready) return;
         if (pos < af_span() && c.head_dim_v % 2 == 0) merge_one_chunk(a, t.layer, xs);
-        else merge_chunks(a, t.layer, pos, xs);
+        else merge_chunks(a, t.layer, pos, xs, 0, xs + AF_SM_OFFSET, a.table_offset - AF_SM_OFFSET);
     };
     gemv_list<AF_UNROLL>(rows_of(a, t), xs + AF_XS_STEP * (t.part_start / 8), merge,
               [&](uint32_t i, float v) {
@@ -455,29 +491,42 @@ __device__ void op_wo(const af_args& a, const af_task& t, uint32_t pos, float* x
               });
 }
 
-// gate and up rows of rmsnorm(h + h_side), silu(gate) * up into h; then this task's columns of
-// ffn_down (stored transposed, one row of n_embd per FFN row), output rows [part_start,
-// +part_count) only, times h. The down sum: `groups` row groups (row i in group i % groups),
-// each in increasing row order, then summed in group order.
+// The FFN input of token tok, as its readers see it: h + h_side of the layer.
+__device__ __forceinline__ af_x ffn_in(const af_args& a, uint32_t layer, uint32_t tok) {
+    const af_plan_consts& c = a.c;
+    return af_x{layer_at(a, layer, c.lay_h, tok), layer_at(a, layer, c.lay_h_side, tok), !side_live(2), nullptr};
+}
+
+__device__ void ffn_down(const af_args& a, const af_task& t, uint32_t tok, float* h, const float* up, float* part,
+                         const float* red);
+
+// gate and up rows of rmsnorm(h + h_side), then ffn_down's work.
 __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
-    const uint32_t e = c.n_embd, cols = e / 8;
     float* h = sm;                        // (row_count): gate, then silu(gate) * up
     float* up = sm + a.ffn_max_rows;      // (row_count)
-    float* part = up + a.ffn_max_rows;    // (groups, n_embd)
     const uint32_t n = t.row_count;
     gemv_list<AF_UNROLL>(rows_of(a, t), xs,
               [&] {
-                  if (!xs_ready)
-                      rmsnorm_shared<true>(xs,
-                                     af_x{layer_at(a, t.layer, c.lay_h), layer_at(a, t.layer, c.lay_h_side),
-                                          !side_live(2), nullptr},
-                                     f32_at(a, t.norm), e, c.rms_eps, red);
+                  if (!xs_ready) rmsnorm_shared<true>(xs, ffn_in(a, t.layer, 0), f32_at(a, t.norm), c.n_embd, c.rms_eps, red);
               },
               [&](uint32_t i, float v) {
                   if (i < n) h[i] = v;
                   else up[i - n] = v;
               });
+    ffn_down(a, t, 0, h, up, up + a.ffn_max_rows, red);
+}
+
+// silu(gate) * up of task t's FFN rows for token tok (h: the gate rows' sums, up: the up rows', red:
+// its norm's chunk sums, whose scale they still lack) into h; then the task's columns of ffn_down
+// (stored transposed, one row of n_embd per FFN row), output rows [part_start, +part_count) only,
+// times h, into token tok's FFN sums. The down sum: `groups` row groups (row i in group i %
+// groups), each in increasing row order, then summed in group order (part: (groups, n_embd)).
+__device__ void ffn_down(const af_args& a, const af_task& t, uint32_t tok, float* h, const float* up, float* part,
+                         const float* red) {
+    const af_plan_consts& c = a.c;
+    const uint32_t e = c.n_embd, cols = e / 8;
+    const uint32_t n = t.row_count;
     trace_mark(7);
     const uint32_t groups = cols >= AF_THREADS ? 1 : udiv(AF_THREADS, cols);
     const uint32_t grp = udiv(threadIdx.x, cols);
@@ -562,7 +611,7 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
     // every run, and the plan's FFN reduce waves and their barriers are skipped (load_table). A
     // partial that is not finite or has |v| >= 2^22 (it could overflow the accumulator) sets bit 1
     // of the error word.
-    unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
+    unsigned long long* acc = ffn_acc(a, t.layer, tok) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
     bool bad = false;
     for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];
