@@ -546,6 +546,10 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
             report.section(f"{name}.twenty_workers", twenty_workers, worker, runtime, package, work / f"{name}.w20")
             if name in BENCHED:
                 report.section(f"{name}.prompt", cuda_bench.prompt_time, runtime)
+                gbs = workers[q8].stream_read_gbs()
+                for c in (64, 1024):
+                    report.section(f"{name}.prefill_step_ctx{c}", lambda: cuda_bench.breakdown(
+                        cuda_bench.trace_prefill_step(runtime, c), package.plan, gbs))
                 report.section(f"{name}.decode", lambda: [cuda_bench.time_context(runtime, c) for c in (1, 4096)])
             runtime.close()
             continue

@@ -34,6 +34,7 @@ CONTEXTS = (1, 512, 4096)
 STEPS = 64
 REPEATS = 5
 PROMPT = 2000  # tokens of the prompt whose time to the logits is measured
+MAX_STEPS_PREFILL = 64  # tokens of a prefill launch (runtime.MAX_STEPS)
 
 
 # ---- the floor ------------------------------------------------------------------------------------
@@ -156,12 +157,24 @@ def trace_token(runtime, context: int) -> dict:
     trace JSON of plan/pictures.py plus the time each worker left each wave's barrier
     ("wave_release_ns"), all ns from the first task start."""
     result = runtime.launch([17, 42], context - 1, trace_step=1, hold_pos=True)
-    raw, plan = result.trace, runtime.plan
+    return trace_json(runtime, result.trace, context - 1)
+
+
+def trace_prefill_step(runtime, context: int) -> dict:
+    """The fourth prefill step (block) of a 64-token launch whose last position is context - 1,
+    traced as trace_token traces a decode step (its position: the block's first)."""
+    pos0 = max(0, context - MAX_STEPS_PREFILL)
+    runtime.prefill([(5 + 7 * i) % runtime.k["vocab"] for i in range(MAX_STEPS_PREFILL)], pos0, trace_step=3)
+    return trace_json(runtime, runtime.prefill_trace, pos0 + 3 * runtime.block)
+
+
+def trace_json(runtime, raw: dict, position: int) -> dict:
+    plan = runtime.plan
     stamps = raw["tasks"].astype(np.int64)
     t0 = int(stamps[:, 0].min())
     tasks = [[i, int(start - t0), int(end - t0)] for i, (start, end) in enumerate(stamps)]
     return {"format": TRACE_FORMAT, "version": 1, "fingerprint": plan.fingerprint.get("fingerprint"),
-            "position": context - 1, "time_unit": "ns", "tasks": tasks,
+            "position": position, "time_unit": "ns", "tasks": tasks,
             "wave_release_ns": (raw["waves"].astype(np.int64) - t0).tolist(), "workers": runtime.workers}
 
 

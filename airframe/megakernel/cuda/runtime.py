@@ -600,10 +600,11 @@ class Runtime:
         if bad:
             raise GPUError(f"token {bad[0]}, expected 0..{self.k['vocab'] - 1}")
 
-    def prefill(self, tokens: Sequence[int], pos0: int) -> float:
+    def prefill(self, tokens: Sequence[int], pos0: int, trace_step: int | None = None) -> float:
         """Run `tokens`, a multiple of self.block, at positions pos0.. through the prefill kernel,
         MAX_STEPS tokens a launch: their K and V rows reach the cache with the bits decode steps
-        would have written there, and no logits are made. Returns the launches' GPU ms."""
+        would have written there, and no logits are made. Returns the launches' GPU ms. With
+        `trace_step`, that step of the first launch is traced into self.prefill_trace."""
         self.device.make_current()
         if not self.block:
             raise GPUError("this GPU has no room for the prefill kernel's shared memory; expected prompts token "
@@ -614,14 +615,15 @@ class Runtime:
             raise GPUError(f"positions {pos0}..{pos0 + len(tokens) - 1}, the package holds {self.k['ctx']}")
         self._check_vocab(tokens)
         dev, f = self.device, CONTROL_FIELDS
-        args = self.args(False, None)
-        args["table_offset"], args["shared_floats"] = self.prefill_table_offset, self.prefill_shared_bytes // 4
+        trace = self._trace_buffers() if trace_step is not None else None
         self.worker.set_shared(self.prefill_shared_bytes, self.worker.prefill_kernel)
         ms = 0.0
         for start in range(0, len(tokens), MAX_STEPS):
             chunk = list(tokens[start:start + MAX_STEPS])
             steps = len(chunk) // self.block
-            dev.upload(self.buffers["ctl"], self.control(chunk, pos0 + start, steps, (), 0))
+            args = self.args(False, trace if start == 0 else None)
+            args["table_offset"], args["shared_floats"] = self.prefill_table_offset, self.prefill_shared_bytes // 4
+            dev.upload(self.buffers["ctl"], self.control(chunk, pos0 + start, steps, (), trace_step or 0))
             check(dev.cu.cuMemsetD32(self.buffers["barrier"].ptr, 0, 4), "cuMemsetD32")
             ms += self.worker.timed(lambda: self.worker.launch(
                 self.worker.prefill_kernel, self.workers, self.worker.threads, self.prefill_shared_bytes, [args],
@@ -630,6 +632,8 @@ class Runtime:
             check_error_word(ctl, pos0 + start)
             if int(ctl[f["steps_done"]]) != steps:
                 raise GPUError(f"the prefill kernel ran {int(ctl[f['steps_done']])} steps, expected {steps}")
+            if trace and start == 0:
+                self.prefill_trace = self._read_trace(trace)
         return ms
 
     def _trace_buffers(self) -> dict:

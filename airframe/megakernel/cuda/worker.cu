@@ -248,7 +248,8 @@ __device__ void run_block_task(const af_args& a, const af_task& t, uint32_t b0, 
 
 // The prompt in prefill steps of AF_BLOCK tokens: step s runs tokens_in[s * AF_BLOCK ..] at
 // positions pos0 + s * AF_BLOCK .. (n_steps * AF_BLOCK <= AF_MAX_STEPS tokens a launch), in the
-// arenas of tokens 0 .. AF_BLOCK - 1; it makes no logits and no token.
+// arenas of tokens 0 .. AF_BLOCK - 1; it makes no logits and no token. With a trace buffer, step
+// trace_step is traced as a decode step is.
 extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_prefill(__grid_constant__ const af_args a) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
@@ -260,11 +261,23 @@ extern "C" __global__ void __launch_bounds__(AF_THREADS, 1) af_prefill(__grid_co
     uint32_t target = 0;
     for (uint32_t step = 0; step < n_steps; ++step) {
         const uint32_t b0 = ctl->pos0 + step * AF_BLOCK;
+        const bool traced = a.trace && step == ctl->trace_step;
         for (uint32_t w = 0; w < a.c.n_waves; ++w) {
-            if (tb.skipped(w)) continue;
-            for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i)
+            if (tb.skipped(w)) {
+                if (traced && threadIdx.x == 0) skip_trace(a, tb, w);
+                continue;
+            }
+            for (uint32_t i = tb.wave_first()[w]; i < tb.wave_first()[w + 1]; ++i) {
+                const unsigned long long t0 = traced ? global_ns() : 0;
                 run_block_task(a, tb.tasks()[i], b0, ctl->tokens_in + step * AF_BLOCK, xs, red, sm);
+                if (traced && threadIdx.x == 0) {
+                    const uint32_t g = tb.global(w) + i - tb.wave_first()[w];
+                    a.trace[2 * g] = t0;
+                    a.trace[2 * g + 1] = global_ns();
+                }
+            }
             grid_sync(a.barrier, target);
+            if (traced && threadIdx.x == 0 && a.trace_waves) a.trace_waves[w * grid_blocks() + blockIdx.x] = global_ns();
         }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) ctl->steps_done = n_steps;

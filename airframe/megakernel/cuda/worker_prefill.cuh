@@ -9,9 +9,9 @@
 #include "worker_ops.cuh"
 
 #define AF_BLOCK 8  // prompt tokens a prefill step runs (runtime.BLOCK)
-// weight vectors per lane per chunk of a prefill GEMV: each is used AF_BLOCK times, so fewer in
-// flight than a decode step's AF_UNROLL keep the block's sums in registers
-#define AF_PF_UNROLL 2
+// weight vectors per lane per chunk of a prefill GEMV: each is used AF_BLOCK times, and one a lane
+// keeps the block's sums in registers (two spilled 24-60 B a call in the BF16 build, ptxas -v)
+#define AF_PF_UNROLL 1
 // Its dynamic shared memory: xs of each token (AF_XS_FLOATS apart), red of each (64 floats
 // apart), then sm, the opcodes' scratch, up to the task table.
 #define AF_PF_RED_OFFSET (AF_BLOCK * AF_XS_FLOATS)
@@ -21,8 +21,8 @@
 __device__ __forceinline__ float* xs_of(float* xs, uint32_t b) { return xs + b * AF_XS_FLOATS; }
 __device__ __forceinline__ float* red_of(float* red, uint32_t b) { return red + 64 * b; }
 
-// (The pf_ opcodes are calls, as merge_chunks: inlined into af_prefill they spilled 180-250 B of
-// its 64 registers a thread; as calls, 0-48 B, ptxas -v.)
+// (The pf_ opcodes are calls, as merge_chunks: inlined into af_prefill they spilled 150-250 B of
+// its 64 registers a thread; as calls, none.)
 __device__ __noinline__ void pf_qkv(const af_args& a, const af_task& t, float* xs, float* red, bool xs_ready) {
     const af_plan_consts& c = a.c;
     if (!xs_ready)
