@@ -725,6 +725,20 @@ def test_sample_stream_draws_in_launches_of_64(params):
     stream.close()
 
 
+def test_sample_stream_prefills_whole_blocks_of_the_prompt():
+    params = SamplingParams(temperature=0.9, top_k=20, repeat_penalty=1.3, seed=3)
+    rt = DrawingRuntime()
+    rt.block = 8
+    backend = CudaBackend(rt, SMOL)
+    prompt = [t % 50 for t in range(5, 75)]  # 64 tokens prefilled, the last 6 in the first drawing launch
+    sampler, history = Sampler(params, 50), History(list(prompt), n_prompt=len(prompt))
+    stream = backend.sample_stream(sampler, history, prompt)
+    tokens = [next(stream) for _ in range(20)]
+    assert tokens == host_tokens(params, prompt, 20)
+    assert rt.prefills == [(prompt[:64], 0)] and rt.launches[0][:3] == (prompt[64:], 64, 64)
+    stream.close()
+
+
 def test_sample_stream_stops_after_a_stop_id_and_at_the_context():
     params = SamplingParams(temperature=0.9, top_k=20, seed=3)
     want = host_tokens(params, [1, 2], 40)

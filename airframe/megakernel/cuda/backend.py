@@ -173,7 +173,8 @@ class CudaBackend(Backend):
         if self.draw_refuses(sampler) is not None:
             yield from super().sample_stream(sampler, history, tokens, stop_ids)
             return
-        pending = [int(t) for t in check_tokens(tokens, self.n_past, self.n_ctx, self.config.vocab_size)]
+        pending = self.prefill_blocks([int(t) for t in check_tokens(tokens, self.n_past, self.n_ctx,
+                                                                    self.config.vocab_size)])
         while True:
             if len(pending) > MAX_STEPS:  # prompt only: nothing drawn yet
                 self.runtime.launch(pending[:MAX_STEPS], self.n_past)
