@@ -270,7 +270,7 @@ def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, n_tokens,
     out_rows = rows // 2 if mode & K.MODE_GATED else rows
     params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
                            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=norm_w, eps=1e-5,
-                           x_stride=x_stride or cols, y_stride=out_rows, y_off=0, row_words2=row_words)
+                           x_stride=x_stride or cols, y_stride=out_rows, y_off=0, row_words2=row_words, xq_off=0)
     group = kern.bind("gemm", [buf, x, y, kern.uniform(params), step])
     grid = (kern.gemm_groups(out_rows, bool(mode & K.MODE_GATED)), K.ceil_div(n_tokens, K.GEMM_TILE_TOKENS), splits)
     return K.Dispatch(program, kern.pipeline(program, quant), group, grid)
@@ -394,7 +394,7 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
         step = kern.uniform(K.pack_step(0, n_tok))
         params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
                                seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
-                               y_stride=rows, y_off=0, row_words2=row_words)
+                               y_stride=rows, y_off=0, row_words2=row_words, xq_off=0)
         rows_wg, shape = kern.decode_matmul(rows, cols, quant, n_tok)
         uniform = kern.uniform(params)
         groups = [kern.bind("gemv", [buf, x, y, uniform, step]) for buf in bufs]
