@@ -7,6 +7,7 @@ const MODE_ACCUMULATE: u32 = 2u; // Y += result (residual add) instead of Y = re
 const MODE_GATED: u32 = 4u;     // two weights (gate at w0, up at w1): Y = act(gate.x) * (up.x)
 const MODE_GELU: u32 = 8u;      // the gated activation is GELU-tanh (otherwise SiLU)
 const MODE_X_STEP: u32 = 16u;   // the first input token is S.lm_first (LM head of the last position)
+const MODE_ROUND_OUT: u32 = 32u; // gemv.wgsl: Y also gets the output rounded to 8 bits, for the next matmul
 
 fn silu(x: f32) -> f32 {
     return x / (1.0 + exp(-x));
@@ -26,7 +27,8 @@ fn gated(mode: u32, gate: f32, up: f32) -> f32 {
 
 // Output `at` from its sums: a (the gate's with MODE_GATED) and b (the up's), each times `scale`
 // (1 / rms with MODE_NORM, else 1), then the gated activation; added to Y with MODE_ACCUMULATE.
-fn write_y(mode: u32, at: u32, a: f32, b: f32, scale: f32) {
+// Returns the output before the add.
+fn write_y(mode: u32, at: u32, a: f32, b: f32, scale: f32) -> f32 {
     var y = a * scale;
     if ((mode & MODE_GATED) != 0u) {
         y = gated(mode, y, b * scale);
@@ -36,4 +38,5 @@ fn write_y(mode: u32, at: u32, a: f32, b: f32, scale: f32) {
     } else {
         Y[at] = y;
     }
+    return y;
 }

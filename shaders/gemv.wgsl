@@ -16,6 +16,10 @@
 // MODE fusions (activation.wgsl): RMSNorm of the input (every subgroup reads its share of x anyway,
 // so the sum of squares costs no extra pass; 1/rms applied to the sums), gated activation, residual
 // add; up to three weight segments (e.g. attn_q, attn_k, attn_v of one type) make one output.
+// MODE_ROUND_OUT (the gated FFN, before a quantized ffn_down): the workgroup also rounds its output
+// rows, 16 at a time, as gemv/x_int8.wgsl would round them as x, and stores them in Y from
+// P.xq_off on, each token's P.rows / 16 blocks after the last's; ffn_down then reads them (its
+// STAGE_X 2) instead of rounding each block once per workgroup.
 
 #include "matmul_structs.wgsl"
 
@@ -32,10 +36,13 @@ const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 4
 // the up rows' sums, the squares, their registers
 const MODE: u32 = {GEMV_MODE}u;
 
+const ROUND_OUT: bool = (MODE & MODE_ROUND_OUT) != 0u;
+
 var<private> quad_row: u32;  // the first of the 4 rows this invocation sums (a unit mixing types reads it)
 
 #include "activation.wgsl"
 #include "gemv_common.wgsl"
+#include "gemv/x_round.wgsl"
 #include "lanes_{REDUCE}.wgsl"
 // binding 0 (W), UNIT, XU, unit_x and unit_rows come from the unit file, and from the x file it
 // includes (gemv/x_float.wgsl or gemv/x_int8.wgsl) chunk_units, stage_x and token_x
@@ -44,6 +51,8 @@ var<private> quad_row: u32;  // the first of the 4 rows this invocation sums (a 
 const SUBS: u32 = {GEMV_SUBGROUPS}u;  // subgroups a workgroup may have: WG / the least subgroup size
 // each (token, subgroup)'s sums of its quad: a | b | sq
 var<workgroup> partial: array<vec4<f32>, 3u * SUBS * TOKENS>;
+// MODE_ROUND_OUT: each token's output rows of the workgroup, for their rounding
+var<workgroup> y_round: array<f32, {GEMV_ROUND_FLOATS}u>;
 
 // first word of each of the 4 rows from `row` on (rows past the end repeat the last one); with
 // `up`, of the up-projection rows paired with them (MODE_GATED)
@@ -55,14 +64,41 @@ fn row_words(row: u32, up: bool) -> vec4<u32> {
     return vec4<u32>(row_base(ids.x), row_base(ids.y), row_base(ids.z), row_base(ids.w));
 }
 
-fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32) {
+// rows row..row+3 of the token; with MODE_ROUND_OUT also into y_round from `kept` on
+fn write_rows(row: u32, token: u32, a: vec4<f32>, b: vec4<f32>, sq: f32, kept: u32) {
     var inv = 1.0;
     if ((MODE & MODE_NORM) != 0u) {
         inv = inverseSqrt(sq / f32(P.cols) + P.eps);
     }
     for (var r = 0u; r < 4u; r++) {
         if (row + r < P.rows) {
-            write_y(MODE, token * P.y_stride + P.y_off + row + r, a[r], b[r], inv);
+            let y = write_y(MODE, token * P.y_stride + P.y_off + row + r, a[r], b[r], inv);
+            if (ROUND_OUT) {
+                y_round[kept + r] = y;
+            }
+        }
+    }
+}
+
+fn y_round_vec4(at: u32) -> vec4<f32> {
+    return vec4<f32>(y_round[at], y_round[at + 1u], y_round[at + 2u], y_round[at + 3u]);
+}
+
+// MODE_ROUND_OUT: the workgroup's rows from row0 of each token, 16 at a time, rounded and stored
+// (P.rows is a multiple of 16 and ROWS_WG of 16: a block's rows are all there or none)
+fn round_out(row0: u32, first_token: u32, n_tokens: u32, lid: u32) {
+    let blocks = ROWS_WG / 16u;
+    let t = lid / blocks;
+    let row = row0 + 16u * (lid % blocks);
+    if (t < n_tokens && row < P.rows) {
+        let at = t * ROWS_WG + row - row0;
+        let r = round16(X16(mat4x4<f32>(y_round_vec4(at), y_round_vec4(at + 4u), y_round_vec4(at + 8u),
+                                        y_round_vec4(at + 12u)), 0.0));
+        let out = P.xq_off + ((first_token + t) * P.rows + row) / 2u;  // 8 floats a block
+        let s = x8_scales(r);
+        for (var c = 0u; c < 4u; c++) {
+            Y[out + c] = bitcast<f32>(r.q[c]);
+            Y[out + 4u + c] = s[c];
         }
     }
 }
@@ -184,7 +220,11 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
                 b += partial[at + 1u];
                 s += partial[at + 2u].x;
             }
-            write_rows(wid.x * ROWS_WG + 4u * q, first_token + t, a, b, s);
+            write_rows(wid.x * ROWS_WG + 4u * q, first_token + t, a, b, s, t * ROWS_WG + 4u * q);
         }
+    }
+    if (ROUND_OUT) {
+        workgroupBarrier();  // every row is in y_round
+        round_out(wid.x * ROWS_WG, first_token, n_tokens, lid);
     }
 }

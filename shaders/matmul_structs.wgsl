@@ -18,6 +18,7 @@ struct Params {
     y_stride: u32,   // floats between two tokens of Y
     y_off: u32,      // first float of this output inside a token's row of Y
     row_words2: u32, // u32 words per weight row of segment 2 (gemv/k_q6_k.wgsl: another type's)
+    xq_off: u32,     // gemv.wgsl: first float of the rounded copy, of Y (MODE_ROUND_OUT) or X (STAGE_X 2)
 }
 
 #include "step.wgsl"

@@ -189,6 +189,9 @@ def test_tiled_matmuls_as_on_discrete_gpus(tmp_path, family, qtype, reduce):
         assert f"blk.{gpu.config.n_layers - 1}.ffn_down.split_sum" in {op.label for op in last.ops}
         norm = next(op for op in gpu.slot_ops[0][1].ops if op.label == "blk.1.attn_norm")
         assert norm.when is first.carry.when
+    # ffn_down's 8-bit units read x as gate/up rounded and stored it; BF16's reads the floats
+    gate_up, down = (next(op for op in first.ops if op.label == f"blk.0.{name}") for name in ("ffn_gate_up", "ffn_down"))
+    assert down.x_stored == (qtype != "BF16") == bool(gate_up.mode & pl.MODE_ROUND_OUT)
     if mix:  # layer 1's V is Q6_K: both QKV matmuls, then their sums, each group's partials apart
         v = gpu.config.n_q + gpu.config.n_kv
         assert gpu.group_partials(1) is not gpu.group_partials(0)

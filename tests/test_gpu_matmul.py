@@ -52,10 +52,10 @@ def shared():
 
 
 def params(rows, cols, row_words, mode=0, w=(0, 0, 0), segs=(pl.NO_SEGMENT, pl.NO_SEGMENT), norm_w=0,
-           x_stride=None, y_stride=None, y_off=0, row_words2=None):
+           x_stride=None, y_stride=None, y_off=0, row_words2=None, xq_off=0):
     return pl.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=mode, w0=w[0], w1=w[1], w2=w[2],
                           seg1=segs[0], seg2=segs[1], norm_w=norm_w, eps=1e-5, x_stride=x_stride or cols,
-                          y_stride=y_stride or rows, y_off=y_off, row_words2=row_words2 or row_words)
+                          y_stride=y_stride or rows, y_off=y_off, row_words2=row_words2 or row_words, xq_off=xq_off)
 
 
 def aligned(*parts):
@@ -78,15 +78,15 @@ def mode_of(p: bytes) -> int:
 
 
 def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
-        n_tokens=None, lm_first=0, unit=None):
+        n_tokens=None, lm_first=0, unit=None, cols=None, x_stored=False):
     """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x; gemv with
-    `unit` (shaders/gemv/<unit>.wgsl) else the type's own."""
+    `unit` (shaders/gemv/<unit>.wgsl) else the type's own, reading x as stored rounded where x_stored."""
     n_tokens = n_tokens or x.shape[0]
     q = quant(qtype)
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_group)
-        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, x.shape[1], mode_of(p))
+        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, cols or x.shape[1], mode_of(p), x_stored)
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None
@@ -252,6 +252,62 @@ def test_norm_gated_activation(tiled, qtype, program, n_tokens, activation):
     got = run(tiled, program, qtype, buffer, x_in, rows, p, gated=True)
     h = ref.rmsnorm(x, norm, 1e-5)
     close(got, ref.ACTIVATIONS[activation](h @ gate.T) * (h @ up.T), rtol(program, True, qtype))
+
+
+def rounded_blocks(y):
+    """numpy's gemv/x_round.wgsl: each run of 16 values as int8 q, with step = max |value| / 127."""
+    blocks = y.reshape(*y.shape[:-1], -1, 16).astype(np.float32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+    return np.rint(blocks * inv).astype(np.int32), (amax / np.float32(127)).astype(np.float32)[..., 0]
+
+
+@pytest.mark.parametrize("qtype,down_type", [(Q.Q4_K, Q.Q4_K), (Q.Q4_K, Q.Q6_K), (Q.BF16, Q.Q8_0), (Q.Q5_0, Q.Q5_1),
+                                             (Q.Q4_0, Q.Q4_0), (Q.Q5_K, Q.Q5_K)], ids=lambda q: q.name)
+@pytest.mark.parametrize("n_tokens,rows_wg", [(1, 16), (3, 16), (8, 32)])
+def test_gated_output_rounded_for_ffn_down(tiled, qtype, down_type, n_tokens, rows_wg):
+    """MODE_ROUND_OUT: the gated gemv stores its output rounded after the floats (records of 16 int8
+    and their step, step * sum and sum), and ffn_down's gemv reading them (its STAGE_X 2) makes the
+    bits it makes when it rounds the floats itself, alone and in a batch, close to numpy's."""
+    rng = np.random.default_rng(int(qtype) * 7 + int(down_type))
+    # ffn_down's rows: whole K-quant blocks, or 800 = 50 workgroups of 16 rows and 25 of 32
+    n_ff, cols = 768 if quant(down_type).gpu_block == 256 else 800, cols_for(qtype)[-1]
+    (gate_w, gate), (up_w, up) = quantized(rng, n_ff, cols, qtype), quantized(rng, n_ff, cols, qtype)
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    buffer, (n_at, g_at, u_at) = aligned(norm, gate_w, up_w)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    stored_at = n_tokens * n_ff + 4  # a float offset past the outputs, as Scratch.ffn_stored
+    mode = pl.MODE_NORM | pl.MODE_GATED | pl.MODE_ROUND_OUT
+    p = params(n_ff, cols, gate_w.shape[1], mode, (g_at, u_at, 0), norm_w=n_at, xq_off=stored_at)
+    out = run(tiled, "gemv", qtype, buffer, x, n_ff, p, np.zeros(stored_at + n_tokens * n_ff // 2, np.float32),
+              rows_wg=rows_wg, n_tokens=n_tokens)
+    h = out[:n_tokens * n_ff].reshape(n_tokens, n_ff)
+    plain = run(tiled, "gemv", qtype, buffer, x, n_ff, params(n_ff, cols, gate_w.shape[1], mode & ~pl.MODE_ROUND_OUT,
+                                                            (g_at, u_at, 0), norm_w=n_at), rows_wg=rows_wg)
+    np.testing.assert_array_equal(h, plain)
+    hn = ref.rmsnorm(x, norm, 1e-5)
+    close(h, ref.ACTIVATIONS["silu"](hn @ gate.T) * (hn @ up.T), rtol("gemv", True, qtype))
+
+    records = out[stored_at:].reshape(n_tokens, n_ff // 16, 8)
+    q = records[..., :4].copy().view(np.int8).astype(np.int32)
+    step, scaled, sq, total = records[..., 4], records[..., 5], records[..., 6], records[..., 7].copy().view(np.int32)
+    want_q, want_step = rounded_blocks(h)
+    np.testing.assert_allclose(step, want_step, rtol=1e-6)
+    assert np.abs(q - want_q).max() <= 1 and np.mean(q != want_q) < 0.01  # ties may round the other way
+    np.testing.assert_array_equal(total, q.sum(axis=-1))
+    np.testing.assert_allclose(scaled, step * total, rtol=1e-6)
+    assert not sq.any()
+
+    down_w, down = quantized(rng, 37, n_ff, down_type)
+    pd = params(37, n_ff, down_w.shape[1], xq_off=stored_at)
+    from_stored = run(tiled, "gemv", down_type, down_w, out[None], 37, pd, n_tokens=n_tokens, cols=n_ff, x_stored=True)
+    itself = run(tiled, "gemv", down_type, down_w, h, 37, pd)
+    np.testing.assert_array_equal(from_stored, itself)
+    close(from_stored, h @ down.T, rtol("gemv", qtype=down_type))
+    if n_tokens > 1:
+        alone = run(tiled, "gemv", down_type, down_w, out[None], 37, pd, n_tokens=1, cols=n_ff, x_stored=True)
+        np.testing.assert_array_equal(from_stored[:1], alone)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.Q5_0], ids=lambda q: q.name)

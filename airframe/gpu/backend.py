@@ -76,7 +76,7 @@ class Scratch:
     tmp: object       # (tokens, max(n_embd, n_q)) normed x / pre-norm projection outputs
     qkv: object       # (tokens, n_q + 2 n_kv)
     attn: object      # (tokens, n_q)
-    ffn: object       # (tokens, n_ff)
+    ffn: object       # (tokens, n_ff), then from float ffn_stored on a gemv's tokens' rounded copy of it
     part: object      # (rows, part_bytes): decode tokens' attention partials (attention_decode.wgsl's head_part)
     arrived: object   # (rows, n_head_kv) u32: splits of a decode token's K/V head done (attention_decode.wgsl)
     rows: object      # (rows,) DecodeRow (decode_rows.wgsl): each decode token's slot, position and splits
@@ -88,6 +88,7 @@ class Scratch:
     part_bytes: int   # of one decode row
     logit_rows: int
     split_width: int  # floats per token of `split`: the most a split matrix needs (splits x rows, pipes.gemm_splits)
+    ffn_stored: int   # first float of ffn's rounded copy (gemv.wgsl's MODE_ROUND_OUT: 8 floats per 16 values)
 
 
 class WebGPUBackend(Backend):
@@ -216,7 +217,7 @@ class WebGPUBackend(Backend):
             tmp=k.storage(t * wide * 4, "tmp"),
             qkv=k.storage(t * (c.n_q + 2 * c.n_kv) * 4, "qkv"),
             attn=k.storage(t * c.n_q * 4, "attn"),
-            ffn=k.storage(t * c.n_ff * 4, "ffn"),
+            ffn=k.storage((t * c.n_ff + k.gemv_tokens * c.n_ff // 2) * 4, "ffn"),
             part=k.storage(self.n_slots * part_bytes, "attention_partials"),
             arrived=k.storage(self.n_slots * c.n_head_kv * 4, "attention_arrivals"),
             rows=k.storage(self.n_slots * pl.ROW_BYTES, "decode_rows"),
@@ -228,6 +229,7 @@ class WebGPUBackend(Backend):
             part_bytes=part_bytes,
             logit_rows=logit_rows,
             split_width=split_width,
+            ffn_stored=t * c.n_ff,
         )
 
     # ---- Backend protocol -------------------------------------------------------------------

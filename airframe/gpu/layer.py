@@ -38,6 +38,7 @@ class Op:
     partials: tuple | None = None    # split_sum: (partials buffer, splits), for a norm that adds them itself
     unit: str | None = None          # gemv.wgsl's unit file where it is not the quant type's own (MIXED_UNITS)
     mode: int = 0                    # gemv.wgsl's MODE: the mode its bind group's params carry
+    x_stored: bool = False           # gemv.wgsl reads x rounded by the gemv before (MODE_ROUND_OUT)
 
     def program(self, pipes: pl.Pipelines, n_tokens: int) -> str:
         """The shader this op runs for n_tokens."""
@@ -57,7 +58,8 @@ class Op:
             shape = {"ROWS_TOKENS": tokens}
             grid = (pl.ceil_div(self.rows, pl.ROWS_WG), pl.ceil_div(n_tokens, tokens), 1)
         elif shader == "gemv":
-            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens, self.unit, self.mode)
+            rows_wg, shape = pipes.decode_matmul(self.rows, self.cols, self.quant, n_tokens, self.unit, self.mode,
+                                                 self.x_stored)
             grid = (pl.ceil_div(self.rows, rows_wg), pl.ceil_div(n_tokens, shape["GEMV_TOKENS"]), 1)
         else:
             grid = (pipes.gemm_groups(self.rows, self.gated), pl.ceil_div(n_tokens, pl.GEMM_TILE_TOKENS), self.k_splits)
@@ -88,11 +90,12 @@ class LayerOps:
 
 def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int, y, y_stride: int,
             y_off: int = 0, mode: int = 0, norm: PackedTensor | None = None, qkv_group: int = 0,
-            unit: str | None = None) -> list[Op]:
+            unit: str | None = None, xq_off: int = 0, x_stored: bool = False) -> list[Op]:
     """y = W x with up to three row segments (or gate/up with MODE_GATED); for a matrix that chunks
     split along K, also the split_sum.wgsl op that adds the partials (be.group_partials(qkv_group))
     into y. With MODE_NORM, gemm.wgsl reads x normalized by chunk_norm (scratch tmp) instead. With
-    `unit` (a decode-only gemv unit, MIXED_UNITS) only the gemv.wgsl op."""
+    `unit` (a decode-only gemv unit, MIXED_UNITS) only the gemv.wgsl op. xq_off: where in y the gemv
+    stores its output rounded (MODE_ROUND_OUT), or, with x_stored, where in x it finds its input so."""
     c = be.config
     first = weights[0]
     gated = mode & pl.MODE_GATED
@@ -109,11 +112,12 @@ def _matmul(be, label: str, layer, weights: list[PackedTensor], x, x_stride: int
             "gemv", rows=rows, cols=first.cols, row_words=first.row_words, mode=out_mode,
             w0=offsets[0], w1=offsets[1], w2=offsets[2], seg1=starts[0], seg2=starts[1],
             norm_w=norm.offset if norm else 0, eps=c.rms_eps, x_stride=x_stride, y_stride=out_stride, y_off=out_off,
-            row_words2=weights[-1].row_words)
+            row_words2=weights[-1].row_words, xq_off=xq_off)
         return k.bind("gemv", [layer, x_in, out, k.uniform(params, label), s.step])
 
     op = Op(label, "matmul", first.quant, bind(x, y, mode, y_stride, y_off), rows=rows, cols=first.cols,
-            output=(y, y_stride), gated=bool(gated), unit=unit, mode=mode)
+            output=(y, y_stride), gated=bool(gated), unit=unit, mode=mode, x_stored=x_stored)
+    mode &= ~pl.MODE_ROUND_OUT  # gemv.wgsl's only
     if unit:
         return [op]
     splits = k.gemm_splits(rows, first.cols, bool(gated))
@@ -185,6 +189,16 @@ def _row_halves(t: PackedTensor, rows: int) -> tuple[PackedTensor, PackedTensor]
     """Rows [0, rows) and [rows, 2 rows) of a packed matrix as two tensors (Phi-3's gate | up)."""
     return (replace(t, name=f"{t.name}[gate]", rows=rows),
             replace(t, name=f"{t.name}[up]", rows=rows, offset=t.offset + rows * t.row_words))
+
+
+def _down_x_stored(pipes: pl.Pipelines, gate: PackedTensor, down: PackedTensor) -> bool:
+    """Whether ffn_down's gemv reads its x as the gate/up gemv rounded and stored it (MODE_ROUND_OUT)
+    rather than rounding it itself, once per workgroup: where its unit rounds x to 8 bits, the gate/up
+    workgroups hold whole blocks of 16 rows, and the two matrices take gemv.wgsl for the same token
+    counts (tiled pipelines, both widths a multiple of GEMM_K)."""
+    rows_wg = pipes.gemv_rows(gate.rows, gate.cols, gate.quant.shader)
+    return (pipes.matmul == "tiled" and bool(pl.shader_constant(f"gemv/{down.quant.shader}.wgsl", "INT8_X"))
+            and rows_wg % 16 == 0 and gate.rows % 16 == 0 and gate.cols % pl.GEMM_K == 0 and down.cols % pl.GEMM_K == 0)
 
 
 def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
@@ -281,15 +295,18 @@ def build_layer(be, i: int, carried: Op | None = None) -> LayerOps:
         raise UnsupportedError(f"{be.gf.path}: blk.{i}.ffn_gate is {gate.qtype.name} but ffn_up is "
                                f"{up.qtype.name}; the fused gate/up kernel expects one type")
     act = pl.MODE_GELU if c.activation == "gelu_tanh" else 0
+    stored = _down_x_stored(k, gate, w["ffn_down"])
+    round_out = pl.MODE_ROUND_OUT if stored else 0
     gate_up = _matmul(be, f"blk.{i}.ffn_gate_up", buf, [gate, up], s.x, c.n_embd, s.ffn, c.n_ff,
-                      mode=pl.MODE_NORM | pl.MODE_GATED | act, norm=w["ffn_norm"])
+                      mode=pl.MODE_NORM | pl.MODE_GATED | act | round_out, norm=w["ffn_norm"], xq_off=s.ffn_stored)
     ops += [chunk_norm(be, f"blk.{i}.ffn_norm", buf, w["ffn_norm"], gate_up[0], wo_sum)] + gate_up
+    down_x = dict(xq_off=s.ffn_stored, x_stored=stored)
     if c.post_norms:
-        ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd)
+        ops += _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.tmp, c.n_embd, **down_x)
         ops.append(_rmsnorm(be, f"blk.{i}.post_ffw_norm", buf, w["post_ffw_norm"], s.tmp, s.x, c.n_embd, add=True))
         return LayerOps(k, ops)
     down = _matmul(be, f"blk.{i}.ffn_down", buf, [w["ffn_down"]], s.ffn, c.n_ff, s.x, c.n_embd,
-                   mode=pl.MODE_ACCUMULATE)
+                   mode=pl.MODE_ACCUMULATE, **down_x)
     if i == c.n_layers - 1:  # the final norm runs on decode tokens too: the last layer sums its own
         return LayerOps(k, ops + down)
     down, down_sum = _split_sum(down)
@@ -336,7 +353,7 @@ def build_globals(be) -> GlobalOps:
         params = pl.pack_params(
             "gemv", rows=chunk.n_rows, cols=h.cols, row_words=h.row_words, mode=head_mode, w0=0, w1=0, w2=0,
             seg1=pl.NO_SEGMENT, seg2=pl.NO_SEGMENT, norm_w=0, eps=c.rms_eps, x_stride=c.n_embd,
-            y_stride=c.vocab_size, y_off=chunk.first_row, row_words2=h.row_words)
+            y_stride=c.vocab_size, y_off=chunk.first_row, row_words2=h.row_words, xq_off=0)
         group = k.bind("gemv", [(chunk.buffer, chunk.offset, chunk.size), s.tmp, s.logits, k.uniform(params), s.head_step])
         head_ops.append(Op(f"lm_head#{j}", "matmul", h.quant, group, rows=chunk.n_rows, cols=h.cols,
                            output=(s.logits, c.vocab_size), mode=head_mode))

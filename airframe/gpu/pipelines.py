@@ -76,9 +76,9 @@ def shader_constant(file: str, name: str) -> int:
 
 
 # P.mode bits of the matmul programs (activation.wgsl)
-MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP = (
+MODE_NORM, MODE_ACCUMULATE, MODE_GATED, MODE_GELU, MODE_X_STEP, MODE_ROUND_OUT = (
     shader_constant("activation.wgsl", name)
-    for name in ("MODE_NORM", "MODE_ACCUMULATE", "MODE_GATED", "MODE_GELU", "MODE_X_STEP"))
+    for name in ("MODE_NORM", "MODE_ACCUMULATE", "MODE_GATED", "MODE_GELU", "MODE_X_STEP", "MODE_ROUND_OUT"))
 NO_SEGMENT = 0xFFFFFFFF
 GEMM_K = 32             # gemm.wgsl's step over the input columns (KSTEP)
 GEMM_TILE_ROWS, GEMM_TILE_TOKENS = 128, 64  # gemm.wgsl's tile
@@ -93,7 +93,7 @@ GEMV_GROUP = 4          # gemv.wgsl's tokens per workgroup at most; a batch of 8
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 XBLOCK_GRAIN = 16       # gemv/x_int8.wgsl stages x in runs of 16 blocks of 16 (a K-quant block)
 STAGE_ROWS_WG = 16      # gemv/x_int8.wgsl stages x in workgroups of this many rows or more
-STAGED_BLOCK_BYTES = 32  # a staged block: 16 int8 and 4 floats
+STAGED_BLOCK_BYTES = 32  # a staged or stored block of 16 rounded values: 16 int8 and 4 floats
 ROWS_WG, ROWS_TOKENS = 256, 8  # gemm_rows.wgsl: rows per workgroup (64 x 4), tokens per invocation at most
 STEP_BYTES = 16         # struct Step: n_past, n_tokens, lm_first, split_len
 ROW_BYTES = 16          # struct DecodeRow (decode_rows.wgsl): kv, n_past, split_len, part
@@ -198,14 +198,14 @@ class Pipelines:
         return self._layouts[kinds]
 
     def decode_matmul(self, rows: int, cols: int, quant: QuantType, n_tokens: int = 1,
-                      unit: str | None = None, mode: int = 0) -> tuple[int, dict]:
+                      unit: str | None = None, mode: int = 0, x_stored: bool = False) -> tuple[int, dict]:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
         workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
         per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own,
-        for an op of `mode` (its P.mode)."""
+        for an op of `mode` (its P.mode), reading x rounded by the gemv before where x_stored."""
         name = unit or quant.shader
         rows_wg = self.gemv_rows(rows, cols, name)
-        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols, mode)
+        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols, mode, x_stored)
 
     @staticmethod
     def gemv_rows(rows: int, cols: int, unit: str) -> int:
@@ -223,19 +223,28 @@ class Pipelines:
             rows_wg = 8
         return rows_wg
 
-    def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int, mode: int = 0) -> dict:
+    def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int, mode: int = 0,
+                   x_stored: bool = False) -> dict:
         """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl and an op of `mode` (MODE, a
         constant, so the compiler leaves out the sums and registers that the mode does not use). An
-        8-bit unit's workgroup of STAGE_ROWS_WG rows or more rounds x into workgroup memory once for
+        8-bit unit reads x as the gemv before stored it rounded where x_stored (MODE_ROUND_OUT);
+        else its workgroup of STAGE_ROWS_WG rows or more rounds x into workgroup memory once for
         all its quads (gemv/x_int8.wgsl): the whole row where workgroup memory holds it, else as many
         blocks of 16 x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
+        int8 = shader_constant(f"gemv/{unit}.wgsl", "INT8_X")
+        assert not x_stored or int8, f"gemv/{unit}.wgsl reads x as floats, not rounded"
+        assert not mode & MODE_ROUND_OUT or rows_wg % 16 == 0, f"{rows_wg} rows a workgroup cannot round blocks of 16"
+        round_floats = n_tokens * rows_wg if mode & MODE_ROUND_OUT else 1
         stage, x_blocks = 0, 1
-        if shader_constant(f"gemv/{unit}.wgsl", "INT8_X") and rows_wg >= STAGE_ROWS_WG:
-            room = self.gemv_room - n_tokens * self.gemv_merge_bytes
+        if x_stored:
+            stage = 2
+        elif int8 and rows_wg >= STAGE_ROWS_WG:
+            room = self.gemv_room - n_tokens * self.gemv_merge_bytes - 4 * round_floats
             fits = room // (n_tokens * STAGED_BLOCK_BYTES) // XBLOCK_GRAIN * XBLOCK_GRAIN
             stage, x_blocks = 1, max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
         return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens, "GEMV_MODE": mode,
-                "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_STAGE_X": stage, "GEMV_XBLOCKS": x_blocks}
+                "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_STAGE_X": stage, "GEMV_XBLOCKS": x_blocks,
+                "GEMV_ROUND_FLOATS": round_floats}
 
     @property
     def gemv_subgroups(self) -> int:

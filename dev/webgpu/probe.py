@@ -270,7 +270,7 @@ def gemm_dispatch(kern, qtype, buf, row_words, rows, cols, x, y, step, n_tokens,
     out_rows = rows // 2 if mode & K.MODE_GATED else rows
     params = K.pack_params("gemm", rows=out_rows, cols=cols, row_words=row_words, mode=mode, w0=0, w1=w1, w2=0,
                            seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=norm_w, eps=1e-5,
-                           x_stride=x_stride or cols, y_stride=out_rows, y_off=0, row_words2=row_words)
+                           x_stride=x_stride or cols, y_stride=out_rows, y_off=0, row_words2=row_words, xq_off=0)
     group = kern.bind("gemm", [buf, x, y, kern.uniform(params), step])
     grid = (kern.gemm_groups(out_rows, bool(mode & K.MODE_GATED)), K.ceil_div(n_tokens, K.GEMM_TILE_TOKENS), splits)
     return K.Dispatch(program, kern.pipeline(program, quant), group, grid)
@@ -394,15 +394,17 @@ def gemv(ctx, timer, types, bandwidth, units=(), token_counts=(1,)) -> dict:
         step = kern.uniform(K.pack_step(0, n_tok))
         params = K.pack_params("gemv", rows=rows, cols=cols, row_words=row_words, mode=0, w0=0, w1=0, w2=0,
                                seg1=K.NO_SEGMENT, seg2=K.NO_SEGMENT, norm_w=0, eps=1e-5, x_stride=cols,
-                               y_stride=rows, y_off=0, row_words2=row_words)
-        rows_wg, shape = kern.decode_matmul(rows, cols, quant, n_tok)
+                               y_stride=rows, y_off=0, row_words2=row_words, xq_off=0)
+        # ffn_down's 8-bit units read x as the gate/up gemv stored it (layer._down_x_stored)
+        stored = name == "down" and bool(K.shader_constant(f"gemv/{quant.shader}.wgsl", "INT8_X"))
+        rows_wg, shape = kern.decode_matmul(rows, cols, quant, n_tok, x_stored=stored)
         uniform = kern.uniform(params)
         groups = [kern.bind("gemv", [buf, x, y, uniform, step]) for buf in bufs]
         others = [u for u in units if u.startswith(quant.shader) and u != shape["GEMV_UNIT"]]
         for unit in [shape["GEMV_UNIT"]] + others:
             shader = "gemv/" + unit
             wg = rows_wg if unit == shape["GEMV_UNIT"] else kern.gemv_rows(rows, cols, unit)
-            pipeline = kern.pipeline("gemv", quant, kern.gemv_shape(unit, wg, shape["GEMV_TOKENS"], cols))
+            pipeline = kern.pipeline("gemv", quant, kern.gemv_shape(unit, wg, shape["GEMV_TOKENS"], cols, 0, stored))
             grid = (K.ceil_div(rows, wg), K.ceil_div(n_tok, shape["GEMV_TOKENS"]), 1)
             ds = [K.Dispatch(name, pipeline, group, grid) for group in groups]
             t = time_in_turn(ctx, timer, ds)
