@@ -60,10 +60,13 @@ __device__ __forceinline__ unsigned long long order_key(double p) {
 
 // The want-th largest of keys[0..n) (shared memory) where held(e) (at least want of them), as cut,
 // and how many of the held keys equal to it are among the want largest (at_cut): a radix select,
-// 8 bits a pass from bit `bits` down. Every thread calls it.
+// 8 bits a pass from bit `bits` down. It stops early (whole) once all the held keys of the cut's
+// bucket are among the largest: then cut has the bucket's digits and zeros below, and the want
+// largest are the held keys >= cut. Every thread calls it.
 template <class Key, class Held>
 __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t want, int bits, uint32_t* hist,
-                               uint32_t* out, Key& cut, uint32_t& at_cut) {
+                               uint32_t* out, Key& cut, uint32_t& at_cut, bool& whole) {
+    whole = false;
     Key prefix = 0, mask = 0;
     for (int shift = bits - 8; shift >= 0; shift -= 8) {
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
@@ -98,6 +101,7 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
                 if (above < want && above + c >= want) {
                     out[0] = 255 - 8 * lane - q;
                     out[1] = want - above;
+                    out[2] = c;
                 }
                 above += c;
             }
@@ -106,7 +110,9 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
         prefix |= (Key)out[0] << shift;
         mask |= (Key)255u << shift;
         want = out[1];
+        whole = out[2] == want;
         __syncthreads();  // out read by all before the next pass writes it
+        if (whole) break;
     }
     cut = prefix;
     at_cut = want;
@@ -119,7 +125,14 @@ __device__ void pick_largest(const unsigned long long* keys, uint32_t n, uint32_
                              uint32_t* out, IdOf id_of, Emit emit) {
     unsigned long long cut;
     uint32_t at_cut;
-    select_largest(keys, n, [](uint32_t) { return true; }, want, 64, hist, out, cut, at_cut);
+    bool whole;
+    select_largest(keys, n, [](uint32_t) { return true; }, want, 64, hist, out, cut, at_cut, whole);
+    if (whole) {  // no ties to split
+        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+            if (keys[e] >= cut) emit(e);
+        __syncthreads();  // (hist and out free again)
+        return;
+    }
     if (threadIdx.x == 0) out[2] = 0;
     __syncthreads();
     uint32_t ties = 0;
@@ -133,7 +146,9 @@ __device__ void pick_largest(const unsigned long long* keys, uint32_t n, uint32_
         for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) low[e] = keys[e] == cut ? 0xffffffffu - id_of(e) : 0u;
         __syncthreads();
         uint32_t cut_low, unused;
-        select_largest(low, n, [&](uint32_t e) { return keys[e] == cut; }, at_cut, 32, hist, out, cut_low, unused);
+        bool all_low;  // either way the ties taken are those with low >= cut_low: ids are distinct
+        select_largest(low, n, [&](uint32_t e) { return keys[e] == cut; }, at_cut, 32, hist, out, cut_low, unused,
+                       all_low);
         last_id = 0xffffffffu - cut_low;
     }
     for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
@@ -165,25 +180,62 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
                  });
 }
 
-// numpy's sum of a float64 array (pairwise_sum, for up to 128 values): fewer than 8 in order from
-// 0, else 8 running sums combined in pairs, then the rest in order.
-__device__ double numpy_sum(const double* v, uint32_t n) {
-    if (n < 8) {
+// Warp 0's helpers for the chain over at most 2 x 32 candidates, lane l holding l and l + 32.
+#define AF_FULL_WARP 0xffffffffu
+
+__device__ __forceinline__ double warp_max(double x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x = fmax(x, __shfl_xor_sync(AF_FULL_WARP, x, off));
+    return x;
+}
+
+// the largest of v[0..n), every lane the same
+__device__ __forceinline__ double largest(const double* v, uint32_t n) {
+    double top = -INFINITY;
+    for (uint32_t i = threadIdx.x; i < n; i += 32) top = fmax(top, v[i]);
+    return warp_max(top);
+}
+
+// For i = lane + 32 h of v[0..n): whether v[i] > -inf (live[h]) and its place among those in order
+// (place[h]). Returns how many are live.
+__device__ __forceinline__ uint32_t live_places(const double* v, uint32_t n, bool live[2], uint32_t place[2]) {
+    const uint32_t below = (1u << threadIdx.x) - 1u;
+    uint32_t total = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t i = threadIdx.x + 32u * h;
+        live[h] = i < n && v[i] > -INFINITY;
+        const uint32_t mask = __ballot_sync(AF_FULL_WARP, live[h]);
+        place[h] = total + __popc(mask & below);
+        total += __popc(mask);
+    }
+    return total;
+}
+
+// numpy's sum of a[0..m) (pairwise_sum, m <= 128), every lane the same: fewer than 8 in order from
+// 0, else 8 running sums (lanes 0..7) combined in pairs, then the rest in order.
+__device__ double numpy_sum(const double* a, uint32_t m) {
+    const uint32_t lane = threadIdx.x;
+    double res = 0.0;
+    if (m < 8) {
+        if (lane == 0)
+            for (uint32_t i = 0; i < m; ++i) res += a[i];
+    } else {
+        const uint32_t end = m - m % 8;
         double r = 0.0;
-        for (uint32_t i = 0; i < n; ++i) r += v[i];
-        return r;
+        if (lane < 8) {
+            r = a[lane];
+            for (uint32_t i = 8 + lane; i < end; i += 8) r += a[i];
+        }
+        // ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) gathers in lane 0
+        r += __shfl_down_sync(AF_FULL_WARP, r, 1);
+        r += __shfl_down_sync(AF_FULL_WARP, r, 2);
+        r += __shfl_down_sync(AF_FULL_WARP, r, 4);
+        res = r;
+        if (lane == 0)
+            for (uint32_t i = end; i < m; ++i) res += a[i];
     }
-    double r[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] = v[j];
-    uint32_t i = 8;
-    for (; i < n - n % 8; i += 8) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] += v[i + j];
-    }
-    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-    for (; i < n; ++i) res += v[i];
-    return res;
+    return __shfl_sync(AF_FULL_WARP, res, 0);
 }
 
 // sampling._probabilities over the values v[i] > -inf of v[0..n) (warp 0; p[i] = 0 elsewhere):
@@ -191,56 +243,58 @@ __device__ double numpy_sum(const double* v, uint32_t n) {
 // (AF_SAMPLE_K) is the work array the live values are gathered into, in order.
 __device__ void probabilities(const double* v, uint32_t n, double* p, double* alive) {
     const uint32_t lane = threadIdx.x;
-    double top = -INFINITY;
-    uint32_t inf = 0;
-    for (uint32_t i = 0; i < n; ++i) {  // (every lane the same: n <= 64)
-        top = fmax(top, v[i]);
-        inf += v[i] == INFINITY;
-    }
+    const double top = largest(v, n);
     if (top == INFINITY) {
+        uint32_t inf = 0;
+        for (uint32_t i = lane; i < n; i += 32) inf += v[i] == INFINITY;
+        inf = __reduce_add_sync(AF_FULL_WARP, inf);
         for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] == INFINITY ? 1.0 / (double)inf : 0.0;
         __syncwarp();
         return;
     }
-    for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] > -INFINITY ? exp(v[i] - top) : 0.0;
-    __syncwarp();
-    if (lane == 0) {
-        uint32_t m = 0;
-        for (uint32_t i = 0; i < n; ++i)
-            if (v[i] > -INFINITY) alive[m++] = p[i];
-        alive[0] = numpy_sum(alive, m);
+    bool live[2];
+    uint32_t place[2];
+    const uint32_t m = live_places(v, n, live, place);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t i = lane + 32u * h;
+        if (i < n) p[i] = live[h] ? exp(v[i] - top) : 0.0;
+        if (live[h]) alive[place[h]] = p[i];
     }
     __syncwarp();
-    const double total = alive[0];
+    const double total = numpy_sum(alive, m);
     for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] > -INFINITY ? p[i] / total : 0.0;
     __syncwarp();
 }
 
 // The chain after top-k over v[0..n), ids ascending (warp 0): top-p, min-p, temperature, the draw
 // with u. Returns the index drawn. p, work: AF_SAMPLE_K doubles; rank: AF_SAMPLE_K words.
+// Cumulative sums run in order in lane 0 (numpy's cumsum); the rest is spread over the lanes.
 __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uint32_t n, float u, double* p, double* work,
                                uint32_t* rank) {
     const uint32_t lane = threadIdx.x;
     if (s.flags & AF_S_TOP_P) {
         probabilities(v, n, p, work);
         // the live values' places when sorted by probability down, the lower index first among ties
+        uint32_t* order = reinterpret_cast<uint32_t*>(work);
         for (uint32_t i = lane; i < n; i += 32) {
+            if (!(v[i] > -INFINITY)) continue;
             uint32_t r = 0;
             for (uint32_t j = 0; j < n; ++j)
                 r += v[j] > -INFINITY && (p[j] > p[i] || (p[j] == p[i] && j < i));
-            rank[i] = r;
+            order[r] = i;
         }
+        bool live[2];
+        uint32_t place[2];
+        const uint32_t n_live = live_places(v, n, live, place);
         __syncwarp();
         uint32_t index_keep = 0;
         if (lane == 0) {
-            uint32_t live = 0;
-            for (uint32_t i = 0; i < n; ++i)
-                if (v[i] > -INFINITY) reinterpret_cast<uint32_t*>(work)[rank[i]] = i, ++live;
-            const uint32_t* order = reinterpret_cast<uint32_t*>(work);
-            uint32_t keep = live + 1;  // searchsorted(cumsum, top_p, "left") + 1
+            uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
             double sum = 0.0;
-            for (uint32_t r = 0; r < live; ++r) {
-                sum = r == 0 ? p[order[0]] : sum + p[order[r]];
+            for (uint32_t r = 0; r < n_live; ++r) {
+                const double q = p[order[r]];
+                sum = r == 0 ? q : sum + q;
                 if (sum >= s.top_p) {
                     keep = r + 1;
                     break;
@@ -248,15 +302,28 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
             }
             index_keep = keep;
         }
-        const uint32_t keep = __shfl_sync(0xffffffffu, index_keep, 0);
+        const uint32_t keep = __shfl_sync(AF_FULL_WARP, index_keep, 0);
+        __syncwarp();
+        // the kept are the first `keep` of `order`
+        uint32_t kept[2] = {n, n};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t r = lane + 32u * h;
+            if (r < keep && r < n_live) kept[h] = order[r];
+        }
+        __syncwarp();
+        for (uint32_t i = lane; i < n; i += 32) rank[i] = 0u;
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (kept[h] < n) rank[kept[h]] = 1u;
+        __syncwarp();
         for (uint32_t i = lane; i < n; i += 32)
-            if (!(v[i] > -INFINITY && rank[i] < keep)) v[i] = -INFINITY;
+            if (!rank[i]) v[i] = -INFINITY;
         __syncwarp();
     }
     if (s.flags & AF_S_MIN_P) {
-        double top = -INFINITY;
-        for (uint32_t i = 0; i < n; ++i) top = fmax(top, v[i]);
-        __syncwarp();
+        const double top = largest(v, n);
         for (uint32_t i = lane; i < n; i += 32) {
             const bool keep = isfinite(top) ? v[i] - top >= s.log_min_p : v[i] == top;
             if (!keep) v[i] = -INFINITY;
@@ -264,36 +331,45 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         __syncwarp();
     }
     if (s.flags & AF_S_TEMPERATURE) {
-        double top = -INFINITY;
-        for (uint32_t i = 0; i < n; ++i) top = fmax(top, v[i]);
+        const double top = largest(v, n);
         const bool shift = isfinite(top) && top / s.temperature == INFINITY;  // a tiny temperature
-        __syncwarp();
         for (uint32_t i = lane; i < n; i += 32) v[i] = shift ? (v[i] - top) / s.temperature : v[i] / s.temperature;
         __syncwarp();
     }
     probabilities(v, n, p, work);
-    uint32_t index = 0;
-    if (lane == 0) {  // the first live index whose cumulative probability passes u * total ("right")
-        uint32_t m = 0;
-        double sum = 0.0;
-        for (uint32_t i = 0; i < n; ++i) {
-            if (!(v[i] > -INFINITY)) continue;
-            sum = m == 0 ? p[i] : sum + p[i];
-            work[m] = sum;
-            rank[m++] = i;
+    // the live values' probabilities in order, their cumulative sums, then the first that passes
+    // u * total ("right")
+    bool live[2];
+    uint32_t place[2];
+    const uint32_t m = live_places(v, n, live, place);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (live[h]) {
+            work[place[h]] = p[lane + 32u * h];
+            rank[place[h]] = lane + 32u * h;
         }
-        const double target = m ? (double)u * work[m - 1] : 0.0;  // (none left: the host refuses the request)
-        uint32_t at = m ? m - 1 : 0;
-        rank[0] = m ? rank[0] : 0;
-        for (uint32_t r = 0; r < m; ++r) {
-            if (work[r] > target) {
-                at = r;
-                break;
-            }
-        }
-        index = rank[at];
     }
-    return __shfl_sync(0xffffffffu, index, 0);
+    __syncwarp();
+    if (lane == 0) {
+        double sum = 0.0;
+        for (uint32_t r = 0; r < m; ++r) {
+            sum = r == 0 ? work[r] : sum + work[r];
+            work[r] = sum;
+        }
+    }
+    __syncwarp();
+    if (m == 0) return 0u;  // (none left: the host refuses the request)
+    const double target = (double)u * work[m - 1];
+    uint32_t at = m - 1;
+#pragma unroll
+    for (int h = 1; h >= 0; --h) {
+        const uint32_t r = lane + 32u * h;
+        const uint32_t past = __ballot_sync(AF_FULL_WARP, r < m && work[r] > target);
+        if (past) at = 32u * h + __ffs(past) - 1;
+    }
+    const uint32_t index = rank[at];
+    __syncwarp();
+    return index;
 }
 
 // The token step `done` draws: every block the same. Returns it in every thread.
