@@ -275,26 +275,30 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     const uint32_t lane = threadIdx.x;
     if (s.flags & AF_S_TOP_P) {
         probabilities(v, n, p, work);
-        // the live values' places when sorted by probability down, the lower index first among ties
-        uint32_t* order = reinterpret_cast<uint32_t*>(work);
-        for (uint32_t i = lane; i < n; i += 32) {
-            if (!(v[i] > -INFINITY)) continue;
-            uint32_t r = 0;
-            for (uint32_t j = 0; j < n; ++j)
-                r += v[j] > -INFINITY && (p[j] > p[i] || (p[j] == p[i] && j < i));
-            order[r] = i;
+        // each lane's values lane and lane + 32: their probabilities (-1 where not live) and their
+        // places when sorted by probability down, the lower index first among ties
+        const uint32_t i0 = lane, i1 = lane + 32u;
+        const bool live0 = i0 < n && v[i0] > -INFINITY, live1 = i1 < n && v[i1] > -INFINITY;
+        const double p0 = live0 ? p[i0] : -1.0, p1 = live1 ? p[i1] : -1.0;
+        uint32_t r0 = 0, r1 = 0;
+        for (uint32_t j = 0; j < 32; ++j) {
+            const double q0 = __shfl_sync(AF_FULL_WARP, p0, j), q1 = __shfl_sync(AF_FULL_WARP, p1, j);
+            r0 += (q0 > p0 || (q0 == p0 && j < i0)) + (q1 > p0);
+            r1 += (q0 >= p1 && q0 >= 0.0) + (q1 > p1 || (q1 == p1 && j < lane));
         }
-        bool live[2];
-        uint32_t place[2];
-        const uint32_t n_live = live_places(v, n, live, place);
+        // the sorted probabilities; their cumulative sum in order until it reaches top_p
+        double* sorted = work;
+        if (live0) sorted[r0] = p0;
+        if (live1) sorted[r1] = p1;
+        const uint32_t n_live = __popc(__ballot_sync(AF_FULL_WARP, live0)) + __popc(__ballot_sync(AF_FULL_WARP, live1));
         __syncwarp();
         uint32_t index_keep = 0;
         if (lane == 0) {
             uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
             double sum = 0.0;
+#pragma unroll 4
             for (uint32_t r = 0; r < n_live; ++r) {
-                const double q = p[order[r]];
-                sum = r == 0 ? q : sum + q;
+                sum = r == 0 ? sorted[0] : sum + sorted[r];
                 if (sum >= s.top_p) {
                     keep = r + 1;
                     break;
@@ -303,23 +307,8 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
             index_keep = keep;
         }
         const uint32_t keep = __shfl_sync(AF_FULL_WARP, index_keep, 0);
-        __syncwarp();
-        // the kept are the first `keep` of `order`
-        uint32_t kept[2] = {n, n};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t r = lane + 32u * h;
-            if (r < keep && r < n_live) kept[h] = order[r];
-        }
-        __syncwarp();
-        for (uint32_t i = lane; i < n; i += 32) rank[i] = 0u;
-        __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (kept[h] < n) rank[kept[h]] = 1u;
-        __syncwarp();
-        for (uint32_t i = lane; i < n; i += 32)
-            if (!rank[i]) v[i] = -INFINITY;
+        if (i0 < n && !(live0 && r0 < keep)) v[i0] = -INFINITY;
+        if (i1 < n && !(live1 && r1 < keep)) v[i1] = -INFINITY;
         __syncwarp();
     }
     if (s.flags & AF_S_MIN_P) {
