@@ -34,7 +34,7 @@ struct af_sampling {
     uint32_t* win;         // (2, vocab): times each token is in the window, of state (step & 1)
     uint32_t* gen;         // (2, vocab): times each token was generated, of state (step & 1)
     uint32_t* hist;        // (ctx): the request's tokens; the kernel appends those it draws
-    uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 2): each LM_HEAD slot's top_k candidates, logit bits and id
+    uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 4): each LM_HEAD slot's top_k candidates, key (2 words) and id
     float u[AF_MAX_STEPS]; // u[j]: the random number in [0, 1) of the launch's j-th drawn token (step n_forced - 1 + j)
 };
 
@@ -56,6 +56,11 @@ __device__ __forceinline__ double penalised(const af_sampling& s, uint32_t vocab
 __device__ __forceinline__ unsigned long long order_key(double p) {
     const unsigned long long b = (unsigned long long)__double_as_longlong(p);
     return (b >> 63) ? ~b : b | 0x8000000000000000ull;
+}
+
+// The double whose order_key is k.
+__device__ __forceinline__ double key_value(unsigned long long k) {
+    return __longlong_as_double((long long)((k >> 63) ? k & 0x7fffffffffffffffull : ~k));
 }
 
 // The want-th largest of keys[0..n) (shared memory) where held(e) (at least want of them), as cut,
@@ -170,13 +175,13 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
         keys[i] = order_key(penalised(s, vocab, state, t.row_start + i, __ldcg(logits + i)));
     if (threadIdx.x == 0) out[3] = 0;
     __syncthreads();
-    uint32_t* slot = s.cand + 2 * AF_SAMPLE_K * t.slot;
+    uint32_t* slot = s.cand + 4 * AF_SAMPLE_K * t.slot;
     // (the host draws in the kernel only where every task has top_k rows or more)
     pick_largest(keys, t.row_count, s.top_k, hist, out, [&](uint32_t i) { return t.row_start + i; },
                  [&](uint32_t i) {
                      const uint32_t at = atomicAdd(out + 3, 1u);
-                     slot[2 * at] = __float_as_uint(__ldcg(logits + i));
-                     slot[2 * at + 1] = t.row_start + i;
+                     *reinterpret_cast<unsigned long long*>(slot + 4 * at) = keys[i];
+                     slot[4 * at + 2] = t.row_start + i;
                  });
 }
 
@@ -364,7 +369,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
 // The token step `done` draws: every block the same. Returns it in every thread.
 __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, float* sm) {
     const af_sampling& s = *a.samp;
-    const uint32_t vocab = a.c.vocab, state = done & 1u, k = s.top_k;
+    const uint32_t k = s.top_k;
     const uint32_t n = k * a.c.lm_parts;  // candidates: every slot holds k
     uint32_t* hist = reinterpret_cast<uint32_t*>(sm);
     uint32_t* out = hist + 256;
@@ -375,20 +380,17 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
     uint32_t* sorted_ids = ids + AF_SAMPLE_K;
     uint32_t* rank = sorted_ids + AF_SAMPLE_K;
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
-    // candidate e: entry e % k of slot e / k
-    auto entry = [&](uint32_t e) { return s.cand + 2 * (AF_SAMPLE_K * (e / k) + e % k); };
-    auto value_of = [&](uint32_t e) {
-        const uint32_t* c = entry(e);
-        return penalised(s, vocab, state, __ldcg(c + 1), __uint_as_float(__ldcg(c)));
-    };
-    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) keys[e] = order_key(value_of(e));
+    // candidate e: entry e % k of slot e / k, its penalised value's key as its LM_HEAD task made it
+    auto entry = [&](uint32_t e) { return s.cand + 4 * (AF_SAMPLE_K * (e / k) + e % k); };
+    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+        keys[e] = __ldcg(reinterpret_cast<const unsigned long long*>(entry(e)));
     if (threadIdx.x == 0) out[3] = 0;
     __syncthreads();
-    pick_largest(keys, n, k, hist, out, [&](uint32_t e) { return __ldcg(entry(e) + 1); },
+    pick_largest(keys, n, k, hist, out, [&](uint32_t e) { return __ldcg(entry(e) + 2); },
                  [&](uint32_t e) {
                      const uint32_t at = atomicAdd(out + 3, 1u);
-                     value[at] = value_of(e);
-                     ids[at] = __ldcg(entry(e) + 1);
+                     value[at] = key_value(keys[e]);
+                     ids[at] = __ldcg(entry(e) + 2);
                  });
     if (threadIdx.x < k) {  // ids ascending, as top_k leaves them
         uint32_t r = 0;
