@@ -460,7 +460,7 @@ class Runtime:
             self.buffers["samp_win"] = dev.alloc(2 * 4 * k["vocab"])
             self.buffers["samp_gen"] = dev.alloc(2 * 4 * k["vocab"])
             self.buffers["samp_hist"] = dev.alloc(4 * (k["ctx"] + MAX_STEPS))
-            self.buffers["samp_cand"] = dev.alloc(8 * SAMPLE_K * k["lm_parts"])
+            self.buffers["samp_cand"] = dev.alloc(16 * SAMPLE_K * k["lm_parts"])
         return self.buffers
 
     def draw_refuses(self, top_k: int) -> str | None:

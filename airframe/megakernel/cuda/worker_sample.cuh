@@ -34,7 +34,7 @@ struct af_sampling {
     uint32_t* win;         // (2, vocab): times each token is in the window, of state (step & 1)
     uint32_t* gen;         // (2, vocab): times each token was generated, of state (step & 1)
     uint32_t* hist;        // (ctx): the request's tokens; the kernel appends those it draws
-    uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 2): each LM_HEAD slot's top_k candidates, logit bits and id
+    uint32_t* cand;        // (lm_parts, AF_SAMPLE_K, 4): each LM_HEAD slot's top_k candidates, key (2 words) and id
     float u[AF_MAX_STEPS]; // u[j]: the random number in [0, 1) of the launch's j-th drawn token (step n_forced - 1 + j)
 };
 
@@ -56,6 +56,11 @@ __device__ __forceinline__ double penalised(const af_sampling& s, uint32_t vocab
 __device__ __forceinline__ unsigned long long order_key(double p) {
     const unsigned long long b = (unsigned long long)__double_as_longlong(p);
     return (b >> 63) ? ~b : b | 0x8000000000000000ull;
+}
+
+// The double whose order_key is k.
+__device__ __forceinline__ double key_value(unsigned long long k) {
+    return __longlong_as_double((long long)((k >> 63) ? k & 0x7fffffffffffffffull : ~k));
 }
 
 // The want-th largest of keys[0..n) (shared memory) where held(e) (at least want of them), as cut,
@@ -170,13 +175,13 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
         keys[i] = order_key(penalised(s, vocab, state, t.row_start + i, __ldcg(logits + i)));
     if (threadIdx.x == 0) out[3] = 0;
     __syncthreads();
-    uint32_t* slot = s.cand + 2 * AF_SAMPLE_K * t.slot;
+    uint32_t* slot = s.cand + 4 * AF_SAMPLE_K * t.slot;
     // (the host draws in the kernel only where every task has top_k rows or more)
     pick_largest(keys, t.row_count, s.top_k, hist, out, [&](uint32_t i) { return t.row_start + i; },
                  [&](uint32_t i) {
                      const uint32_t at = atomicAdd(out + 3, 1u);
-                     slot[2 * at] = __float_as_uint(__ldcg(logits + i));
-                     slot[2 * at + 1] = t.row_start + i;
+                     *reinterpret_cast<unsigned long long*>(slot + 4 * at) = keys[i];
+                     slot[4 * at + 2] = t.row_start + i;
                  });
 }
 
@@ -275,26 +280,30 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     const uint32_t lane = threadIdx.x;
     if (s.flags & AF_S_TOP_P) {
         probabilities(v, n, p, work);
-        // the live values' places when sorted by probability down, the lower index first among ties
-        uint32_t* order = reinterpret_cast<uint32_t*>(work);
-        for (uint32_t i = lane; i < n; i += 32) {
-            if (!(v[i] > -INFINITY)) continue;
-            uint32_t r = 0;
-            for (uint32_t j = 0; j < n; ++j)
-                r += v[j] > -INFINITY && (p[j] > p[i] || (p[j] == p[i] && j < i));
-            order[r] = i;
+        // each lane's values lane and lane + 32: their probabilities (-1 where not live) and their
+        // places when sorted by probability down, the lower index first among ties
+        const uint32_t i0 = lane, i1 = lane + 32u;
+        const bool live0 = i0 < n && v[i0] > -INFINITY, live1 = i1 < n && v[i1] > -INFINITY;
+        const double p0 = live0 ? p[i0] : -1.0, p1 = live1 ? p[i1] : -1.0;
+        uint32_t r0 = 0, r1 = 0;
+        for (uint32_t j = 0; j < 32; ++j) {
+            const double q0 = __shfl_sync(AF_FULL_WARP, p0, j), q1 = __shfl_sync(AF_FULL_WARP, p1, j);
+            r0 += (q0 > p0 || (q0 == p0 && j < i0)) + (q1 > p0);
+            r1 += (q0 >= p1 && q0 >= 0.0) + (q1 > p1 || (q1 == p1 && j < lane));
         }
-        bool live[2];
-        uint32_t place[2];
-        const uint32_t n_live = live_places(v, n, live, place);
+        // the sorted probabilities; their cumulative sum in order until it reaches top_p
+        double* sorted = work;
+        if (live0) sorted[r0] = p0;
+        if (live1) sorted[r1] = p1;
+        const uint32_t n_live = __popc(__ballot_sync(AF_FULL_WARP, live0)) + __popc(__ballot_sync(AF_FULL_WARP, live1));
         __syncwarp();
         uint32_t index_keep = 0;
         if (lane == 0) {
             uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
             double sum = 0.0;
+#pragma unroll 4
             for (uint32_t r = 0; r < n_live; ++r) {
-                const double q = p[order[r]];
-                sum = r == 0 ? q : sum + q;
+                sum = r == 0 ? sorted[0] : sum + sorted[r];
                 if (sum >= s.top_p) {
                     keep = r + 1;
                     break;
@@ -303,23 +312,8 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
             index_keep = keep;
         }
         const uint32_t keep = __shfl_sync(AF_FULL_WARP, index_keep, 0);
-        __syncwarp();
-        // the kept are the first `keep` of `order`
-        uint32_t kept[2] = {n, n};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t r = lane + 32u * h;
-            if (r < keep && r < n_live) kept[h] = order[r];
-        }
-        __syncwarp();
-        for (uint32_t i = lane; i < n; i += 32) rank[i] = 0u;
-        __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (kept[h] < n) rank[kept[h]] = 1u;
-        __syncwarp();
-        for (uint32_t i = lane; i < n; i += 32)
-            if (!rank[i]) v[i] = -INFINITY;
+        if (i0 < n && !(live0 && r0 < keep)) v[i0] = -INFINITY;
+        if (i1 < n && !(live1 && r1 < keep)) v[i1] = -INFINITY;
         __syncwarp();
     }
     if (s.flags & AF_S_MIN_P) {
@@ -375,7 +369,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
 // The token step `done` draws: every block the same. Returns it in every thread.
 __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, float* sm) {
     const af_sampling& s = *a.samp;
-    const uint32_t vocab = a.c.vocab, state = done & 1u, k = s.top_k;
+    const uint32_t k = s.top_k;
     const uint32_t n = k * a.c.lm_parts;  // candidates: every slot holds k
     uint32_t* hist = reinterpret_cast<uint32_t*>(sm);
     uint32_t* out = hist + 256;
@@ -386,20 +380,17 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
     uint32_t* sorted_ids = ids + AF_SAMPLE_K;
     uint32_t* rank = sorted_ids + AF_SAMPLE_K;
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
-    // candidate e: entry e % k of slot e / k
-    auto entry = [&](uint32_t e) { return s.cand + 2 * (AF_SAMPLE_K * (e / k) + e % k); };
-    auto value_of = [&](uint32_t e) {
-        const uint32_t* c = entry(e);
-        return penalised(s, vocab, state, __ldcg(c + 1), __uint_as_float(__ldcg(c)));
-    };
-    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) keys[e] = order_key(value_of(e));
+    // candidate e: entry e % k of slot e / k, its penalised value's key as its LM_HEAD task made it
+    auto entry = [&](uint32_t e) { return s.cand + 4 * (AF_SAMPLE_K * (e / k) + e % k); };
+    for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+        keys[e] = __ldcg(reinterpret_cast<const unsigned long long*>(entry(e)));
     if (threadIdx.x == 0) out[3] = 0;
     __syncthreads();
-    pick_largest(keys, n, k, hist, out, [&](uint32_t e) { return __ldcg(entry(e) + 1); },
+    pick_largest(keys, n, k, hist, out, [&](uint32_t e) { return __ldcg(entry(e) + 2); },
                  [&](uint32_t e) {
                      const uint32_t at = atomicAdd(out + 3, 1u);
-                     value[at] = value_of(e);
-                     ids[at] = __ldcg(entry(e) + 1);
+                     value[at] = key_value(keys[e]);
+                     ids[at] = __ldcg(entry(e) + 2);
                  });
     if (threadIdx.x < k) {  // ids ascending, as top_k leaves them
         uint32_t r = 0;
