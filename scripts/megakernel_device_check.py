@@ -11,8 +11,8 @@ run checks that its weights and K/V fill hash the same.
 
 On the GPU machine, `--ref DIR --out DIR` builds and probes the worker (and its Q8_0 build), makes
 the synthetic models and their packages, and then, for each: CUDA logits against the VM's (tolerance, top-1 at every
-step), tokens drawn in the kernel against the host's sampler (every step, seven chains) and the
-VM, and their speed against greedy, prompts through the prefill kernel against decode steps (the
+step), tokens drawn in the kernel against the host's sampler (every step, seven chains; and with
+hundreds of candidates tied at the top-k cut) and the VM, and their speed against greedy, prompts through the prefill kernel against decode steps (the
 same bits in the logits and the K/V cache), three runs bit for bit, a plan for 20 workers run with
 20 blocks (same tokens, with and without the prefill kernel), corrupted packages refused before
 launch, a planted non-finite weight giving the error, and the speed benchmark with a trace of one
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -280,6 +281,38 @@ def sampled(runtime) -> dict:
     if failed:  # per chain: tokens unlike the host's pick, whether three runs agree, the first unlike
         raise AssertionError(f"drawn tokens differ (of {SAMPLED_TOKENS} a chain): {failed}")
     return rows
+
+
+def sampled_ties(runtime, seeds: int = 24) -> dict:
+    """Drawn tokens where many candidates tie at the top-k cut: logit_bias lifts the 200 largest
+    logits of the first step and 100 consecutive ids (rows of one LM_HEAD task, which then splits
+    ties of its own) to one value, exactly; the kernel's token against the host sampler's from the
+    same logits, for each seed and for top_k 40 and 64."""
+    from airframe.megakernel.cuda.sampling import draw_settings
+    from airframe.sampling import History, Sampler, SamplingParams
+
+    vocab = runtime.k["vocab"]
+    runtime.clear_kv()
+    runtime.launch([TOKEN0], 0, n_steps=1, all_logits=True)
+    logits = runtime.all_logits(1)[0].copy()
+    lifted = sorted(set(np.argsort(-logits, kind="stable")[:200].tolist()) | set(range(1000, 1100)))
+    top = float(np.ceil(float(logits.max()))) + 1.0
+    # float32 logit + this = top, exactly (logit_bias takes -100..100)
+    bias = {i: top - float(logits[i]) for i in lifted if top - float(logits[i]) <= 100.0}
+    mismatches = []
+    for seed, top_k in itertools.product(range(seeds), (40, 64)):
+        sampler = Sampler(SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, logit_bias=bias,
+                                         seed=seed), vocab)
+        history = History([TOKEN0], n_prompt=1)
+        runtime.clear_kv()
+        token = runtime.launch([TOKEN0], 0, n_steps=1, all_logits=True,
+                               draw=draw_settings(sampler, history, 1, vocab)).tokens[0]
+        want = sampler.sample(history, runtime.all_logits(1)[0])
+        if token != want:
+            mismatches.append({"seed": seed, "top_k": top_k, "kernel": token, "host": want})
+    if mismatches:
+        raise AssertionError(f"drawn tokens differ where {len(bias)} candidates tie: {mismatches[:5]}")
+    return {"tied": len(bias), "draws": 2 * seeds}
 
 
 def sampled_vm(runtime, package) -> dict:
@@ -564,6 +597,7 @@ def run_device(ref: Path, out: Path, work: Path, models: list[str], bench: bool,
         if runtime is None:
             continue
         report.section(f"{name}.sampled", sampled, runtime)
+        report.section(f"{name}.sampled_ties", sampled_ties, runtime)
         report.section(f"{name}.sampled_speed", sampled_speed, runtime)
         if name.startswith("smollm2"):
             report.section(f"{name}.sampled_vm", sampled_vm, runtime, package)

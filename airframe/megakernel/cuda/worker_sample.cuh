@@ -18,7 +18,6 @@
 // shared memory of draw_token and lm_candidates from sm: a histogram, 4 words, then per candidate
 // its value, sorted value, probability (double), id, sorted id and rank; then a key (8 bytes) per
 // LM_HEAD row of a task or per candidate of a step, whichever are more (runtime.sample_floats).
-// A split tie's ids take the words after the 4 (its keys are all picked by then).
 #define AF_SAMPLE_SHARED_FLOATS (256 + 4 + 3 * 2 * AF_SAMPLE_K + 3 * AF_SAMPLE_K)
 
 // What the host sets for a launch whose drawn steps sample (af_args.samp), in device memory.
@@ -124,9 +123,10 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
 }
 
 // The `want` largest of keys[0..n) (shared memory), ties at the cut going to the lowest ids
-// (id_of(e), read only where ties must be split): emit(e) for each, in no order. out: 4 words.
+// (id_of(e), read only where ties must be split, in place of the ties' keys for a while): emit(e)
+// for each, in no order. out: 4 words.
 template <class IdOf, class Emit>
-__device__ void pick_largest(const unsigned long long* keys, uint32_t n, uint32_t want, uint32_t* hist,
+__device__ void pick_largest(unsigned long long* keys, uint32_t n, uint32_t want, uint32_t* hist,
                              uint32_t* out, IdOf id_of, Emit emit) {
     unsigned long long cut;
     uint32_t at_cut;
@@ -146,15 +146,20 @@ __device__ void pick_largest(const unsigned long long* keys, uint32_t n, uint32_
     __syncthreads();
     const bool split = out[2] != at_cut;
     uint32_t last_id = 0xffffffffu;  // ties with ids up to this one are taken
-    if (split) {  // the at_cut lowest ids of the ties: the largest of 2^32 - 1 - id
-        uint32_t* low = out + 4;  // (n words: the values and ids after out are not in use yet)
-        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS) low[e] = keys[e] == cut ? 0xffffffffu - id_of(e) : 0u;
+    if (split) {  // the at_cut lowest ids of the ties: the largest of 2^32 - 1 - id, which stands in
+        // for each tie's key meanwhile (a finite value's key never has a zero high word), then the cut
+        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+            if (keys[e] == cut) keys[e] = 0xffffffffu - id_of(e);
         __syncthreads();
-        uint32_t cut_low, unused;
-        bool all_low;  // either way the ties taken are those with low >= cut_low: ids are distinct
-        select_largest(low, n, [&](uint32_t e) { return keys[e] == cut; }, at_cut, 32, hist, out, cut_low, unused,
-                       all_low);
-        last_id = 0xffffffffu - cut_low;
+        unsigned long long cut_low;
+        uint32_t unused;
+        bool all_low;  // either way the ties taken are those >= cut_low: ids are distinct
+        select_largest(keys, n, [&](uint32_t e) { return keys[e] >> 32 == 0ull; }, at_cut, 32, hist, out, cut_low,
+                       unused, all_low);
+        last_id = 0xffffffffu - (uint32_t)cut_low;
+        for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
+            if (keys[e] >> 32 == 0ull) keys[e] = cut;
+        __syncthreads();
     }
     for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
         if (keys[e] > cut || (keys[e] == cut && (!split || id_of(e) <= last_id))) emit(e);
