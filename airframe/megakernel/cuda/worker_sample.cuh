@@ -166,7 +166,7 @@ __device__ void pick_largest(unsigned long long* keys, uint32_t n, uint32_t want
     __syncthreads();  // (hist and out free again)
 }
 
-// LM_HEAD task t, a sampled step: its slot gets its rows' top_k penalised logits (their logits and
+// LM_HEAD task t, a sampled step: its slot gets its rows' top_k penalised logits (their keys and
 // ids, in no order). The task's logits are in the arena.
 __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, uint32_t step, float* sm) {
     const af_sampling& s = *a.samp;
