@@ -94,6 +94,23 @@ def test_candidates_equal_the_numpy_reference(reducer, scale):
     assert found.raw.tolist() == logits[table_ids].tolist()
 
 
+@pytest.mark.parametrize("top_k", [1, 40, 64])
+def test_a_tie_at_the_top_k_cut(reducer, top_k):
+    """120 logits equal to the 10th largest, so the top-k cut falls inside them: the candidates, and
+    the token drawn, are the host's for several seeds."""
+    rng = np.random.default_rng(top_k)
+    logits = rng.standard_normal(5000).astype(np.float32)
+    logits[rng.choice(5000, 120, replace=False)] = np.sort(logits)[-10]
+    history = History(list(rng.integers(0, 5000, 20)), n_prompt=20)
+    for seed in range(4):
+        params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=seed)
+        sampler = Sampler(params, 5000)
+        reduction, found = reducer(logits, params, history, sampler=sampler)
+        want = reduce_reference(logits, reduction)
+        assert found.candidates.ids.tolist() == want.ids.tolist()
+        assert found.drawn == sampler.sample_reduced(history, found.candidates) == sampler.sample(history, logits)
+
+
 @pytest.mark.parametrize("vocab", [37, 4099, 5000])
 @pytest.mark.parametrize("share", [0.002, 0.3, 1.0])
 def test_masked_candidates_equal_the_numpy_reference(vocab, share):
