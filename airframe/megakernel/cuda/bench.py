@@ -29,12 +29,12 @@ import numpy as np
 from ..plan.opcodes import Op
 from ..plan.pictures import TRACE_FORMAT
 from ..plan.planner import plan_is_split, wave_bytes
+from .runtime import MAX_STEPS
 
 CONTEXTS = (1, 512, 4096)
 STEPS = 64
 REPEATS = 5
 PROMPT = 2000  # tokens of the prompt whose time to the logits is measured
-MAX_STEPS_PREFILL = 64  # tokens of a prefill launch (runtime.MAX_STEPS)
 
 
 # ---- the floor ------------------------------------------------------------------------------------
@@ -163,8 +163,8 @@ def trace_token(runtime, context: int) -> dict:
 def trace_prefill_step(runtime, context: int) -> dict:
     """The fourth prefill step (block) of a 64-token launch whose last position is context - 1,
     traced as trace_token traces a decode step (its position: the block's first)."""
-    pos0 = max(0, context - MAX_STEPS_PREFILL)
-    runtime.prefill([(5 + 7 * i) % runtime.k["vocab"] for i in range(MAX_STEPS_PREFILL)], pos0, trace_step=3)
+    pos0 = max(0, context - MAX_STEPS)
+    runtime.prefill([(5 + 7 * i) % runtime.k["vocab"] for i in range(MAX_STEPS)], pos0, trace_step=3)
     return trace_json(runtime, runtime.prefill_trace, pos0 + 3 * runtime.block)
 
 
