@@ -40,6 +40,9 @@ class QuantType:
     segments: tuple[Segment, ...]   # the re-laid block, in order, as pieces of the file block
     scales: tuple[int, ...] = ()    # byte offsets of the f16 scales in a file block
     fallback: GGMLQuantizationType | None = None  # llama.cpp's choice when a row is not whole blocks
+    # blocks re-laid together: their first words, then the rest of each block (Q6_K's 4, so that a
+    # block's quants start 16-byte aligned), a row's last group padded to `group` first words
+    group: int = 1
 
     @property
     def name(self) -> str:
@@ -73,7 +76,8 @@ class QuantType:
         if n_cols % self.gpu_block:
             raise UnsupportedError(f"{self.name} row of {n_cols} elements, expected a multiple of "
                                    f"the GPU block of {self.gpu_block}")
-        return n_cols // self.gpu_block * self.gpu_words
+        blocks = n_cols // self.gpu_block
+        return blocks * self.gpu_words + -blocks % self.group
 
 
 _TYPES = (
@@ -95,8 +99,9 @@ _TYPES = (
     QuantType(T.Q4_K, "k", 256, 36, (_copy(0, 144),), (0, 2), fallback=T.Q5_0),
     # d, dmin f16 | 12 B scales | qh 32 B | 128 B nibbles: already aligned
     QuantType(T.Q5_K, "k", 256, 44, (_copy(0, 176),), (0, 2), fallback=T.Q5_1),
-    # ql 128 B | qh 64 B | 16 int8 scales | d f16  ->  d f32 | ql | qh | scales
-    QuantType(T.Q6_K, "k", 256, 53, (_widen(208), _copy(0, 208)), (208,), fallback=T.Q8_0),
+    # ql 128 B | qh 64 B | 16 int8 scales | d f16  ->  d f32 | ql | qh | scales, in groups of 4 blocks:
+    # 4 d, then 4 x (ql | qh | scales)
+    QuantType(T.Q6_K, "k", 256, 53, (_widen(208), _copy(0, 208)), (208,), fallback=T.Q8_0, group=4),
 )
 QUANTS: dict[GGMLQuantizationType, QuantType] = {q.qtype: q for q in _TYPES}
 SUPPORTED: tuple[GGMLQuantizationType, ...] = tuple(QUANTS)

@@ -1,12 +1,13 @@
 // Dequantize whole blocks of a re-laid tensor to f32 with the shared decoder `dq4` of one quant
-// type: each invocation writes 4 values. Rows are consecutive blocks, so a row range is a block range.
+// type: each invocation writes 4 values. Block b of a row is at the row's first word + b * BLOCK_WORDS
+// (the address every decoder takes, Q6_K's groups of blocks included).
 // Used by quant-verify and the tests; the matmul kernels include the same decoder files.
 
 struct Params {
-    first_word: u32,  // where the first block starts inside the W binding
+    first_word: u32,  // where the first row starts inside the W binding
     n_quads: u32,     // groups of 4 values to write
-    pad0: u32,
-    pad1: u32,
+    row_words: u32,
+    row_blocks: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -22,7 +23,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let per_block = QK / 4u;
-    let blk = params.first_word + (quad / per_block) * BLOCK_WORDS;
+    let block = quad / per_block;
+    let row = block / params.row_blocks;
+    let blk = params.first_word + row * params.row_words + (block - row * params.row_blocks) * BLOCK_WORDS;
     // stored as bits so that no store can flush or canonicalize a value
     out[quad] = bitcast<vec4<u32>>(dq4(blk, quad % per_block));
 }

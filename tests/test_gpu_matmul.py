@@ -114,7 +114,7 @@ def normed_for(pipes, program, x, buffer, norm_at, mode):
 
 
 def cols_for(qtype):
-    return (2048, 256) if quant(qtype).gpu_block == 256 else (2048, 576, 896)
+    return (2304, 256) if quant(qtype).gpu_block == 256 else (2048, 576, 896)
 
 
 # ---- fixed small cases --------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def _run(ctx: GPUContext, tensor: ChunkedTensor, chunk, first_word: int, n_rows:
     device = ctx.device
     n_quads = n_rows * tensor.cols // 4
     out = device.create_buffer(size=n_quads * 16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    params = np.array([first_word, n_quads, 0, 0], dtype=np.uint32)
+    params = np.array([first_word, n_quads, tensor.row_words, tensor.cols // tensor.quant.gpu_block], dtype=np.uint32)
     uniform = device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
     pipeline = _pipeline(ctx, tensor.qtype, decoder)
     bind_group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[

@@ -4,8 +4,10 @@ WGSL reads storage buffers as 32-bit words, so each GGUF block is re-laid at loa
 number of words (`relayout`): the scale of the blocks whose size is not a multiple of 4 bytes
 (Q4_0 18 B, Q5_0 22 B, Q8_0 34 B, Q6_K 210 B) moves into a word of its own, already widened from
 f16 to f32 by numpy (exactly the conversion the `gguf` oracle does), and the quant bytes follow
-word-aligned in their file order; the other formats keep their bytes. The segments of each type
-are in airframe/quants.py; docs/QUANTIZATION.md draws every layout.
+word-aligned in their file order; the other formats keep their bytes. Q6_K's blocks (53 words)
+are then laid 4 at a time, their 4 scale words first, so that every block's quants start 16-byte
+aligned (`QuantType.group`). The segments of each type are in airframe/quants.py;
+docs/QUANTIZATION.md draws every layout.
 
 Each layer's tensors share ONE storage buffer ("bindless", `pack_tensors`): every tensor sits at a
 word offset aligned to TENSOR_ALIGN_WORDS, 1-D tensors (norm weights, biases) as float32, and the
@@ -57,7 +59,34 @@ def relayout(raw: np.ndarray, qtype) -> np.ndarray:
         if widen:
             part = np.ascontiguousarray(part).view("<f2").astype("<f4").view(np.uint8)
         parts.append(part)
-    return np.concatenate(parts, axis=-1).view("<u4").reshape(rows, -1)
+    laid = np.concatenate(parts, axis=-1).view("<u4")  # (rows, blocks, gpu_words)
+    return _grouped(laid, q.group) if q.group > 1 else laid.reshape(rows, -1)
+
+
+def _grouped(laid: np.ndarray, group: int) -> np.ndarray:
+    """(rows, blocks, words) -> (rows, row_words): each `group` blocks as their first words, then the
+    rest of each; the last, shorter group's first words padded to `group` with zeros."""
+    rows, n, _ = laid.shape
+    pieces = []
+    for first in range(0, n, group):
+        g = laid[:, first:first + group]
+        pad = np.zeros((rows, group - g.shape[1]), dtype=laid.dtype)
+        pieces += [g[:, :, 0], pad, g[:, :, 1:].reshape(rows, -1)]
+    return np.concatenate(pieces, axis=1)
+
+
+def _ungrouped(words: np.ndarray, q: QuantType) -> np.ndarray:
+    """The inverse of `_grouped`: (rows, row_words) -> (rows, blocks, gpu_words)."""
+    rows, n = words.shape[0], words.shape[1] // q.gpu_words  # the padding is under one block
+    out = np.empty((rows, n, q.gpu_words), dtype=words.dtype)
+    at = 0
+    for first in range(0, n, q.group):
+        size = min(q.group, n - first)
+        out[:, first:first + size, 0] = words[:, at:at + size]
+        at += q.group
+        out[:, first:first + size, 1:] = words[:, at:at + size * (q.gpu_words - 1)].reshape(rows, size, -1)
+        at += size * (q.gpu_words - 1)
+    return out
 
 
 def restore(words: np.ndarray, qtype) -> np.ndarray:
@@ -65,6 +94,8 @@ def restore(words: np.ndarray, qtype) -> np.ndarray:
     q = quant(qtype)
     words = np.ascontiguousarray(words, dtype="<u4")
     rows = words.shape[0]
+    if q.group > 1:
+        words = _ungrouped(words, q)
     laid = words.view(np.uint8).reshape(rows, -1, q.gpu_words * 4)
     out = np.empty((rows, laid.shape[1], q.gpu_block_file_bytes), dtype=np.uint8)
     at = 0

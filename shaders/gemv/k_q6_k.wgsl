@@ -1,8 +1,9 @@
 // What gemv.wgsl's units for a K-quant's rows followed by Q6_K rows in one output share (a _K_M
 // file's attn_q and attn_k with a Q6_K attn_v): rows from P.seg2 on are Q6_K, with P.row_words2
 // words a row. Each quad of rows lies on one side (the segments start at multiples of 4), so a
-// subgroup runs one type's unit (gemv.wgsl's quad_row says which). W is bound as words, the Q6_K
-// blocks being 210 bytes. Needs the includer's k_rows (the first type's rows, whose x is Q4_K's).
+// subgroup runs one type's unit (gemv.wgsl's quad_row says which). W is bound as vec4 (every
+// type's rows are 16-byte aligned). Needs the includer's k_rows (the first type's rows, whose x is
+// Q4_K's).
 
 #include "gemv/q6_k_rows.wgsl"
 

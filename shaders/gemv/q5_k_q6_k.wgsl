@@ -1,6 +1,6 @@
 // gemv.wgsl's unit for Q5_K rows followed by Q6_K rows (Q5_K_M's QKV): gemv/k_q6_k.wgsl.
 
-#include "gemv/words.wgsl"
+#include "gemv/quads.wgsl"
 #include "gemv/x_int8.wgsl"
 #include "gemv/q5_k_rows.wgsl"
 

@@ -1,6 +1,6 @@
-// gemv.wgsl's unit for Q6_K: gemv/q6_k_rows.wgsl with W bound as words.
+// gemv.wgsl's unit for Q6_K: gemv/q6_k_rows.wgsl with W bound as vec4.
 
-#include "gemv/words.wgsl"
+#include "gemv/quads.wgsl"
 #include "gemv/x_int8.wgsl"
 #include "gemv/q6_k_rows.wgsl"
 

@@ -1,11 +1,13 @@
 // Q6_K rows for gemv.wgsl's units (gemv/q6_k.wgsl, gemv/k_q6_k.wgsl): 32 weights a unit.
-// quant/q6_k.wgsl's block is 53 words (not 16-byte aligned, so W is read as words): [0] d as f32,
-// [1..32] ql, [33..48] qh, [49..52] 16 int8 scales. Unit t = 4h + a of a block (t = u % 8) takes
-// ql words 16h + 4a .. +3 of half h, whose low nibbles are elements 16a..16a+15 of the half and high
-// nibbles elements 64 + 16a..; the 2 high bits of both come from the same 4 qh words (bits 2g,
-// g = a / 2, and 2g + 4). The 6-bit quants (q + 32) are assembled in place as bytes and dotted four
-// at a time with the unit's x rounded to 8 bits (gemv/x_int8.wgsl); the offset of 32 comes off the
-// rounded x's sum.
+// quant/q6_k.wgsl's blocks of 53 words lie in groups of 4: the group's d as f32 first, then each
+// block's 52 words, 16-byte aligned: vec4 [0..7] ql, [8..11] qh, [12] 16 int8 scales. Unit t = 4h + a
+// of a block (t = u % 8) takes ql vec4 4h + a of half h, whose low nibbles are elements 16a..16a+15
+// of the half and high nibbles elements 64 + 16a..; the 2 high bits of both come from qh vec4
+// 2h + a % 2 (bits 2g, g = a / 2, and 2g + 4). The 6-bit quants (q + 32) are assembled in place as
+// bytes and dotted four at a time with the unit's x rounded to 8 bits (gemv/x_int8.wgsl); the
+// offset of 32 comes off the rounded x's sum. ql and qh are read as vec4 (the includer's quad_at),
+// d and the two scale words as words (word_at): as vec4 with a select they cost more than the
+// loads they save.
 
 const Q6K_BLOCK_WORDS: u32 = 53u;
 
@@ -30,13 +32,14 @@ struct Q6kUnit {
     sc_hi: u32,
 }
 
+// blk: the block's address, its row's first word + 53 b (quant/q6_k.wgsl)
 fn q6k_load(blk: u32, t: u32) -> Q6kUnit {
+    let j = blk & 3u;
+    let f = blk - j + 4u;  // the block's first word after its group's d
+    let at = f / 4u;
     let h = t >> 2u;
-    let ql = blk + 1u + 16u * h + 4u * (t & 3u);
-    let qh = blk + 33u + 8u * h + 4u * (t & 1u);
-    return Q6kUnit(vec4<u32>(W[ql], W[ql + 1u], W[ql + 2u], W[ql + 3u]),
-                   vec4<u32>(W[qh], W[qh + 1u], W[qh + 2u], W[qh + 3u]),
-                   bitcast<f32>(W[blk]), W[blk + 49u + 2u * h], W[blk + 50u + 2u * h]);
+    return Q6kUnit(quad_at(at + 4u * h + (t & 3u)), quad_at(at + 8u + 2u * h + (t & 1u)),
+                   bitcast<f32>(word_at(blk - 52u * j)), word_at(f + 48u + 2u * h), word_at(f + 49u + 2u * h));
 }
 
 // d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks

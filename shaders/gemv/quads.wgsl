@@ -6,3 +6,8 @@
 fn quad_at(i: u32) -> vec4<u32> {
     return W[i];
 }
+
+// word i of the weights
+fn word_at(i: u32) -> u32 {
+    return W[i >> 2u][i & 3u];
+}
