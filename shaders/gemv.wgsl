@@ -29,8 +29,11 @@
 @group(0) @binding(4) var<uniform> S: Step;
 
 const WG: u32 = 256u;
-const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4, 8, 16 or 32
+const ROWS_WG: u32 = {GEMV_ROWS_WG}u;  // output rows per workgroup: 4 to 32, a batch's up to 4 times as many
 const QUADS: u32 = ROWS_WG / 4u;
+// the quads a one-token workgroup has, which `split` is reckoned from: a batch's taller workgroups
+// split each row's units between subgroups as one token's do, so a token's sums keep their bits
+const SPLIT_QUADS: u32 = {GEMV_SPLIT_QUADS}u;
 const TOKENS: u32 = {GEMV_TOKENS}u;     // tokens per workgroup: 1 to 4
 // the op's mode (P.mode) as a constant, so that the compiler drops what the mode does not use:
 // the up rows' sums, the squares, their registers
@@ -149,7 +152,7 @@ fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wi
     let n_sub = WG / lanes;
     let n_units = P.cols / UNIT;
     // subgroups per quad: as many as the workgroup has to spare, but each lane with a unit
-    let split = max(1u, min(n_sub / QUADS, (n_units + lanes - 1u) / lanes));
+    let split = max(1u, min(n_sub / SPLIT_QUADS, (n_units + lanes - 1u) / lanes));
     let per_pass = max(1u, n_sub / split);   // quads made at once
     let first_token = wid.y * TOKENS;
     let n_tokens = min(TOKENS, S.n_tokens - first_token);

@@ -78,15 +78,17 @@ def mode_of(p: bytes) -> int:
 
 
 def run(pipes, program, qtype, words, x, rows, p, y=None, *, rows_wg=8, gated=False,
-        n_tokens=None, lm_first=0, unit=None, cols=None, x_stored=False):
+        n_tokens=None, lm_first=0, unit=None, cols=None, x_stored=False, split_rows=None):
     """One dispatch of `program` ("gemv", "gemm", "gemm_rows") over n_tokens tokens of x; gemv with
-    `unit` (shaders/gemv/<unit>.wgsl) else the type's own, reading x as stored rounded where x_stored."""
+    `unit` (shaders/gemv/<unit>.wgsl) else the type's own, reading x as stored rounded where x_stored,
+    splitting a row's units as a workgroup of split_rows would (default rows_wg)."""
     n_tokens = n_tokens or x.shape[0]
     q = quant(qtype)
     y = np.zeros((n_tokens, rows), np.float32) if y is None else y
     if program == "gemv":
         tokens = min(n_tokens, pipes.gemv_group)
-        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, cols or x.shape[1], mode_of(p), x_stored)
+        shape = pipes.gemv_shape(unit or q.shader, rows_wg, tokens, cols or x.shape[1], mode_of(p), x_stored,
+                                 split_rows)
         grid = (pl.ceil_div(rows, rows_wg), pl.ceil_div(n_tokens, tokens), 1)
     elif program == "gemm":
         shape = None
@@ -179,7 +181,14 @@ def test_batch_staged_x(tiled, qtype):
         assert shape["GEMV_XBLOCKS"] * 16 < cols
 
 
-def check_batch(pipes, qtype, program, cols, rows_wg):
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16], ids=lambda q: q.name)
+def test_batch_taller_workgroups(tiled, qtype):
+    """A batch's workgroups with 4 times one token's rows (decode_matmul's GEMV_TALLER), each row's
+    units split between subgroups as in one token's workgroup: the same bits as alone."""
+    check_batch(tiled, qtype, "gemv", cols_for(qtype)[0], rows_wg=8, batch_rows_wg=32)
+
+
+def check_batch(pipes, qtype, program, cols, rows_wg, batch_rows_wg=None):
     rng = np.random.default_rng(int(qtype) + 300)
     words, dense = quantized(rng, 37, cols, qtype)
     x = rng.standard_normal((11, cols)).astype(np.float32)
@@ -188,8 +197,9 @@ def check_batch(pipes, qtype, program, cols, rows_wg):
                             for i in range(len(x))])
     close(alone, x @ dense.T, rtol(program, qtype=qtype))
     for n_tokens in (2, 3, 8, 11):
-        np.testing.assert_array_equal(run(pipes, program, qtype, words, x[:n_tokens], 37, p, rows_wg=rows_wg),
-                                      alone[:n_tokens])
+        got = run(pipes, program, qtype, words, x[:n_tokens], 37, p, rows_wg=batch_rows_wg or rows_wg,
+                  split_rows=rows_wg)
+        np.testing.assert_array_equal(got, alone[:n_tokens])
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.BF16], ids=lambda q: q.name)
@@ -378,6 +388,20 @@ def test_lm_head_reads_from_the_step_token(tiled, program, n_tokens):
 def test_decode_matmul_choice(tiled, qtype, rows, cols, want):
     rows_wg, shape = tiled.decode_matmul(rows, cols, quant(qtype))
     assert (rows_wg, shape["GEMV_UNIT"]) == want and shape["GEMV_ROWS_WG"] == rows_wg
+
+
+@pytest.mark.parametrize("rows,cols,n_tokens,want", [
+    (128256, 2048, 8, 128), (128256, 2048, 4, 128), (8192, 2048, 8, 64), (8192, 2048, 4, 32),
+    (2048, 8192, 8, 16), (3072, 2048, 8, 16), (2048, 2048, 8, 16), (128256, 2048, 1, 32)])
+def test_a_batch_takes_taller_workgroups_while_the_grid_fills_the_gpu(tiled, rows, cols, n_tokens, want):
+    """Up to GEMV_TALLER times one token's rows, while the workgroups of all token groups stay at
+    least GEMV_BATCH_GRID (the 1B shape's LM head, gate/up, ffn_down, QKV and output projection);
+    the split of a row's units stays one token's."""
+    rows_wg, shape = tiled.decode_matmul(rows, cols, quant(Q.Q4_K), n_tokens)
+    one, _ = tiled.decode_matmul(rows, cols, quant(Q.Q4_K))
+    assert rows_wg == want and shape["GEMV_SPLIT_QUADS"] == one // 4
+    grid = pl.ceil_div(rows, rows_wg) * pl.ceil_div(n_tokens, tiled.gemv_group)
+    assert rows_wg == one or grid >= pl.GEMV_BATCH_GRID
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.BF16], ids=lambda q: q.name)

@@ -18,7 +18,7 @@ from airframe.resources import data_dir
 PROGRAMS = sorted(p.stem for p in data_dir("shaders").glob("*.wgsl") if "fn main(" in p.read_text())
 MATMULS = ("gemv", "gemm", "gemm_rows")
 SHAPE = {"ATTN_GROUP": 4, "ATTN_HEAD_DIM": 64, "ATTN_BLOCK": 128, "ATTN_KEYS": 32,
-         "GEMV_ROWS_WG": 8, "GEMV_TOKENS": 1, "GEMV_SUBGROUPS": 8, "GEMV_STAGE_X": 1, "GEMV_XBLOCKS": 16, "GEMV_ROUND_FLOATS": 8, "ARGMAX_STAGE": 1, "CANDIDATES_STAGE": 1,
+         "GEMV_ROWS_WG": 8, "GEMV_TOKENS": 1, "GEMV_SUBGROUPS": 8, "GEMV_STAGE_X": 1, "GEMV_XBLOCKS": 16, "GEMV_ROUND_FLOATS": 8, "GEMV_SPLIT_QUADS": 2, "ARGMAX_STAGE": 1, "CANDIDATES_STAGE": 1,
          "ROWS_TOKENS": 8,
          # every mode bit, so that every fusion's code is compiled (gemv.wgsl drops the ones its MODE lacks)
          "GEMV_MODE": pl.MODE_NORM | pl.MODE_ACCUMULATE | pl.MODE_GATED | pl.MODE_GELU | pl.MODE_X_STEP

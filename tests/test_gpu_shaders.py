@@ -43,7 +43,7 @@ def test_real_shaders_load_for_every_variant():
     text = shaders.load_wgsl("gemv.wgsl", {"QUANT": "q4_0", "REDUCE": "subgroup", "GEMV_UNIT": "q4_0",
                                            "GEMV_ROWS_WG": "8", "GEMV_TOKENS": "1", "GEMV_SUBGROUPS": "8",
                                            "GEMV_STAGE_X": "0", "GEMV_XBLOCKS": "1", "GEMV_MODE": "0",
-                                           "GEMV_ROUND_FLOATS": "1"})
+                                           "GEMV_ROUND_FLOATS": "1", "GEMV_SPLIT_QUADS": "2"})
     assert "fn block_dot(" in text and "subgroupAdd" in text and "{" + "QUANT}" not in text
 
 

@@ -89,6 +89,9 @@ WAVE = 132              # workgroups a large GPU runs at once, one per SM (H200:
 FULL_GPU = 2 * WAVE     # workgroups that fill a large GPU twice over
 LANES, SUBGROUPS = 32, 8  # gemv.wgsl's workgroup as most GPUs run it: 8 subgroups of 32
 GEMV_TOKENS = 8         # tokens a forward takes through gemv.wgsl at most (a decode batch); more: gemm.wgsl
+GEMV_TALLER = 4         # a batch's gemv workgroups take up to this many times one token's rows,
+GEMV_BATCH_GRID = 256   # while their grid keeps this many: about two per SM (2 * WAVE kept the 1B
+                        # shape's gate/up and ffn_down at 8 streams half as tall, 3.04 against 2.95 ms)
 GEMV_GROUP = 4          # gemv.wgsl's tokens per workgroup at most; a batch of 8 is two groups along y
 GEMV_WG = 256           # gemv.wgsl's invocations per workgroup
 XBLOCK_GRAIN = 16       # gemv/x_int8.wgsl stages x in runs of 16 blocks of 16 (a K-quant block)
@@ -202,10 +205,20 @@ class Pipelines:
         """gemv.wgsl for a (rows, cols) matrix in `quant` and n_tokens (at most GEMV_TOKENS) tokens, in
         workgroups of up to gemv_group tokens along y (their placeholder GEMV_TOKENS): (output rows
         per workgroup, its placeholders), with `unit` (shaders/gemv/<unit>.wgsl), else the type's own,
-        for an op of `mode` (its P.mode), reading x rounded by the gemv before where x_stored."""
+        for an op of `mode` (its P.mode), reading x rounded by the gemv before where x_stored. A
+        batch's workgroups take up to GEMV_TALLER times one token's rows while their grid keeps
+        GEMV_BATCH_GRID workgroups, each row's units split between subgroups as one token's are
+        (Q4_K_M, a step of 8 streams 2.95 against 3.21 GPU ms, H100: gate/up, ffn_down and the LM
+        head read each weight for more tokens at once)."""
         name = unit or quant.shader
-        rows_wg = self.gemv_rows(rows, cols, name)
-        return rows_wg, self.gemv_shape(name, rows_wg, min(n_tokens, self.gemv_group), cols, mode, x_stored)
+        one = self.gemv_rows(rows, cols, name)
+        group = min(n_tokens, self.gemv_group)
+        rows_wg = one
+        # a batch's workgroups grow while the grid, counting its token groups, still fills the GPU
+        while n_tokens > 1 and rows_wg < GEMV_TALLER * one and \
+                ceil_div(rows, 2 * rows_wg) * ceil_div(n_tokens, group) >= GEMV_BATCH_GRID:
+            rows_wg *= 2
+        return rows_wg, self.gemv_shape(name, rows_wg, group, cols, mode, x_stored, one)
 
     @staticmethod
     def gemv_rows(rows: int, cols: int, unit: str) -> int:
@@ -224,13 +237,15 @@ class Pipelines:
         return rows_wg
 
     def gemv_shape(self, unit: str, rows_wg: int, n_tokens: int, cols: int, mode: int = 0,
-                   x_stored: bool = False) -> dict:
+                   x_stored: bool = False, split_rows: int | None = None) -> dict:
         """gemv.wgsl's placeholders for unit file gemv/<unit>.wgsl and an op of `mode` (MODE, a
         constant, so the compiler leaves out the sums and registers that the mode does not use). An
         8-bit unit reads x as the gemv before stored it rounded where x_stored (MODE_ROUND_OUT);
         else its workgroup of STAGE_ROWS_WG rows or more rounds x into workgroup memory once for
         all its quads (gemv/x_int8.wgsl): the whole row where workgroup memory holds it, else as many
-        blocks of 16 x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16)."""
+        blocks of 16 x per token at a time as it holds, in whole K-quant blocks (16 blocks of 16).
+        `split_rows`: the rows of one token's workgroup, which the split of a row's units between
+        subgroups is reckoned from (a batch's taller workgroups; default rows_wg)."""
         int8 = shader_constant(f"gemv/{unit}.wgsl", "INT8_X")
         assert not x_stored or int8, f"gemv/{unit}.wgsl reads x as floats, not rounded"
         assert not mode & MODE_ROUND_OUT or rows_wg % 16 == 0, f"{rows_wg} rows a workgroup cannot round blocks of 16"
@@ -244,7 +259,7 @@ class Pipelines:
             stage, x_blocks = 1, max(XBLOCK_GRAIN, min(fits, ceil_div(cols, 16 * XBLOCK_GRAIN) * XBLOCK_GRAIN))
         return {"GEMV_ROWS_WG": rows_wg, "GEMV_UNIT": unit, "GEMV_TOKENS": n_tokens, "GEMV_MODE": mode,
                 "GEMV_SUBGROUPS": self.gemv_subgroups, "GEMV_STAGE_X": stage, "GEMV_XBLOCKS": x_blocks,
-                "GEMV_ROUND_FLOATS": round_floats}
+                "GEMV_ROUND_FLOATS": round_floats, "GEMV_SPLIT_QUADS": (split_rows or rows_wg) // 4}
 
     @property
     def gemv_subgroups(self) -> int:
