@@ -9,6 +9,8 @@
 // d and the two scale words as words (word_at): as vec4 with a select they cost more than the
 // loads they save.
 
+#include "quant/q6_k_words.wgsl"
+
 const Q6K_BLOCK_WORDS: u32 = 53u;
 
 // lo: the 16 x of the low nibbles' elements
@@ -32,14 +34,13 @@ struct Q6kUnit {
     sc_hi: u32,
 }
 
-// blk: the block's address, its row's first word + 53 b (quant/q6_k.wgsl)
+// blk: the block's address, its row's first word + 53 b (quant/q6_k_words.wgsl)
 fn q6k_load(blk: u32, t: u32) -> Q6kUnit {
-    let j = blk & 3u;
-    let f = blk - j + 4u;  // the block's first word after its group's d
-    let at = f / 4u;
+    let w = q6k_words(blk);
+    let at = w.y / 4u;
     let h = t >> 2u;
     return Q6kUnit(quad_at(at + 4u * h + (t & 3u)), quad_at(at + 8u + 2u * h + (t & 1u)),
-                   bitcast<f32>(word_at(blk - 52u * j)), word_at(f + 48u + 2u * h), word_at(f + 49u + 2u * h));
+                   bitcast<f32>(word_at(w.x)), word_at(w.y + 48u + 2u * h), word_at(w.y + 49u + 2u * h));
 }
 
 // d sc ((q + 32) . x - 32 sum(x)) for both sub-blocks

@@ -13,11 +13,7 @@
 const QK: u32 = 256u;
 const BLOCK_WORDS: u32 = 53u;
 
-// (the word of d, the first of ql, qh and the scales) of the block at blk
-fn q6k_words(blk: u32) -> vec2<u32> {
-    let j = blk & 3u;
-    return vec2<u32>(blk - 52u * j, blk - j + 4u);
-}
+#include "quant/q6_k_words.wgsl"
 
 fn dq4(blk: u32, i: u32) -> vec4<f32> {
     let at = q6k_words(blk);
