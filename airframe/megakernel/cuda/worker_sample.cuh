@@ -94,7 +94,7 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
             uint32_t sum = 0;
             for (int q = 0; q < 8; ++q) sum += hist[255 - 8 * lane - q];
             uint32_t upto = sum;
-#pragma unroll
+#pragma unroll 1
             for (int off = 1; off < 32; off <<= 1) {
                 const uint32_t o = __shfl_up_sync(0xffffffffu, upto, off);
                 if (lane >= (uint32_t)off) upto += o;
@@ -191,27 +191,30 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
 }
 
 // Warp 0's helpers for the chain over at most 2 x 32 candidates, lane l holding l and l + 32.
+// The drawing runs once a step with a cold instruction cache: its loops stay rolled and the
+// helpers are calls, so that less code is fetched (draw_chain 8 KB of SASS instead of 54).
 #define AF_FULL_WARP 0xffffffffu
 
 __device__ __forceinline__ double warp_max(double x) {
-#pragma unroll
+#pragma unroll 1
     for (int off = 16; off > 0; off >>= 1) x = fmax(x, __shfl_xor_sync(AF_FULL_WARP, x, off));
     return x;
 }
 
 // the largest of v[0..n), every lane the same
-__device__ __forceinline__ double largest(const double* v, uint32_t n) {
+__device__ __noinline__ double largest(const double* v, uint32_t n) {
     double top = -INFINITY;
+#pragma unroll 1
     for (uint32_t i = threadIdx.x; i < n; i += 32) top = fmax(top, v[i]);
     return warp_max(top);
 }
 
 // For i = lane + 32 h of v[0..n): whether v[i] > -inf (live[h]) and its place among those in order
 // (place[h]). Returns how many are live.
-__device__ __forceinline__ uint32_t live_places(const double* v, uint32_t n, bool live[2], uint32_t place[2]) {
+__device__ __noinline__ uint32_t live_places(const double* v, uint32_t n, bool live[2], uint32_t place[2]) {
     const uint32_t below = (1u << threadIdx.x) - 1u;
     uint32_t total = 0;
-#pragma unroll
+#pragma unroll 1
     for (int h = 0; h < 2; ++h) {
         const uint32_t i = threadIdx.x + 32u * h;
         live[h] = i < n && v[i] > -INFINITY;
@@ -224,17 +227,20 @@ __device__ __forceinline__ uint32_t live_places(const double* v, uint32_t n, boo
 
 // numpy's sum of a[0..m) (pairwise_sum, m <= 128), every lane the same: fewer than 8 in order from
 // 0, else 8 running sums (lanes 0..7) combined in pairs, then the rest in order.
-__device__ double numpy_sum(const double* a, uint32_t m) {
+__device__ __noinline__ double numpy_sum(const double* a, uint32_t m) {
     const uint32_t lane = threadIdx.x;
     double res = 0.0;
     if (m < 8) {
-        if (lane == 0)
+        if (lane == 0) {
+#pragma unroll 1
             for (uint32_t i = 0; i < m; ++i) res += a[i];
+        }
     } else {
         const uint32_t end = m - m % 8;
         double r = 0.0;
         if (lane < 8) {
             r = a[lane];
+#pragma unroll 1
             for (uint32_t i = 8 + lane; i < end; i += 8) r += a[i];
         }
         // ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) gathers in lane 0
@@ -242,8 +248,10 @@ __device__ double numpy_sum(const double* a, uint32_t m) {
         r += __shfl_down_sync(AF_FULL_WARP, r, 2);
         r += __shfl_down_sync(AF_FULL_WARP, r, 4);
         res = r;
-        if (lane == 0)
+        if (lane == 0) {
+#pragma unroll 1
             for (uint32_t i = end; i < m; ++i) res += a[i];
+        }
     }
     return __shfl_sync(AF_FULL_WARP, res, 0);
 }
@@ -251,13 +259,15 @@ __device__ double numpy_sum(const double* a, uint32_t m) {
 // sampling._probabilities over the values v[i] > -inf of v[0..n) (warp 0; p[i] = 0 elsewhere):
 // all of it shared by the +inf values if any, else exp(v - max) over their numpy sum. `alive`
 // (AF_SAMPLE_K) is the work array the live values are gathered into, in order.
-__device__ void probabilities(const double* v, uint32_t n, double* p, double* alive) {
+__device__ __noinline__ void probabilities(const double* v, uint32_t n, double* p, double* alive) {
     const uint32_t lane = threadIdx.x;
     const double top = largest(v, n);
     if (top == INFINITY) {
         uint32_t inf = 0;
+#pragma unroll 1
         for (uint32_t i = lane; i < n; i += 32) inf += v[i] == INFINITY;
         inf = __reduce_add_sync(AF_FULL_WARP, inf);
+#pragma unroll 1
         for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] == INFINITY ? 1.0 / (double)inf : 0.0;
         __syncwarp();
         return;
@@ -265,7 +275,7 @@ __device__ void probabilities(const double* v, uint32_t n, double* p, double* al
     bool live[2];
     uint32_t place[2];
     const uint32_t m = live_places(v, n, live, place);
-#pragma unroll
+#pragma unroll 1
     for (int h = 0; h < 2; ++h) {
         const uint32_t i = lane + 32u * h;
         if (i < n) p[i] = live[h] ? exp(v[i] - top) : 0.0;
@@ -273,6 +283,7 @@ __device__ void probabilities(const double* v, uint32_t n, double* p, double* al
     }
     __syncwarp();
     const double total = numpy_sum(alive, m);
+#pragma unroll 1
     for (uint32_t i = lane; i < n; i += 32) p[i] = v[i] > -INFINITY ? p[i] / total : 0.0;
     __syncwarp();
 }
@@ -291,6 +302,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         const bool live0 = i0 < n && v[i0] > -INFINITY, live1 = i1 < n && v[i1] > -INFINITY;
         const double p0 = live0 ? p[i0] : -1.0, p1 = live1 ? p[i1] : -1.0;
         uint32_t r0 = 0, r1 = 0;
+#pragma unroll 1
         for (uint32_t j = 0; j < 32; ++j) {
             const double q0 = __shfl_sync(AF_FULL_WARP, p0, j), q1 = __shfl_sync(AF_FULL_WARP, p1, j);
             r0 += (q0 > p0 || (q0 == p0 && j < i0)) + (q1 > p0);
@@ -306,7 +318,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         if (lane == 0) {
             uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
             double sum = 0.0;
-#pragma unroll 4
+#pragma unroll 1
             for (uint32_t r = 0; r < n_live; ++r) {
                 sum = r == 0 ? sorted[0] : sum + sorted[r];
                 if (sum >= s.top_p) {
@@ -323,6 +335,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     }
     if (s.flags & AF_S_MIN_P) {
         const double top = largest(v, n);
+#pragma unroll 1
         for (uint32_t i = lane; i < n; i += 32) {
             const bool keep = isfinite(top) ? v[i] - top >= s.log_min_p : v[i] == top;
             if (!keep) v[i] = -INFINITY;
@@ -332,6 +345,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     if (s.flags & AF_S_TEMPERATURE) {
         const double top = largest(v, n);
         const bool shift = isfinite(top) && top / s.temperature == INFINITY;  // a tiny temperature
+#pragma unroll 1
         for (uint32_t i = lane; i < n; i += 32) v[i] = shift ? (v[i] - top) / s.temperature : v[i] / s.temperature;
         __syncwarp();
     }
@@ -341,7 +355,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     bool live[2];
     uint32_t place[2];
     const uint32_t m = live_places(v, n, live, place);
-#pragma unroll
+#pragma unroll 1
     for (int h = 0; h < 2; ++h) {
         if (live[h]) {
             work[place[h]] = p[lane + 32u * h];
@@ -351,6 +365,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     __syncwarp();
     if (lane == 0) {
         double sum = 0.0;
+#pragma unroll 1
         for (uint32_t r = 0; r < m; ++r) {
             sum = r == 0 ? work[r] : sum + work[r];
             work[r] = sum;
@@ -360,7 +375,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     if (m == 0) return 0u;  // (none left: the host refuses the request)
     const double target = (double)u * work[m - 1];
     uint32_t at = m - 1;
-#pragma unroll
+#pragma unroll 1
     for (int h = 1; h >= 0; --h) {
         const uint32_t r = lane + 32u * h;
         const uint32_t past = __ballot_sync(AF_FULL_WARP, r < m && work[r] > target);
@@ -387,6 +402,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
     // candidate e: entry e % k of slot e / k, its penalised value's key as its LM_HEAD task made it
     auto entry = [&](uint32_t e) { return s.cand + 4 * (AF_SAMPLE_K * (e / k) + e % k); };
+#pragma unroll 1
     for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
         keys[e] = __ldcg(reinterpret_cast<const unsigned long long*>(entry(e)));
     if (threadIdx.x == 0) out[3] = 0;
@@ -399,6 +415,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
                  });
     if (threadIdx.x < k) {  // ids ascending, as top_k leaves them
         uint32_t r = 0;
+#pragma unroll 1
         for (uint32_t j = 0; j < k; ++j) r += ids[j] < ids[threadIdx.x];
         sorted[r] = value[threadIdx.x];
         sorted_ids[r] = ids[threadIdx.x];
@@ -407,6 +424,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
     if (threadIdx.x < 32) {
         uint32_t index = 0;
         if (s.flags & AF_S_GREEDY) {
+#pragma unroll 1
             for (uint32_t i = 1; i < k; ++i)
                 if (sorted[i] > sorted[index]) index = i;
         } else {
@@ -430,6 +448,7 @@ __device__ __noinline__ void advance_state(const af_args& a, uint32_t done, uint
     uint32_t* gen = s.gen + ((done + 1) & 1u) * vocab;
     const uint32_t at = s.hist_len + (done - first);  // the drawn token's place in hist
     s.hist[at] = token;
+#pragma unroll 1
     for (uint32_t i = done > first ? at - 1 : at; i <= at; ++i) {
         const uint32_t x = __ldcg(s.hist + i);
         win[x] += 1u;
