@@ -192,7 +192,7 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
 
 // Warp 0's helpers for the chain over at most 2 x 32 candidates, lane l holding l and l + 32.
 // The drawing runs once a step with a cold instruction cache: its loops stay rolled and the
-// helpers are calls, so that less code is fetched (draw_chain 8 KB of SASS instead of 54).
+// helpers are calls, so that less code is fetched (the chain 16 KB of SASS with them, not 54).
 #define AF_FULL_WARP 0xffffffffu
 
 __device__ __forceinline__ double warp_max(double x) {
