@@ -89,19 +89,24 @@ __device__ void select_largest(const Key* keys, uint32_t n, Held held, uint32_t 
             }
         }
         __syncthreads();
-        if (threadIdx.x < 32) {  // lane l counts digits 255 - 8l down to 248 - 8l
+        if (threadIdx.x < 32) {  // lane l counts digits 255 - 8l down to 248 - 8l, in registers
             const uint32_t lane = threadIdx.x;
+            const uint4 lo = *reinterpret_cast<const uint4*>(hist + 248 - 8 * lane);
+            const uint4 hi = *reinterpret_cast<const uint4*>(hist + 252 - 8 * lane);
+            const uint32_t count[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};
             uint32_t sum = 0;
-            for (int q = 0; q < 8; ++q) sum += hist[255 - 8 * lane - q];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) sum += count[q];
             uint32_t upto = sum;
-#pragma unroll 1
+#pragma unroll
             for (int off = 1; off < 32; off <<= 1) {
                 const uint32_t o = __shfl_up_sync(0xffffffffu, upto, off);
                 if (lane >= (uint32_t)off) upto += o;
             }
             uint32_t above = upto - sum;  // keys with a larger digit
+#pragma unroll
             for (int q = 0; q < 8; ++q) {
-                const uint32_t c = hist[255 - 8 * lane - q];
+                const uint32_t c = count[q];
                 if (above < want && above + c >= want) {
                     out[0] = 255 - 8 * lane - q;
                     out[1] = want - above;
@@ -196,7 +201,7 @@ __device__ __noinline__ void lm_candidates(const af_args& a, const af_task& t, u
 #define AF_FULL_WARP 0xffffffffu
 
 __device__ __forceinline__ double warp_max(double x) {
-#pragma unroll 1
+#pragma unroll
     for (int off = 16; off > 0; off >>= 1) x = fmax(x, __shfl_xor_sync(AF_FULL_WARP, x, off));
     return x;
 }
@@ -214,7 +219,7 @@ __device__ __noinline__ double largest(const double* v, uint32_t n) {
 __device__ __noinline__ uint32_t live_places(const double* v, uint32_t n, bool live[2], uint32_t place[2]) {
     const uint32_t below = (1u << threadIdx.x) - 1u;
     uint32_t total = 0;
-#pragma unroll 1
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint32_t i = threadIdx.x + 32u * h;
         live[h] = i < n && v[i] > -INFINITY;
@@ -275,7 +280,7 @@ __device__ __noinline__ void probabilities(const double* v, uint32_t n, double* 
     bool live[2];
     uint32_t place[2];
     const uint32_t m = live_places(v, n, live, place);
-#pragma unroll 1
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint32_t i = lane + 32u * h;
         if (i < n) p[i] = live[h] ? exp(v[i] - top) : 0.0;
@@ -301,12 +306,16 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         const uint32_t i0 = lane, i1 = lane + 32u;
         const bool live0 = i0 < n && v[i0] > -INFINITY, live1 = i1 < n && v[i1] > -INFINITY;
         const double p0 = live0 ? p[i0] : -1.0, p1 = live1 ? p[i1] : -1.0;
+        // compared as integers: a probability's bits order as it does (>= +0), plus 1 above the
+        // values not live (0)
+        const unsigned long long k0 = live0 ? __double_as_longlong(p0) + 1ull : 0ull;
+        const unsigned long long k1 = live1 ? __double_as_longlong(p1) + 1ull : 0ull;
         uint32_t r0 = 0, r1 = 0;
-#pragma unroll 1
+#pragma unroll 8
         for (uint32_t j = 0; j < 32; ++j) {
-            const double q0 = __shfl_sync(AF_FULL_WARP, p0, j), q1 = __shfl_sync(AF_FULL_WARP, p1, j);
-            r0 += (q0 > p0 || (q0 == p0 && j < i0)) + (q1 > p0);
-            r1 += (q0 >= p1 && q0 >= 0.0) + (q1 > p1 || (q1 == p1 && j < lane));
+            const unsigned long long q0 = __shfl_sync(AF_FULL_WARP, k0, j), q1 = __shfl_sync(AF_FULL_WARP, k1, j);
+            r0 += (q0 > k0 || (q0 == k0 && j < i0)) + (q1 > k0);
+            r1 += (q0 >= k1) + (q1 > k1 || (q1 == k1 && j < lane));
         }
         // the sorted probabilities; their cumulative sum in order until it reaches top_p
         double* sorted = work;
@@ -318,7 +327,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         if (lane == 0) {
             uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
             double sum = 0.0;
-#pragma unroll 1
+#pragma unroll 4
             for (uint32_t r = 0; r < n_live; ++r) {
                 sum = r == 0 ? sorted[0] : sum + sorted[r];
                 if (sum >= s.top_p) {
@@ -355,7 +364,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     bool live[2];
     uint32_t place[2];
     const uint32_t m = live_places(v, n, live, place);
-#pragma unroll 1
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (live[h]) {
             work[place[h]] = p[lane + 32u * h];
@@ -365,7 +374,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     __syncwarp();
     if (lane == 0) {
         double sum = 0.0;
-#pragma unroll 1
+#pragma unroll 4
         for (uint32_t r = 0; r < m; ++r) {
             sum = r == 0 ? work[r] : sum + work[r];
             work[r] = sum;
@@ -375,7 +384,7 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
     if (m == 0) return 0u;  // (none left: the host refuses the request)
     const double target = (double)u * work[m - 1];
     uint32_t at = m - 1;
-#pragma unroll 1
+#pragma unroll
     for (int h = 1; h >= 0; --h) {
         const uint32_t r = lane + 32u * h;
         const uint32_t past = __ballot_sync(AF_FULL_WARP, r < m && work[r] > target);
@@ -402,7 +411,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(sm + AF_SAMPLE_SHARED_FLOATS);
     // candidate e: entry e % k of slot e / k, its penalised value's key as its LM_HEAD task made it
     auto entry = [&](uint32_t e) { return s.cand + 4 * (AF_SAMPLE_K * (e / k) + e % k); };
-#pragma unroll 1
+#pragma unroll 8
     for (uint32_t e = threadIdx.x; e < n; e += AF_THREADS)
         keys[e] = __ldcg(reinterpret_cast<const unsigned long long*>(entry(e)));
     if (threadIdx.x == 0) out[3] = 0;
@@ -415,7 +424,7 @@ __device__ __noinline__ uint32_t draw_token(const af_args& a, uint32_t done, flo
                  });
     if (threadIdx.x < k) {  // ids ascending, as top_k leaves them
         uint32_t r = 0;
-#pragma unroll 1
+#pragma unroll 8
         for (uint32_t j = 0; j < k; ++j) r += ids[j] < ids[threadIdx.x];
         sorted[r] = value[threadIdx.x];
         sorted_ids[r] = ids[threadIdx.x];
