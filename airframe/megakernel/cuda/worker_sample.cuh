@@ -293,6 +293,39 @@ __device__ __noinline__ void probabilities(const double* v, uint32_t n, double* 
     __syncwarp();
 }
 
+// numpy's cumulative sums of a[0..m) (m <= 64, in order; a >= +0, so that starting from 0.0 adds
+// nothing), lane l getting those of l and l + 32: the running sum passes down the warp's lanes, so
+// the values' loads are not in its chain.
+struct af_sums {
+    double low, high;
+};
+
+__device__ __forceinline__ af_sums warp_cumsum(const double* a, uint32_t m) {
+    const uint32_t lane = threadIdx.x;
+    const double a0 = lane < m ? a[lane] : 0.0, a1 = lane + 32u < m ? a[lane + 32u] : 0.0;
+    af_sums c{0.0, 0.0};
+    double sum = 0.0;
+#pragma unroll 4
+    for (uint32_t r = 0; r < 32; ++r) {
+        sum += __shfl_sync(AF_FULL_WARP, a0, r);
+        if (lane == r) c.low = sum;
+    }
+#pragma unroll 4
+    for (uint32_t r = 0; r < 32; ++r) {
+        sum += __shfl_sync(AF_FULL_WARP, a1, r);
+        if (lane == r) c.high = sum;
+    }
+    return c;
+}
+
+// The first index r < m whose sum passes (in every lane), m where none does.
+__device__ __forceinline__ uint32_t first_passing(bool low, bool high, uint32_t m) {
+    const uint32_t lane = threadIdx.x;
+    const uint32_t in_low = __ballot_sync(AF_FULL_WARP, lane < m && low);
+    const uint32_t in_high = __ballot_sync(AF_FULL_WARP, lane + 32u < m && high);
+    return in_low ? __ffs(in_low) - 1 : in_high ? 32u + __ffs(in_high) - 1 : m;
+}
+
 // The chain after top-k over v[0..n), ids ascending (warp 0): top-p, min-p, temperature, the draw
 // with u. Returns the index drawn. p, work: AF_SAMPLE_K doubles; rank: AF_SAMPLE_K words.
 // Cumulative sums run in order in lane 0 (numpy's cumsum); the rest is spread over the lanes.
@@ -323,21 +356,9 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         if (live1) sorted[r1] = p1;
         const uint32_t n_live = __popc(__ballot_sync(AF_FULL_WARP, live0)) + __popc(__ballot_sync(AF_FULL_WARP, live1));
         __syncwarp();
-        uint32_t index_keep = 0;
-        if (lane == 0) {
-            uint32_t keep = n_live + 1;  // searchsorted(cumsum, top_p, "left") + 1
-            double sum = 0.0;
-#pragma unroll 4
-            for (uint32_t r = 0; r < n_live; ++r) {
-                sum = r == 0 ? sorted[0] : sum + sorted[r];
-                if (sum >= s.top_p) {
-                    keep = r + 1;
-                    break;
-                }
-            }
-            index_keep = keep;
-        }
-        const uint32_t keep = __shfl_sync(AF_FULL_WARP, index_keep, 0);
+        // searchsorted(cumsum, top_p, "left") + 1
+        const af_sums c = warp_cumsum(sorted, n_live);
+        const uint32_t keep = first_passing(c.low >= s.top_p, c.high >= s.top_p, n_live) + 1;
         if (i0 < n && !(live0 && r0 < keep)) v[i0] = -INFINITY;
         if (i1 < n && !(live1 && r1 < keep)) v[i1] = -INFINITY;
         __syncwarp();
@@ -372,24 +393,10 @@ __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uin
         }
     }
     __syncwarp();
-    if (lane == 0) {
-        double sum = 0.0;
-#pragma unroll 4
-        for (uint32_t r = 0; r < m; ++r) {
-            sum = r == 0 ? work[r] : sum + work[r];
-            work[r] = sum;
-        }
-    }
-    __syncwarp();
     if (m == 0) return 0u;  // (none left: the host refuses the request)
-    const double target = (double)u * work[m - 1];
-    uint32_t at = m - 1;
-#pragma unroll
-    for (int h = 1; h >= 0; --h) {
-        const uint32_t r = lane + 32u * h;
-        const uint32_t past = __ballot_sync(AF_FULL_WARP, r < m && work[r] > target);
-        if (past) at = 32u * h + __ffs(past) - 1;
-    }
+    const af_sums c = warp_cumsum(work, m);
+    const double target = (double)u * __shfl_sync(AF_FULL_WARP, m - 1 < 32u ? c.low : c.high, (m - 1) % 32u);
+    const uint32_t at = min(first_passing(c.low > target, c.high > target, m), m - 1);
     const uint32_t index = rank[at];
     __syncwarp();
     return index;
