@@ -864,6 +864,9 @@ def test_prefill_shared_memory_fits_the_h200_not_the_rtx_3050():
         rt.device = rt.worker.device
         rt.prefill_layout(table)
         assert rt.block == block
+    rt.k = dict(plan.consts, n_embd=248)  # pf_down keeps a column's row groups in one warp: 32 columns of 8
+    rt.prefill_layout(table)
+    assert rt.block == 0
 
 
 # ---- trace ----------------------------------------------------------------------------------------

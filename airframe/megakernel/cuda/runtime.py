@@ -328,14 +328,13 @@ def shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
 
 def prefill_shared_floats(k: dict, ffn_max_rows: int, stage: bool = False) -> int:
     """Dynamic shared memory of the prefill kernel in floats before its task table; af_prefill's
-    layout (worker_prefill.cuh): xs and red of each of the block's tokens, then the opcodes' scratch."""
-    cols = k["n_embd"] // 8
-    ffn_groups = 1 if cols >= THREADS else THREADS // cols
+    layout (worker_prefill.cuh): xs and red of each of the block's tokens, then the opcodes' scratch
+    (pf_ffn: the block's gate, up and silu(gate) * up rows)."""
     g = k["n_head"] // k["n_head_kv"]
     v_groups = THREADS // k["head_dim_v"]
     attn = (g * k["head_dim"] + BLOCK * (k["head_dim"] + k["head_dim_v"]) + g * k["attn_chunk"]
             + v_groups * g * k["head_dim_v"] + 2 * g)  # q, the block's K and V, scores, value groups, m and l
-    ffn = 2 * BLOCK * ffn_max_rows + ffn_groups * k["n_embd"]
+    ffn = 3 * BLOCK * ffn_max_rows
     chunks, heads = k["attn_chunks"], k["n_head"]
     staged = -(-chunks * heads * (k["head_dim_v"] + 2) // 4) * 4 + heads * (chunks + 2) if stage else 0
     return -(-(BLOCK * (2 * XS_PLANE_FLOATS + 64) + max(attn, ffn, staged, 2 * (THREADS // 32))) // 4) * 4
@@ -411,7 +410,8 @@ class Runtime:
         fits = self.prefill_shared_bytes + static <= optin
         resident = fits and self.worker.blocks_per_sm(self.prefill_shared_bytes, self.worker.prefill_kernel) \
             * self.device.sm_count >= self.workers
-        self.block = BLOCK if resident else 0
+        # pf_down keeps a column's FFN row groups in one warp: n_embd / 8 >= 32 columns
+        self.block = BLOCK if resident and self.k["n_embd"] >= 256 else 0
 
     def check_target(self) -> None:
         target, build = self.plan.target, self.worker.build

@@ -497,8 +497,7 @@ __device__ __forceinline__ af_x ffn_in(const af_args& a, uint32_t layer, uint32_
     return af_x{layer_at(a, layer, c.lay_h, tok), layer_at(a, layer, c.lay_h_side, tok), !side_live(2), nullptr};
 }
 
-__device__ void ffn_down(const af_args& a, const af_task& t, uint32_t tok, float* h, const float* up, float* part,
-                         const float* red);
+__device__ void ffn_down(const af_args& a, const af_task& t, float* h, const float* up, float* part, const float* red);
 
 // gate and up rows of rmsnorm(h + h_side), then ffn_down's work.
 __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
@@ -514,16 +513,16 @@ __device__ void op_ffn(const af_args& a, const af_task& t, float* xs, float* red
                   if (i < n) h[i] = v;
                   else up[i - n] = v;
               });
-    ffn_down(a, t, 0, h, up, up + a.ffn_max_rows, red);
+    ffn_down(a, t, h, up, up + a.ffn_max_rows, red);
 }
 
-// silu(gate) * up of task t's FFN rows for token tok (h: the gate rows' sums, up: the up rows', red:
-// its norm's chunk sums, whose scale they still lack) into h; then the task's columns of ffn_down
-// (stored transposed, one row of n_embd per FFN row), output rows [part_start, +part_count) only,
-// times h, into token tok's FFN sums. The down sum: `groups` row groups (row i in group i %
-// groups), each in increasing row order, then summed in group order (part: (groups, n_embd)).
-__device__ void ffn_down(const af_args& a, const af_task& t, uint32_t tok, float* h, const float* up, float* part,
-                         const float* red) {
+// silu(gate) * up of task t's FFN rows (h: the gate rows' sums, up: the up rows', red: its norm's
+// chunk sums, whose scale they still lack) into h; then the task's columns of ffn_down (stored
+// transposed, one row of n_embd per FFN row), output rows [part_start, +part_count) only, times h,
+// into the step's FFN sums. The down sum: `groups` row groups (row i in group i % groups), each in
+// increasing row order, then summed in group order (part: (groups, n_embd)); pf_down is its
+// prefill twin.
+__device__ void ffn_down(const af_args& a, const af_task& t, float* h, const float* up, float* part, const float* red) {
     const af_plan_consts& c = a.c;
     const uint32_t e = c.n_embd, cols = e / 8;
     const uint32_t n = t.row_count;
@@ -611,7 +610,7 @@ __device__ void ffn_down(const af_args& a, const af_task& t, uint32_t tok, float
     // every run, and the plan's FFN reduce waves and their barriers are skipped (load_table). A
     // partial that is not finite or has |v| >= 2^22 (it could overflow the accumulator) sets bit 1
     // of the error word.
-    unsigned long long* acc = ffn_acc(a, t.layer, tok) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
+    unsigned long long* acc = ffn_acc(a, t.layer) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e;
     bool bad = false;
     for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];

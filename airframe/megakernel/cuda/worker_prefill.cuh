@@ -17,9 +17,26 @@
 #define AF_PF_RED_OFFSET (AF_BLOCK * AF_XS_FLOATS)
 #define AF_PF_SM_OFFSET (AF_PF_RED_OFFSET + AF_BLOCK * 64)
 
+// tokens whose down sums a thread keeps (4 columns each) while one pass of pf_down reads its rows
+#define AF_PF_DOWN_TOKENS 4
+static_assert(AF_BLOCK % AF_PF_DOWN_TOKENS == 0 && AF_PF_DOWN_TOKENS % 4 == 0, "pf_down reads h as float4");
+
+// A down row's bytes in pf_down, which the block's next pass reads again: kept in L2 (no evict_first).
+__device__ __forceinline__ uint2 ld_again8(const void* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_again4(const void* p) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 // token b's xs and red
 __device__ __forceinline__ float* xs_of(float* xs, uint32_t b) { return xs + b * AF_XS_FLOATS; }
 __device__ __forceinline__ float* red_of(float* red, uint32_t b) { return red + 64 * b; }
+__device__ __forceinline__ const float* red_of(const float* red, uint32_t b) { return red + 64 * b; }
 
 // (The pf_ opcodes are calls, as merge_chunks: inlined into af_prefill they spilled 150-250 B of
 // its 64 registers a thread; as calls, none.)
@@ -94,13 +111,104 @@ __device__ __noinline__ void pf_wo(const af_args& a, const af_task& t, uint32_t 
     });
 }
 
-// gate and up rows for all the block's tokens, then ffn_down token by token.
+// ffn_down (worker_ops.cuh) for the block's tokens, the same sums in the same orders, each down row
+// read once per AF_PF_DOWN_TOKENS tokens, 4 columns a thread. h, up: (AF_BLOCK, rows) gate and up
+// sums; hb: (rows, AF_BLOCK) silu(gate) * up. A quad's row groups sit in adjacent lanes (groups <=
+// 32: n_embd >= 256, Runtime.prefill_layout) and are added in group order by shuffles.
+__device__ __noinline__ void pf_down(const af_args& a, const af_task& t, const float* h, const float* up, float* hb,
+                                     const float* red) {
+    const af_plan_consts& c = a.c;
+    const uint32_t e = c.n_embd, n = t.row_count, rows = a.ffn_max_rows;
+    const uint32_t groups = e / 8 >= AF_THREADS ? 1 : udiv(AF_THREADS, e / 8);
+    trace_mark(7);
+    __syncthreads();
+    for (uint32_t x = threadIdx.x; x < AF_BLOCK * n; x += AF_THREADS) {
+        const uint32_t b = udiv(x, n), i = x - b * n;
+        const float inv = norm_scale(red_of(red, b), e, c.rms_eps);
+        const float gate = __fmul_rn(h[b * rows + i], inv), u = __fmul_rn(up[b * rows + i], inv);
+        hb[i * AF_BLOCK + b] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), u);
+    }
+    __syncthreads();
+    const uint32_t lane = threadIdx.x % 32, per_warp = 32 / groups;
+    const uint32_t slot = udiv(lane, groups), grp = lane - slot * groups;
+    const uint32_t q_lo = t.part_start / 4, q_hi = (t.part_start + t.part_count) / 4;
+    bool bad = false;
+    for (uint32_t q0 = q_lo; q0 < q_hi; q0 += AF_WARPS * per_warp) {  // the same count in every lane
+        const uint32_t quad = q0 + threadIdx.x / 32 * per_warp + slot;
+        const bool live = slot < per_warp && quad < q_hi;
+#pragma unroll 1
+        for (uint32_t b0 = 0; b0 < AF_BLOCK; b0 += AF_PF_DOWN_TOKENS) {
+            float acc[AF_PF_DOWN_TOKENS][4] = {};
+            auto add = [&](uint32_t i, uint2 w, const float* sc) {
+                float vb[AF_PF_DOWN_TOKENS];
+#pragma unroll
+                for (int h4 = 0; h4 < AF_PF_DOWN_TOKENS / 4; ++h4) {
+                    const float4 v = *reinterpret_cast<const float4*>(hb + i * AF_BLOCK + b0 + 4 * h4);
+                    vb[4 * h4] = v.x; vb[4 * h4 + 1] = v.y; vb[4 * h4 + 2] = v.z; vb[4 * h4 + 3] = v.w;
+                }
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+#if AF_Q8
+                    const float wk = q8_weight(sc[k], w, k);
+#else
+                    const float wk = k % 2 ? bf16_hi(k < 2 ? w.x : w.y) : bf16_lo(k < 2 ? w.x : w.y);
+#endif
+#pragma unroll
+                    for (int b = 0; b < AF_PF_DOWN_TOKENS; ++b) acc[b][k] = madd(acc[b][k], wk, vb[b]);
+                }
+            };
+            uint32_t i = live ? grp : n;
+#if AF_Q8
+            const uint8_t* down = a.weights + t.weight2;  // blocks of 32 rows (q8_down_block)
+            while (i < n) {  // block by block, as ffn_down
+                const uint32_t f = t.row_start + i;
+                const uint8_t* block = down + q8_down_block(e, f);
+                const uint2 raw = ld_again8(block + q8_down_scales(e, 0) + 8 * quad);
+                const float sc[4] = {f16_float(raw.x), f16_float(raw.x >> 16), f16_float(raw.y), f16_float(raw.y >> 16)};
+                const uint32_t end = min((f | 31u) + 1 - t.row_start, n);
+#pragma unroll 1
+                for (; i < end; i += groups)
+                    add(i, make_uint2(ld_again4(block + q8_down_quants(e, t.row_start + i, 0) + 4 * quad), 0u), sc);
+            }
+#else
+            const uint2* down = reinterpret_cast<const uint2*>(a.weights + t.weight2 + (size_t)t.row_start * e * 2) + quad;
+            for (; i + groups < n; i += 2 * groups) {
+                const uint2 w0 = ld_again8(down + (size_t)i * (e / 4)), w1 = ld_again8(down + (size_t)(i + groups) * (e / 4));
+                add(i, w0, nullptr);
+                add(i + groups, w1, nullptr);
+            }
+            if (i < n) add(i, ld_again8(down + (size_t)i * (e / 4)), nullptr);
+#endif
+            // group g's sums from lane grp g of the quad: added in group order into group 0's lane,
+            // which turns them into the tokens' fixed-point atomics (ffn_down's last part)
+#pragma unroll
+            for (int b = 0; b < AF_PF_DOWN_TOKENS; ++b) {
+                uint32_t tok = b0 + b;
+                asm("" : "+r"(tok));  // computed here, not held through the rows loop
+                unsigned long long* sums = ffn_acc(a, t.layer, tok) + (size_t)(blockIdx.x % AF_FFN_COPIES) * e + quad * 4;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float v = acc[b][k];
+                    for (uint32_t d = 1; d < groups; ++d) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, acc[b][k], d));
+                    if (live && grp == 0) {
+                        bad |= !(fabsf(v) < AF_FIX_LIMIT);
+                        const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
+                        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(sums + k), "l"(q) : "memory");
+                    }
+                }
+            }
+        }
+    }
+    if (bad) atomicOr(&a.ctl->error, 2u);
+    trace_mark(8);
+}
+
+// gate and up rows for all the block's tokens, then their down rows (pf_down).
 __device__ __noinline__ void pf_ffn(const af_args& a, const af_task& t, float* xs, float* red, float* sm, bool xs_ready) {
     const af_plan_consts& c = a.c;
     const uint32_t n = t.row_count, rows = a.ffn_max_rows;
-    float* h = sm;                           // (AF_BLOCK, rows): gate, then silu(gate) * up
+    float* h = sm;                           // (AF_BLOCK, rows): gate
     float* up = h + AF_BLOCK * rows;         // (AF_BLOCK, rows)
-    float* part = up + AF_BLOCK * rows;      // (groups, n_embd)
     if (!xs_ready)
         for (uint32_t b = 0; b < AF_BLOCK; ++b)
             rmsnorm_shared<true>(xs_of(xs, b), ffn_in(a, t.layer, b), f32_at(a, t.norm), c.n_embd, c.rms_eps, red_of(red, b));
@@ -108,5 +216,5 @@ __device__ __noinline__ void pf_ffn(const af_args& a, const af_task& t, float* x
         if (i < n) h[b * rows + i] = v;
         else up[b * rows + i - n] = v;
     });
-    for (uint32_t b = 0; b < AF_BLOCK; ++b) ffn_down(a, t, b, h + b * rows, up + b * rows, part, red_of(red, b));
+    pf_down(a, t, h, up, up + AF_BLOCK * rows, red);
 }
