@@ -541,6 +541,20 @@ __device__ __forceinline__ float norm_scale(const float* red, uint32_t n, float 
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n), eps)));
 }
 
+// Adds v to an FFN sum (op_ffn's fixed-point atomics) as round(v * 2^32); `bad` is set when v is not
+// finite or |v| >= 2^22 (512 such partials could overflow the accumulator).
+__device__ __forceinline__ void fix_add(unsigned long long* acc, float v, bool& bad) {
+    bad |= !(fabsf(v) < AF_FIX_LIMIT);  // NaN included
+    const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc), "l"(q) : "memory");
+}
+
+// silu(gate) * up of one FFN row from its gate and up sums and the norm's scale they still lack.
+__device__ __forceinline__ float silu_up(float gate_sum, float up_sum, float inv) {
+    const float gate = __fmul_rn(gate_sum, inv), u = __fmul_rn(up_sum, inv);
+    return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), u);
+}
+
 // An FFN sum (op_ffn's fixed-point atomics) as a float: the accumulator rounded once, times 2^-32.
 __device__ __forceinline__ float fix_value(unsigned long long v) {
     return __fmul_rn(__ll2float_rn((long long)v), AF_FIX_UNIT);

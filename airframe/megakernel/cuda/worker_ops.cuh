@@ -538,8 +538,7 @@ __device__ void ffn_down(const af_args& a, const af_task& t, float* h, const flo
     for (uint32_t i = threadIdx.x; i < n; i += AF_THREADS) {
         // the norm's scale, left out of xs (rmsnorm_shared<true>), applied to gate and up here
         const float inv = norm_scale(red, e, c.rms_eps);
-        const float gate = __fmul_rn(h[i], inv), u = __fmul_rn(up[i], inv);
-        h[i] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), u);
+        h[i] = silu_up(h[i], up[i], inv);
     }
     __syncthreads();
     const uint32_t col_lo = t.part_start / 8, col_hi = (t.part_start + t.part_count) / 8;
@@ -615,9 +614,7 @@ __device__ void ffn_down(const af_args& a, const af_task& t, float* h, const flo
     for (uint32_t i = t.part_start + threadIdx.x; i < t.part_start + t.part_count; i += AF_THREADS) {
         float v = part[i];
         for (uint32_t k = 1; k < groups; ++k) v = __fadd_rn(v, part[k * e + i]);
-        bad |= !(fabsf(v) < AF_FIX_LIMIT);  // NaN included
-        const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
-        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(acc + i), "l"(q) : "memory");
+        fix_add(acc + i, v, bad);
     }
     if (bad) atomicOr(&a.ctl->error, 2u);
     if (AF_TRACE_MARK == 9) {  // (the atomics' completion, as the barrier's release waits for it)

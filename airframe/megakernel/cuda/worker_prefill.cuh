@@ -19,7 +19,7 @@
 
 // tokens whose down sums a thread keeps (4 columns each) while one pass of pf_down reads its rows
 #define AF_PF_DOWN_TOKENS 4
-static_assert(AF_BLOCK % AF_PF_DOWN_TOKENS == 0 && AF_PF_DOWN_TOKENS % 4 == 0, "pf_down reads h as float4");
+static_assert(AF_BLOCK % AF_PF_DOWN_TOKENS == 0 && AF_PF_DOWN_TOKENS == 4, "pf_down reads 4 tokens' h as a float4");
 
 // A down row's bytes in pf_down, which the block's next pass reads again: kept in L2 (no evict_first).
 __device__ __forceinline__ uint2 ld_again8(const void* p) {
@@ -124,9 +124,7 @@ __device__ __noinline__ void pf_down(const af_args& a, const af_task& t, const f
     __syncthreads();
     for (uint32_t x = threadIdx.x; x < AF_BLOCK * n; x += AF_THREADS) {
         const uint32_t b = udiv(x, n), i = x - b * n;
-        const float inv = norm_scale(red_of(red, b), e, c.rms_eps);
-        const float gate = __fmul_rn(h[b * rows + i], inv), u = __fmul_rn(up[b * rows + i], inv);
-        hb[i * AF_BLOCK + b] = __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), u);
+        hb[i * AF_BLOCK + b] = silu_up(h[b * rows + i], up[b * rows + i], norm_scale(red_of(red, b), e, c.rms_eps));
     }
     __syncthreads();
     const uint32_t lane = threadIdx.x % 32, per_warp = 32 / groups;
@@ -140,12 +138,8 @@ __device__ __noinline__ void pf_down(const af_args& a, const af_task& t, const f
         for (uint32_t b0 = 0; b0 < AF_BLOCK; b0 += AF_PF_DOWN_TOKENS) {
             float acc[AF_PF_DOWN_TOKENS][4] = {};
             auto add = [&](uint32_t i, uint2 w, const float* sc) {
-                float vb[AF_PF_DOWN_TOKENS];
-#pragma unroll
-                for (int h4 = 0; h4 < AF_PF_DOWN_TOKENS / 4; ++h4) {
-                    const float4 v = *reinterpret_cast<const float4*>(hb + i * AF_BLOCK + b0 + 4 * h4);
-                    vb[4 * h4] = v.x; vb[4 * h4 + 1] = v.y; vb[4 * h4 + 2] = v.z; vb[4 * h4 + 3] = v.w;
-                }
+                const float4 v = *reinterpret_cast<const float4*>(hb + i * AF_BLOCK + b0);
+                const float vb[AF_PF_DOWN_TOKENS] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
 #if AF_Q8
@@ -190,11 +184,7 @@ __device__ __noinline__ void pf_down(const af_args& a, const af_task& t, const f
                 for (int k = 0; k < 4; ++k) {
                     float v = acc[b][k];
                     for (uint32_t d = 1; d < groups; ++d) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, acc[b][k], d));
-                    if (live && grp == 0) {
-                        bad |= !(fabsf(v) < AF_FIX_LIMIT);
-                        const long long q = __float2ll_rn(__fmul_rn(v, AF_FIX_SCALE));
-                        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(sums + k), "l"(q) : "memory");
-                    }
+                    if (live && grp == 0) fix_add(sums + k, v, bad);
                 }
             }
         }
