@@ -328,7 +328,8 @@ __device__ __forceinline__ uint32_t first_passing(bool low, bool high, uint32_t 
 
 // The chain after top-k over v[0..n), ids ascending (warp 0): top-p, min-p, temperature, the draw
 // with u. Returns the index drawn. p, work: AF_SAMPLE_K doubles; rank: AF_SAMPLE_K words.
-// Cumulative sums run in order in lane 0 (numpy's cumsum); the rest is spread over the lanes.
+// Cumulative sums pass down the warp's lanes in order (numpy's cumsum, warp_cumsum); the rest is
+// spread over the lanes.
 __device__ __noinline__ uint32_t draw_chain(const af_sampling& s, double* v, uint32_t n, float u, double* p, double* work,
                                uint32_t* rank) {
     const uint32_t lane = threadIdx.x;
